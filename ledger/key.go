@@ -1,0 +1,103 @@
+package ledger
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Scope is what a record belongs to: the authenticated namespace, the
+// tenant and the idempotency key. One scope never sees another's records.
+type Scope struct {
+	Namespace string // the authenticated caller, never a request field
+	Tenant    string // the customer account the write acts for
+	Key       string // the idempotency key
+}
+
+func (s Scope) String() string { return s.Namespace + "/" + s.Tenant + "/" + s.Key }
+
+// MaxKeyBytes is the most bytes a key, a tenant or a namespace may have.
+const MaxKeyBytes = 255
+
+// MaxFingerprintBytes is the most bytes a fingerprint may have.
+const MaxFingerprintBytes = 128
+
+// MaxMethodBytes is the most bytes a method name may have.
+const MaxMethodBytes = 255
+
+// printable reports whether s is 1 to max bytes of printable ASCII
+// (0x21 to 0x7E), and if not, why.
+func printable(s string, max int) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > max:
+		return fmt.Sprintf("is %d bytes, more than %d", len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e {
+			return fmt.Sprintf("has byte 0x%02x at %d; only printable ASCII 0x21-0x7E is allowed", c, i)
+		}
+	}
+	return ""
+}
+
+// ValidateKey returns KEY_MISSING for an empty key and KEY_INVALID for a key
+// that is longer than max bytes or not printable ASCII (0x21 to 0x7E).
+func ValidateKey(key string, max int) error {
+	if key == "" {
+		return Errorf(CodeKeyMissing, "idempotency key is missing")
+	}
+	if why := printable(key, max); why != "" {
+		return Errorf(CodeKeyInvalid, "idempotency key %s", why)
+	}
+	return nil
+}
+
+// ValidateScope checks every part of s: VALIDATION_FAILED for a bad
+// namespace or tenant, KEY_MISSING or KEY_INVALID for a bad key.
+func ValidateScope(s Scope, maxKey int) error {
+	if why := printable(s.Namespace, MaxKeyBytes); why != "" {
+		return Errorf(CodeValidationFailed, "namespace %s", why)
+	}
+	if why := printable(s.Tenant, MaxKeyBytes); why != "" {
+		return Errorf(CodeValidationFailed, "tenant %s", why)
+	}
+	return ValidateKey(s.Key, maxKey)
+}
+
+// ValidateFingerprint checks that fp is a versioned digest: "v", a version
+// number, ":" and a digest of letters, digits and "-_+/=". Version 1 is
+// SHA-256 as 64 lowercase hex digits.
+func ValidateFingerprint(fp string) error {
+	if why := printable(fp, MaxFingerprintBytes); why != "" {
+		return Errorf(CodeValidationFailed, "fingerprint %s", why)
+	}
+	version, digest, ok := strings.Cut(fp, ":")
+	if !ok || len(version) < 2 || version[0] != 'v' || strings.Trim(version[1:], "0123456789") != "" || digest == "" {
+		return Errorf(CodeValidationFailed, "fingerprint must look like v<version>:<digest>")
+	}
+	for i := 0; i < len(digest); i++ {
+		c := digest[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_+/=", c) >= 0) {
+			return Errorf(CodeValidationFailed, "fingerprint digest has byte 0x%02x at %d", c, i)
+		}
+	}
+	if version == "v1" {
+		if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
+			return Errorf(CodeValidationFailed, "a v1 fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", len(digest))
+		}
+	}
+	return nil
+}
+
+// ValidateMethod checks that m is a full gRPC method name, "/service/method".
+func ValidateMethod(m string) error {
+	if why := printable(m, MaxMethodBytes); why != "" {
+		return Errorf(CodeValidationFailed, "method %s", why)
+	}
+	service, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+	if !strings.HasPrefix(m, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
+		return Errorf(CodeValidationFailed, "method must be a full gRPC method name such as /pkg.Service/Method")
+	}
+	return nil
+}

@@ -1,0 +1,287 @@
+package ledger
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// Defaults and maxima of Config (SPEC "Defaults").
+const (
+	DefaultLease           = 30 * time.Second
+	DefaultMaxLease        = time.Hour
+	DefaultRetention       = 24 * time.Hour
+	DefaultMaxRetention    = 7 * 24 * time.Hour
+	DefaultMaxOutcomeBytes = 1 << 20
+	DefaultMaxRetryAfter   = 2 * time.Second
+	DefaultMaxLookupWait   = time.Minute
+)
+
+// minRetryAfter is the least IN_PROGRESS hint, so that a lease about to run
+// out never yields a retry storm with a zero delay.
+const minRetryAfter = 10 * time.Millisecond
+
+// Config configures a Ledger. The zero value works: every zero field takes
+// the documented default.
+type Config struct {
+	DefaultLease     time.Duration // lease when a request sets none: 30 s
+	MaxLease         time.Duration // the longest lease a request may ask: 1 h
+	DefaultRetention time.Duration // retention when a request sets none: 24 h
+	MaxRetention     time.Duration // the longest retention a request may ask: 7 days
+	MaxOutcomeBytes  int           // the largest encoded outcome: 1 MiB
+	MaxKeyBytes      int           // the longest key, at most 255: 255
+	// MaxRetryAfter caps the IN_PROGRESS retry-after hint, which is otherwise
+	// the time left on the lease: 2 s. Most first attempts finish long before
+	// their lease runs out, so a waiting duplicate should look again soon.
+	MaxRetryAfter time.Duration
+	MaxLookupWait time.Duration // the longest wait of a Lookup: 1 min
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.DefaultLease, DefaultLease)
+	def(&c.MaxLease, DefaultMaxLease)
+	def(&c.DefaultRetention, DefaultRetention)
+	def(&c.MaxRetention, DefaultMaxRetention)
+	def(&c.MaxRetryAfter, DefaultMaxRetryAfter)
+	def(&c.MaxLookupWait, DefaultMaxLookupWait)
+	if c.MaxOutcomeBytes <= 0 {
+		c.MaxOutcomeBytes = DefaultMaxOutcomeBytes
+	}
+	if c.MaxKeyBytes <= 0 || c.MaxKeyBytes > MaxKeyBytes {
+		c.MaxKeyBytes = MaxKeyBytes
+	}
+	return c
+}
+
+// Ledger applies the contract's rules on top of a Store. It validates every
+// input, so a Store sees only well-formed requests. A Ledger is safe for
+// concurrent use.
+type Ledger struct {
+	store Store
+	cfg   Config
+}
+
+// New returns a Ledger over store.
+func New(store Store, cfg Config) *Ledger {
+	return &Ledger{store: store, cfg: cfg.withDefaults()}
+}
+
+// Config returns the configuration in force, defaults applied.
+func (l *Ledger) Config() Config { return l.cfg }
+
+// BeginRequest asks to claim a scope.
+type BeginRequest struct {
+	Scope          Scope
+	Fingerprint    string
+	Method         string
+	Lease          time.Duration // 0: the default
+	Retention      time.Duration // 0: the default
+	FirstAttemptAt time.Time     // zero: unknown
+}
+
+// Claim is held by the one attempt that may run the write.
+type Claim struct {
+	Token          uint64
+	Attempt        uint32
+	LeaseExpiresAt time.Time
+}
+
+// Replay is the stored outcome of a completed record.
+type Replay struct {
+	Outcome     *Outcome
+	CompletedAt time.Time
+	Attempt     uint32
+}
+
+// BeginResponse holds exactly one of Claim and Replay.
+type BeginResponse struct {
+	Claim  *Claim
+	Replay *Replay
+}
+
+// Begin claims the scope or replays its stored outcome. It returns
+// KEY_REUSED (metadata "method": the method that first used the key) for
+// another fingerprint, IN_PROGRESS with a retry-after for a live lease,
+// RETRY_TOO_LATE when FirstAttemptAt is older than the retention window and
+// no record is left, VALIDATION_FAILED, KEY_MISSING or KEY_INVALID for bad
+// input, and the store's UNAVAILABLE or CONTENTION.
+func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, error) {
+	p := ClaimParams{
+		Scope:          req.Scope,
+		Fingerprint:    req.Fingerprint,
+		Method:         req.Method,
+		Lease:          req.Lease,
+		Retention:      req.Retention,
+		FirstAttemptAt: req.FirstAttemptAt,
+	}
+	if err := l.validateClaim(&p); err != nil {
+		return BeginResponse{}, err
+	}
+	res, err := l.store.Claim(ctx, p)
+	if err != nil {
+		return BeginResponse{}, err
+	}
+	rec := res.Record
+	switch {
+	case res.Claimed:
+		return BeginResponse{Claim: &Claim{Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}}, nil
+	case !rec.Live(res.Now):
+		return BeginResponse{}, Errorf(CodeRetryTooLate,
+			"the first attempt (%s) is older than the retention window (%s); the ledger can no longer vouch for this intent",
+			req.FirstAttemptAt.UTC().Format(time.RFC3339), p.Retention)
+	case rec.Fingerprint != p.Fingerprint:
+		return BeginResponse{}, &Error{
+			Code:     CodeKeyReused,
+			Message:  "the idempotency key was first used with another request",
+			Metadata: map[string]string{"method": rec.Method},
+		}
+	case rec.State == StateCompleted:
+		return BeginResponse{Replay: &Replay{Outcome: rec.Outcome, CompletedAt: rec.CompletedAt, Attempt: rec.Attempt}}, nil
+	default:
+		wait := min(max(rec.LeaseExpiresAt.Sub(res.Now), minRetryAfter), l.cfg.MaxRetryAfter)
+		return BeginResponse{}, &Error{
+			Code:       CodeInProgress,
+			Message:    "another attempt holds the key; retry later",
+			RetryAfter: wait,
+		}
+	}
+}
+
+func (l *Ledger) validateClaim(p *ClaimParams) error {
+	if err := ValidateScope(p.Scope, l.cfg.MaxKeyBytes); err != nil {
+		return err
+	}
+	if err := ValidateFingerprint(p.Fingerprint); err != nil {
+		return err
+	}
+	if err := ValidateMethod(p.Method); err != nil {
+		return err
+	}
+	var err error
+	if p.Lease, err = duration("lease", p.Lease, l.cfg.DefaultLease, l.cfg.MaxLease); err != nil {
+		return err
+	}
+	if p.Retention, err = duration("retention", p.Retention, l.cfg.DefaultRetention, l.cfg.MaxRetention); err != nil {
+		return err
+	}
+	if p.Retention < p.Lease {
+		return Errorf(CodeValidationFailed, "retention %s is shorter than the lease %s", p.Retention, p.Lease)
+	}
+	if !p.FirstAttemptAt.IsZero() && (p.FirstAttemptAt.Year() < 2000 || p.FirstAttemptAt.Year() > 9999) {
+		return Errorf(CodeValidationFailed, "first_attempt_at is out of range")
+	}
+	return nil
+}
+
+// duration applies the default to a zero d and rejects a negative d or one
+// above max.
+func duration(name string, d, def, max time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return def, nil
+	case d < 0:
+		return 0, Errorf(CodeValidationFailed, "%s %s is negative", name, d)
+	case d > max:
+		return 0, Errorf(CodeValidationFailed, "%s %s is longer than the maximum %s", name, d, max)
+	}
+	return d, nil
+}
+
+// Complete stores the outcome of the attempt that holds token and returns
+// the completed record. It returns LEASE_LOST for anyone but the holder of
+// the current token, OUTCOME_TOO_LARGE above the size limit, and
+// VALIDATION_FAILED for a malformed outcome.
+func (l *Ledger) Complete(ctx context.Context, s Scope, token uint64, o *Outcome) (Record, error) {
+	if err := l.validateToken(s, token); err != nil {
+		return Record{}, err
+	}
+	b, err := o.MarshalBinary()
+	if err != nil {
+		return Record{}, err
+	}
+	if len(b) > l.cfg.MaxOutcomeBytes {
+		return Record{}, &Error{
+			Code:     CodeOutcomeTooLarge,
+			Message:  "the outcome is larger than the limit",
+			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
+		}
+	}
+	return l.store.Complete(ctx, CompleteParams{Scope: s, Token: token, Outcome: o})
+}
+
+// Release gives the scope back after an attempt that applied nothing. It
+// returns LEASE_LOST for anyone but the holder of the current token of an
+// IN_PROGRESS record.
+func (l *Ledger) Release(ctx context.Context, s Scope, token uint64) error {
+	if err := l.validateToken(s, token); err != nil {
+		return err
+	}
+	return l.store.Release(ctx, ReleaseParams{Scope: s, Token: token})
+}
+
+// Extend renews the lease of the attempt that holds token for lease from
+// now (0: the default) and returns the record. It returns LEASE_LOST when
+// the token is fenced.
+func (l *Ledger) Extend(ctx context.Context, s Scope, token uint64, lease time.Duration) (Record, error) {
+	if err := l.validateToken(s, token); err != nil {
+		return Record{}, err
+	}
+	lease, err := duration("lease", lease, l.cfg.DefaultLease, l.cfg.MaxLease)
+	if err != nil {
+		return Record{}, err
+	}
+	return l.store.Extend(ctx, ExtendParams{Scope: s, Token: token, Lease: lease})
+}
+
+func (l *Ledger) validateToken(s Scope, token uint64) error {
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		return err
+	}
+	if token == 0 {
+		return Errorf(CodeValidationFailed, "token is missing")
+	}
+	return nil
+}
+
+// Lookup returns the live record of the scope or NOT_FOUND. With a wait
+// (at most MaxLookupWait, else VALIDATION_FAILED) it polls, with backoff,
+// until the record is completed or absent or the wait runs out, and then
+// answers with the record as it is. It returns early with the context's
+// error when ctx ends.
+func (l *Ledger) Lookup(ctx context.Context, s Scope, wait time.Duration) (Record, error) {
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		return Record{}, err
+	}
+	if wait < 0 || wait > l.cfg.MaxLookupWait {
+		return Record{}, Errorf(CodeValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait)
+	}
+	rec, err := l.store.Get(ctx, s)
+	if err != nil || wait == 0 || rec.State != StateInProgress {
+		return rec, err
+	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	pause := 5 * time.Millisecond
+	for {
+		poll := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			poll.Stop()
+			return Record{}, Wrap(CodeUpstreamTimeout, ctx.Err(), "lookup wait ended with the call")
+		case <-deadline.C:
+			poll.Stop()
+			return l.store.Get(ctx, s)
+		case <-poll.C:
+		}
+		rec, err = l.store.Get(ctx, s)
+		if err != nil || rec.State != StateInProgress {
+			return rec, err
+		}
+		pause = min(pause*2, 250*time.Millisecond)
+	}
+}

@@ -1,0 +1,122 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+)
+
+func Example() {
+	ctx := context.Background()
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	req := ledger.BeginRequest{
+		Scope:       ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "4f1c2a9e-1d7b-4b55-9c1e-2f9b3c0d6a11"},
+		Fingerprint: ledgertest.Fingerprint(`{"amount":4200}`),
+		Method:      "/billing.v1.InvoiceService/CreateInvoice",
+	}
+	first, _ := l.Begin(ctx, req)
+	fmt.Println("first attempt claims token", first.Claim.Token)
+	_, _ = l.Complete(ctx, req.Scope, first.Claim.Token, ledgertest.Response("inv_42"))
+
+	retry, _ := l.Begin(ctx, req)
+	fmt.Printf("the retry replays %q\n", retry.Replay.Outcome.Response.Value[3:])
+
+	req.Fingerprint = ledgertest.Fingerprint(`{"amount":9900}`)
+	_, err := l.Begin(ctx, req)
+	fmt.Println(ledger.CodeOf(err), ledger.CodeOf(err).Retryable())
+	// Output:
+	// first attempt claims token 1
+	// the retry replays "inv_42"
+	// KEY_REUSED false
+}
+
+func TestCodeOf(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want ledger.Code
+	}{
+		{"Nil", nil, ledger.CodeUnspecified},
+		{"Typed", ledger.Errorf(ledger.CodeKeyReused, "x"), ledger.CodeKeyReused},
+		{"Wrapped", fmt.Errorf("crdb: claim: %w", ledger.Errorf(ledger.CodeContention, "x")), ledger.CodeContention},
+		{"Deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), ledger.CodeUpstreamTimeout},
+		{"Canceled", context.Canceled, ledger.CodeUpstreamTimeout},
+		{"Foreign", errors.New("boom"), ledger.CodeInternal},
+		{"UnknownCode", &ledger.Error{Code: 99}, ledger.CodeInternal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ledger.CodeOf(tt.err); got != tt.want {
+				t.Fatalf("CodeOf = %s, want %s", got, tt.want)
+			}
+		})
+	}
+	if !errors.Is(fmt.Errorf("w: %w", ledger.Errorf(ledger.CodeLeaseLost, "x")), &ledger.Error{Code: ledger.CodeLeaseLost}) {
+		t.Fatal("errors.Is does not match on the code")
+	}
+	if ledger.Code(99).String() != "Code(99)" || ledger.Code(99).Retryable() {
+		t.Fatal("unknown codes must print as such and not be retryable")
+	}
+}
+
+func TestOutcomeRoundTrip(t *testing.T) {
+	for _, o := range []*ledger.Outcome{ledgertest.Response("inv_1"), ledgertest.ErrorStatus("declined")} {
+		b, err := o.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got ledger.Outcome
+		if err := got.UnmarshalBinary(b); err != nil {
+			t.Fatal(err)
+		}
+		if !got.Equal(o) {
+			t.Fatalf("round trip changed the outcome: %v", &got)
+		}
+	}
+	var o ledger.Outcome
+	for _, b := range [][]byte{nil, {'X'}, {'R', 0xff}} {
+		if o.UnmarshalBinary(b) == nil {
+			t.Fatalf("UnmarshalBinary(%x) accepted garbage", b)
+		}
+	}
+}
+
+func FuzzValidateKey(f *testing.F) {
+	for _, s := range []string{"", "a", "4f1c2a9e-1d7b", "a b", "\x7f", strings.Repeat("k", 255), strings.Repeat("k", 256), "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		err := ledger.ValidateKey(key, ledger.MaxKeyBytes)
+		valid := len(key) >= 1 && len(key) <= 255 && strings.IndexFunc(key, func(r rune) bool { return r < 0x21 || r > 0x7e }) < 0
+		if valid != (err == nil) {
+			t.Fatalf("ValidateKey(%q) = %v, valid = %v", key, err, valid)
+		}
+		if err != nil && ledger.CodeOf(err) != ledger.CodeKeyMissing && ledger.CodeOf(err) != ledger.CodeKeyInvalid {
+			t.Fatalf("ValidateKey(%q) code %s", key, ledger.CodeOf(err))
+		}
+	})
+}
+
+func FuzzValidateFingerprint(f *testing.F) {
+	f.Add(ledgertest.Fingerprint("x"))
+	f.Add("v2:abc")
+	f.Add("v1:")
+	f.Add("x1:abc")
+	f.Fuzz(func(t *testing.T, fp string) {
+		if err := ledger.ValidateFingerprint(fp); err != nil {
+			if ledger.CodeOf(err) != ledger.CodeValidationFailed {
+				t.Fatalf("code %s", ledger.CodeOf(err))
+			}
+			return
+		}
+		if !strings.HasPrefix(fp, "v") || !strings.Contains(fp, ":") || len(fp) > ledger.MaxFingerprintBytes {
+			t.Fatalf("accepted %q", fp)
+		}
+	})
+}

@@ -1,0 +1,123 @@
+// Package memory provides an in-process ledger.Store, for tests and for a
+// single process that can afford to forget everything when it stops.
+package memory
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// Config configures a Store. The zero value works.
+type Config struct {
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Store is an in-process ledger.Store. It is safe for concurrent use: one
+// mutex serialises every transition, which makes each call atomic.
+type Store struct {
+	now     func() time.Time
+	mu      sync.Mutex
+	records map[ledger.Scope]*ledger.Record
+}
+
+var _ ledger.Store = (*Store)(nil)
+
+// New returns an empty Store.
+func New(cfg Config) *Store {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Store{now: cfg.Now, records: make(map[ledger.Scope]*ledger.Record)}
+}
+
+// Claim implements ledger.Store.
+func (s *Store) Claim(_ context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	next, claimed := ledger.NextClaim(s.records[p.Scope], p, now)
+	if claimed {
+		s.put(next)
+	}
+	return ledger.ClaimResult{Record: copyOf(next), Claimed: claimed, Now: now}, nil
+}
+
+// Complete implements ledger.Store.
+func (s *Store) Complete(_ context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next, err := ledger.NextComplete(s.records[p.Scope], p, s.now())
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	s.put(next)
+	return copyOf(next), nil
+}
+
+// Release implements ledger.Store.
+func (s *Store) Release(_ context.Context, p ledger.ReleaseParams) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next, err := ledger.NextRelease(s.records[p.Scope], p, s.now())
+	if err != nil {
+		return err
+	}
+	s.put(next)
+	return nil
+}
+
+// Extend implements ledger.Store.
+func (s *Store) Extend(_ context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next, err := ledger.NextExtend(s.records[p.Scope], p, s.now())
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	s.put(next)
+	return copyOf(next), nil
+}
+
+// Get implements ledger.Store.
+func (s *Store) Get(_ context.Context, scope ledger.Scope) (ledger.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec := s.records[scope]
+	if !rec.Live(s.now()) {
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	}
+	return copyOf(*rec), nil
+}
+
+// Sweep deletes up to limit records that are past their retention and
+// returns how many it deleted.
+func (s *Store) Sweep(_ context.Context, limit int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, n := s.now(), 0
+	for scope, rec := range s.records {
+		if n >= limit {
+			break
+		}
+		if !now.Before(rec.ExpiresAt) {
+			delete(s.records, scope)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// put stores a copy of rec, so callers never share memory with the store.
+func (s *Store) put(rec ledger.Record) {
+	c := copyOf(rec)
+	s.records[rec.Scope] = &c
+}
+
+func copyOf(rec ledger.Record) ledger.Record {
+	rec.Outcome = rec.Outcome.Clone()
+	return rec
+}

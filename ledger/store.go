@@ -1,0 +1,172 @@
+package ledger
+
+import (
+	"context"
+	"time"
+)
+
+// Store keeps records. Every method is atomic: under any concurrency, and
+// across any number of processes sharing the store, each call sees and
+// leaves a consistent record. Stores own their clock (a SQL store uses the
+// database's), and the rules of each transition are those of the Next*
+// functions below, which in-process stores call directly.
+//
+// Errors are *Error values: LEASE_LOST and NOT_FOUND for the rules, and
+// UNAVAILABLE or CONTENTION (retryable) for a store that could not answer.
+type Store interface {
+	// Claim claims the scope, takes over an expired lease, or returns the
+	// live record unchanged (see NextClaim).
+	Claim(ctx context.Context, p ClaimParams) (ClaimResult, error)
+	// Complete stores the outcome of the attempt that holds p.Token (see
+	// NextComplete) and returns the record after the call.
+	Complete(ctx context.Context, p CompleteParams) (Record, error)
+	// Release turns the record of the attempt that holds p.Token into a
+	// tombstone that reads as absent (see NextRelease).
+	Release(ctx context.Context, p ReleaseParams) error
+	// Extend renews the lease of the attempt that holds p.Token (see
+	// NextExtend) and returns the record after the call.
+	Extend(ctx context.Context, p ExtendParams) (Record, error)
+	// Get returns the live record of the scope, or NOT_FOUND.
+	Get(ctx context.Context, s Scope) (Record, error)
+}
+
+// ClaimParams are the inputs of Store.Claim, validated and with defaults
+// applied by Ledger.
+type ClaimParams struct {
+	Scope          Scope
+	Fingerprint    string
+	Method         string
+	Lease          time.Duration
+	Retention      time.Duration
+	FirstAttemptAt time.Time // zero when the client did not say
+}
+
+// ClaimResult is the answer of Store.Claim.
+type ClaimResult struct {
+	Record  Record    // the record after the call; zero when absent
+	Claimed bool      // the caller holds Record.Token and must run the write
+	Now     time.Time // the store's clock when it decided
+}
+
+// CompleteParams are the inputs of Store.Complete.
+type CompleteParams struct {
+	Scope   Scope
+	Token   uint64
+	Outcome *Outcome
+}
+
+// ReleaseParams are the inputs of Store.Release.
+type ReleaseParams struct {
+	Scope Scope
+	Token uint64
+}
+
+// ExtendParams are the inputs of Store.Extend.
+type ExtendParams struct {
+	Scope Scope
+	Token uint64
+	Lease time.Duration
+}
+
+// NextClaim is the rule of Claim. cur is the stored row or nil. It returns
+// the row to store and whether the caller claimed it:
+//   - no live record (absent, released or expired): a new IN_PROGRESS record
+//     with attempt 1 and a token above any stored one, unless
+//     FirstAttemptAt is older than the retention window, in which case
+//     nothing changes and the result is the zero (absent) record;
+//   - IN_PROGRESS with an expired lease and the same fingerprint: a takeover,
+//     token and attempt plus one;
+//   - anything else: the live record unchanged, not claimed.
+func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
+	if !cur.Live(now) {
+		if !p.FirstAttemptAt.IsZero() && p.FirstAttemptAt.Before(now.Add(-p.Retention)) {
+			return Record{}, false
+		}
+		var token uint64 = 1
+		if cur != nil {
+			token = cur.Token + 1
+		}
+		lease := now.Add(p.Lease)
+		return Record{
+			Scope:          p.Scope,
+			State:          StateInProgress,
+			Method:         p.Method,
+			Fingerprint:    p.Fingerprint,
+			Token:          token,
+			Attempt:        1,
+			CreatedAt:      now,
+			LeaseExpiresAt: lease,
+			ExpiresAt:      later(now.Add(p.Retention), lease),
+		}, true
+	}
+	if cur.State == StateInProgress && !now.Before(cur.LeaseExpiresAt) && cur.Fingerprint == p.Fingerprint {
+		next := *cur
+		next.Token++
+		next.Attempt++
+		next.LeaseExpiresAt = now.Add(p.Lease)
+		next.ExpiresAt = later(next.ExpiresAt, next.LeaseExpiresAt)
+		return next, true
+	}
+	return *cur, false
+}
+
+// NextComplete is the rule of Complete. Only the holder of the current token
+// may complete, even after its lease ran out as long as nobody took over.
+// The same Complete repeated succeeds; another outcome for a completed
+// record, a stale token or a record that is not live is LEASE_LOST.
+// ExpiresAt does not change.
+func NextComplete(cur *Record, p CompleteParams, now time.Time) (Record, error) {
+	if !cur.Live(now) || cur.Token != p.Token {
+		return Record{}, leaseLost(p.Token)
+	}
+	if cur.State == StateCompleted {
+		if cur.Outcome.Equal(p.Outcome) {
+			return *cur, nil
+		}
+		return Record{}, Errorf(CodeLeaseLost, "the record is already completed with another outcome")
+	}
+	next := *cur
+	next.State = StateCompleted
+	next.CompletedAt = now
+	next.Outcome = p.Outcome.Clone()
+	return next, nil
+}
+
+// NextRelease is the rule of Release: the holder of the current token of an
+// IN_PROGRESS record turns it into a tombstone. Releasing again with the
+// same token succeeds; anything else is LEASE_LOST.
+func NextRelease(cur *Record, p ReleaseParams, now time.Time) (Record, error) {
+	if cur != nil && cur.State == StateReleased && cur.Token == p.Token && now.Before(cur.ExpiresAt) {
+		return *cur, nil
+	}
+	if !cur.Live(now) || cur.Token != p.Token || cur.State != StateInProgress {
+		return Record{}, leaseLost(p.Token)
+	}
+	next := *cur
+	next.State = StateReleased
+	return next, nil
+}
+
+// NextExtend is the rule of Extend: the holder of the current token of an
+// IN_PROGRESS record gets a lease of p.Lease from now; the record is kept at
+// least as long as the lease. Anything else is LEASE_LOST.
+func NextExtend(cur *Record, p ExtendParams, now time.Time) (Record, error) {
+	if !cur.Live(now) || cur.Token != p.Token || cur.State != StateInProgress {
+		return Record{}, leaseLost(p.Token)
+	}
+	next := *cur
+	next.LeaseExpiresAt = now.Add(p.Lease)
+	next.ExpiresAt = later(next.ExpiresAt, next.LeaseExpiresAt)
+	return next, nil
+}
+
+func leaseLost(token uint64) *Error {
+	return Errorf(CodeLeaseLost, "token %d does not hold the key", token)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
