@@ -75,7 +75,10 @@ func runValidation(t *testing.T, newStore NewStore) {
 		{"ExtendHugeLease", func() error { _, err := e.ledger.Extend(t.Context(), s, c.Token, 2*time.Hour); return err }, ledger.CodeValidationFailed},
 		{"LookupNegativeWait", func() error { _, err := e.ledger.Lookup(t.Context(), s, -time.Second); return err }, ledger.CodeValidationFailed},
 		{"LookupHugeWait", func() error { _, err := e.ledger.Lookup(t.Context(), s, time.Hour); return err }, ledger.CodeValidationFailed},
-		{"LookupBadKey", func() error { _, err := e.ledger.Lookup(t.Context(), ledger.Scope{Namespace: e.ns, Tenant: "t", Key: "a b"}, 0); return err }, ledger.CodeKeyInvalid},
+		{"LookupBadKey", func() error {
+			_, err := e.ledger.Lookup(t.Context(), ledger.Scope{Namespace: e.ns, Tenant: "t", Key: "a b"}, 0)
+			return err
+		}, ledger.CodeKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
