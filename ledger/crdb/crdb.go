@@ -1,0 +1,388 @@
+// Package crdb provides the production ledger.Store on CockroachDB, and on
+// PostgreSQL in SERIALIZABLE isolation, over pgx v5 and cockroach-go.
+//
+// Every operation is one SQL statement on the common path (see sql.go),
+// retried as a whole on serialization failures (SQLSTATE 40001) with
+// jittered exponential backoff, a bounded number of times: past the bound the
+// caller gets CONTENTION, which is retryable. Time comes from the database
+// (now()) unless Config.Now is set, so ledger instances with skewed clocks
+// agree.
+//
+// Why not crdbpgxv5.ExecuteTx for everything: it retries on a savepoint and
+// ignores the COMMIT error, which on PostgreSQL reports success for a
+// transaction that was rolled back. Multi-statement transactions (only the
+// migrations) therefore use crdbpgxv5.ExecuteTx on CockroachDB and
+// crdb.ExecuteCtx around pgx.BeginTxFunc on PostgreSQL.
+package crdb
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// Dialect is the database engine behind a pool.
+type Dialect int
+
+const (
+	// Postgres is PostgreSQL, run in SERIALIZABLE isolation.
+	Postgres Dialect = iota + 1
+	// Cockroach is CockroachDB.
+	Cockroach
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case Cockroach:
+		return "cockroach"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// Config configures a Store. The zero value works.
+type Config struct {
+	// Now is the clock. nil (the default) means the database's now(); set it
+	// only in tests.
+	Now func() time.Time
+	// MaxRetries bounds the retries of one statement after a serialization
+	// failure: 10. Past it the caller gets CONTENTION.
+	MaxRetries int
+	// RetryBase and RetryCap shape the backoff between retries: full jitter
+	// over an exponential from RetryBase (2 ms) capped at RetryCap (200 ms).
+	RetryBase, RetryCap time.Duration
+	// SweepInterval is the pause of Run between sweeps: 1 min.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired rows one sweep statement deletes: 500.
+	SweepBatch int
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxRetries <= 0 {
+		c.MaxRetries = 10
+	}
+	if c.RetryBase <= 0 {
+		c.RetryBase = 2 * time.Millisecond
+	}
+	if c.RetryCap <= 0 {
+		c.RetryCap = 200 * time.Millisecond
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.SweepBatch <= 0 {
+		c.SweepBatch = 500
+	}
+	return c
+}
+
+// Store is the SQL ledger.Store. It is safe for concurrent use, by any
+// number of processes sharing the database.
+type Store struct {
+	pool    *pgxpool.Pool
+	dialect Dialect
+	cfg     Config
+}
+
+var _ ledger.Store = (*Store)(nil)
+
+// Open connects to the database at url (a PostgreSQL or CockroachDB
+// connection string), makes SERIALIZABLE the default isolation of every
+// connection, and returns a Store over the pool. Close the Store to close
+// the pool.
+func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("crdb: parse url: %w", err)
+	}
+	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("crdb: connect: %w", err)
+	}
+	s, err := New(ctx, pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New returns a Store over pool. It detects the dialect (SELECT version())
+// and refuses a pool whose connections do not default to SERIALIZABLE.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	var version, isolation string
+	if err := pool.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
+		return nil, fmt.Errorf("crdb: detect dialect: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&isolation); err != nil {
+		return nil, fmt.Errorf("crdb: read isolation: %w", err)
+	}
+	if !strings.EqualFold(isolation, "serializable") {
+		return nil, fmt.Errorf("crdb: default_transaction_isolation is %q; the ledger needs serializable (use Open, or set it on the pool)", isolation)
+	}
+	d := Postgres
+	if strings.Contains(version, "CockroachDB") {
+		d = Cockroach
+	}
+	return &Store{pool: pool, dialect: d, cfg: cfg.withDefaults()}, nil
+}
+
+// Dialect returns the detected engine.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Pool returns the connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// now returns the $1 argument of every statement: the fake clock, or NULL
+// for the database's.
+func (s *Store) now() any {
+	if s.cfg.Now == nil {
+		return nil
+	}
+	return s.cfg.Now()
+}
+
+// Claim implements ledger.Store in one statement (claimSQL). An ambiguous
+// commit is resolved by reading the row again: the claim is the caller's
+// exactly when the row carries its claim nonce.
+func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	nonce := make([]byte, 16)
+	_, _ = crand.Read(nonce)
+	var first any
+	if !p.FirstAttemptAt.IsZero() {
+		first = p.FirstAttemptAt
+	}
+	var res ledger.ClaimResult
+	err := s.retry(ctx, func(ctx context.Context) error {
+		r, err := s.scanOne(ctx, claimSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
+			p.Method, p.Fingerprint, p.Lease.Microseconds(), p.Retention.Microseconds(), first, nonce)
+		if err != nil {
+			return err
+		}
+		res = r.claimResult(nonce)
+		return nil
+	})
+	if isAmbiguous(err) {
+		var r row
+		if r, err = s.get(ctx, p.Scope); err == nil {
+			res = r.claimResult(nonce)
+		} else if errors.Is(err, pgx.ErrNoRows) {
+			res, err = ledger.ClaimResult{Now: r.now}, nil
+		}
+	}
+	if err != nil {
+		return ledger.ClaimResult{}, s.classify("claim", err)
+	}
+	return res, nil
+}
+
+// Complete implements ledger.Store. The statement is safe to repeat, so an
+// ambiguous commit is resolved by running it again.
+func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	b, err := p.Outcome.MarshalBinary()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	var r row
+	var updated bool
+	err = s.retryAmbiguous(ctx, func(ctx context.Context) error {
+		r, updated, err = s.scanCAS(ctx, completeSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), b)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ledger.Record{}, leaseLost(p.Token)
+	case err != nil:
+		return ledger.Record{}, s.classify("complete", err)
+	case updated:
+		return r.rec, nil
+	}
+	if r.rec.State == ledger.StateCompleted && r.rec.Token == p.Token && r.rec.Live(r.now) {
+		if r.rec.Outcome.Equal(p.Outcome) {
+			return r.rec, nil
+		}
+		return ledger.Record{}, ledger.Errorf(ledger.CodeLeaseLost, "the record is already completed with another outcome")
+	}
+	return ledger.Record{}, leaseLost(p.Token)
+}
+
+// Release implements ledger.Store. A repeated Release succeeds.
+func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	var r row
+	var updated bool
+	err := s.retryAmbiguous(ctx, func(ctx context.Context) (err error) {
+		r, updated, err = s.scanCAS(ctx, releaseSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token))
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return leaseLost(p.Token)
+	case err != nil:
+		return s.classify("release", err)
+	case updated || (r.rec.State == ledger.StateReleased && r.rec.Token == p.Token && r.now.Before(r.rec.ExpiresAt)):
+		return nil
+	}
+	return leaseLost(p.Token)
+}
+
+// Extend implements ledger.Store.
+func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	var rec ledger.Record
+	err := s.retryAmbiguous(ctx, func(ctx context.Context) error {
+		var err error
+		rec, err = scanRecord(s.pool.QueryRow(ctx, extendSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
+			int64(p.Token), p.Lease.Microseconds()))
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ledger.Record{}, leaseLost(p.Token)
+	case err != nil:
+		return ledger.Record{}, s.classify("extend", err)
+	}
+	return rec, nil
+}
+
+// Get implements ledger.Store with a strong (non-stale) read.
+func (s *Store) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
+	r, err := s.get(ctx, sc)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !r.rec.Live(r.now)):
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	case err != nil:
+		return ledger.Record{}, s.classify("get", err)
+	}
+	return r.rec, nil
+}
+
+func (s *Store) get(ctx context.Context, sc ledger.Scope) (row, error) {
+	var r row
+	err := s.retry(ctx, func(ctx context.Context) error {
+		var err error
+		r, err = s.scanOne(ctx, getSQL, s.now(), sc.Namespace, sc.Tenant, sc.Key)
+		return err
+	})
+	return r, err
+}
+
+func leaseLost(token uint64) *ledger.Error {
+	return ledger.Errorf(ledger.CodeLeaseLost, "token %d does not hold the key", token)
+}
+
+// retry runs fn until it succeeds, fails with an error that is not a
+// serialization failure, or has been retried MaxRetries times, sleeping a
+// jittered exponential backoff between attempts. It is crdb.ExecuteCtx with
+// backoff: ExecuteCtx itself retries at once.
+func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error {
+	attempt := 0
+	return crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, s.cfg.MaxRetries), func(ctx context.Context, _ ...any) error {
+		if attempt > 0 {
+			if err := sleep(ctx, s.backoff(attempt)); err != nil {
+				return err
+			}
+		}
+		attempt++
+		return fn(ctx)
+	})
+}
+
+// retryAmbiguous is retry for statements that are safe to repeat: it also
+// runs fn again after an ambiguous commit, once.
+func (s *Store) retryAmbiguous(ctx context.Context, fn func(context.Context) error) error {
+	err := s.retry(ctx, fn)
+	if isAmbiguous(err) {
+		err = s.retry(ctx, fn)
+	}
+	return err
+}
+
+func (s *Store) backoff(attempt int) time.Duration {
+	ceiling := min(s.cfg.RetryCap, s.cfg.RetryBase<<min(attempt, 20))
+	return rand.N(ceiling) + time.Microsecond
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// isAmbiguous reports whether the statement may or may not have committed:
+// SQLSTATE 40003 (statement_completion_unknown) or cockroach-go's
+// AmbiguousCommitError.
+func isAmbiguous(err error) bool {
+	var amb *crdb.AmbiguousCommitError
+	return errors.As(err, &amb) || sqlState(err) == "40003"
+}
+
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// classify turns a driver error into the ledger's taxonomy: CONTENTION when
+// the retries ran out, UPSTREAM_TIMEOUT for context errors, UNAVAILABLE when
+// the database could not be reached or is shutting down, INTERNAL for the
+// rest. The cause is kept for logs and never shown to callers.
+func (s *Store) classify(op string, err error) error {
+	var le *ledger.Error
+	if errors.As(err, &le) {
+		return err
+	}
+	err = fmt.Errorf("crdb: %s: %w", op, err)
+	var maxed *crdb.MaxRetriesExceededError
+	state := sqlState(err)
+	switch {
+	case errors.As(err, &maxed) || state == "40001" || state == "CR000":
+		return &ledger.Error{Code: ledger.CodeContention, Message: "the ledger's store is contended; retry", RetryAfter: s.cfg.RetryCap, Err: err}
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the ledger's store did not answer in time")
+	case isUnavailable(err, state):
+		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the ledger's store is unavailable", RetryAfter: time.Second, Err: err}
+	}
+	return ledger.Wrap(ledger.CodeInternal, err, "internal error")
+}
+
+func isUnavailable(err error, state string) bool {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	switch {
+	case strings.HasPrefix(state, "08"), // connection exception
+		strings.HasPrefix(state, "57P"), // operator intervention: shutdown, crash
+		state == "53300",                // too many connections
+		state == "40003":                // ambiguous, unresolved
+		return true
+	}
+	var ne net.Error
+	return state == "" && (errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, puddle.ErrClosedPool))
+}

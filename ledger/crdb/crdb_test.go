@@ -1,0 +1,318 @@
+package crdb_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+func TestMain(m *testing.M) { crdbtest.Main(m) }
+
+// openStore opens a migrated store on a fresh database.
+func openStore(t testing.TB, cfg crdb.Config) *crdb.Store {
+	t.Helper()
+	return openURL(t, crdbtest.NewDatabase(t), cfg, true)
+}
+
+func openURL(t testing.TB, url string, cfg crdb.Config, migrate bool) *crdb.Store {
+	t.Helper()
+	s, err := crdb.Open(context.Background(), url, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if migrate {
+		if _, err := s.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	base := openStore(t, crdb.Config{})
+	if base.Dialect() != crdb.Postgres {
+		t.Fatalf("dialect = %s, want postgres", base.Dialect())
+	}
+	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
+		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestCockroachConformance(t *testing.T) {
+	url := os.Getenv("COCKROACH_URL")
+	if url == "" {
+		t.Skip("COCKROACH_URL is not set: CockroachDB cannot be installed on these machines, so its conformance run needs an external cluster")
+	}
+	base := openURL(t, url, crdb.Config{}, true)
+	if base.Dialect() != crdb.Cockroach {
+		t.Fatalf("dialect = %s, want cockroach", base.Dialect())
+	}
+	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
+		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+// TestDatabaseClock runs the main path on the database's own clock.
+func TestDatabaseClock(t *testing.T) {
+	s := openStore(t, crdb.Config{})
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k1"}
+	req := ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Second}
+	before := time.Now()
+	res, err := l.Begin(t.Context(), req)
+	if err != nil || res.Claim == nil {
+		t.Fatalf("Begin = %+v, %v", res, err)
+	}
+	if d := res.Claim.LeaseExpiresAt.Sub(before); d < 500*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("lease ends %s after the call began; the database clock is off", d)
+	}
+	_, err = l.Begin(t.Context(), req)
+	ledgertest.WantCode(t, err, ledger.CodeInProgress)
+	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("inv")); err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.Begin(t.Context(), req)
+	if err != nil || again.Replay == nil {
+		t.Fatalf("Begin = %+v, %v; want a replay", again, err)
+	}
+}
+
+func TestNewRefusesReadCommitted(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	pool, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := crdb.New(t.Context(), pool, crdb.Config{}); err == nil || !strings.Contains(err.Error(), "serializable") {
+		t.Fatalf("New on a read-committed pool = %v, want a refusal", err)
+	}
+}
+
+// TestTwoInstancesRace runs two Ledgers on separate pools against the same
+// keys: 16 goroutines on each, for each of 300 keys.
+func TestTwoInstancesRace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	url := crdbtest.NewDatabase(t)
+	var ledgers [2]*ledger.Ledger
+	for i := range ledgers {
+		s := openURL(t, url+"&pool_max_conns=16", crdb.Config{MaxRetries: 30}, i == 0)
+		ledgers[i] = ledger.New(s, ledger.Config{})
+	}
+	const keys, perInstance = 300, 16
+	var claims, replays, inProgress, errs atomic.Int64
+	const wave = 5
+	for k0 := 0; k0 < keys; k0 += wave {
+		var wg sync.WaitGroup
+		for k := k0; k < min(k0+wave, keys); k++ {
+			key := fmt.Sprint("key-", k)
+			sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: key}
+			for _, l := range ledgers {
+				for range perInstance {
+					wg.Go(func() {
+						res, err := l.Begin(context.Background(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint(key), Method: ledgertest.Method})
+						switch {
+						case err == nil && res.Claim != nil:
+							claims.Add(1)
+							if _, err := l.Complete(context.Background(), sc, res.Claim.Token, ledgertest.Response(key)); err != nil {
+								errs.Add(1)
+								t.Errorf("Complete(%s): %v", key, err)
+							}
+						case err == nil && res.Replay != nil:
+							replays.Add(1)
+						case ledger.CodeOf(err) == ledger.CodeInProgress:
+							inProgress.Add(1)
+						default:
+							errs.Add(1)
+							t.Errorf("Begin(%s): %v", key, err)
+						}
+					})
+				}
+			}
+		}
+		wg.Wait()
+	}
+	t.Logf("claims %d, replays %d, in progress %d, errors %d", claims.Load(), replays.Load(), inProgress.Load(), errs.Load())
+	if claims.Load() != keys || errs.Load() != 0 || claims.Load()+replays.Load()+inProgress.Load() != keys*perInstance*2 {
+		t.Fatalf("claims = %d (want %d), errors = %d (want 0)", claims.Load(), keys, errs.Load())
+	}
+}
+
+func TestSweepDeletesOnlyExpired(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s := openStore(t, crdb.Config{Now: clock.Now})
+	l := ledger.New(s, ledger.Config{})
+	for i := range 30 {
+		retention := time.Hour
+		if i%3 == 0 {
+			retention = 3 * time.Hour
+		}
+		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
+		res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Retention: retention})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	count := func() (n int) {
+		if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n, err := s.Sweep(t.Context(), 100); err != nil || n != 0 {
+		t.Fatalf("Sweep before anything expired = %d, %v", n, err)
+	}
+	clock.Advance(2 * time.Hour)
+	total := 0
+	for {
+		n, err := s.Sweep(t.Context(), 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		if n < 7 {
+			break
+		}
+	}
+	if total != 20 || count() != 10 {
+		t.Fatalf("swept %d, %d left; want 20 swept and the 10 long-lived rows left", total, count())
+	}
+	for i := 0; i < 30; i += 3 {
+		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
+		if _, err := l.Lookup(t.Context(), sc, 0); err != nil {
+			t.Fatalf("long-lived record %s: %v", sc.Key, err)
+		}
+	}
+}
+
+func TestRunSweepsUntilCanceled(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s := openStore(t, crdb.Config{Now: clock.Now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
+	l := ledger.New(s, ledger.Config{})
+	for i := range 5 {
+		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
+		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Retention: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx, func(err error) { t.Error(err) }) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d expired rows left after 10s of Run", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v, want nil after cancel", err)
+	}
+}
+
+func TestMigrateFromTwoInstancesAtOnce(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	stores := []*crdb.Store{openURL(t, url, crdb.Config{}, false), openURL(t, url, crdb.Config{}, false)}
+	var wg sync.WaitGroup
+	applied := make([][]int, len(stores))
+	errs := make([]error, len(stores))
+	for i, s := range stores {
+		wg.Go(func() { applied[i], errs[i] = s.Migrate(t.Context()) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms, _ := crdb.Migrations(crdb.Postgres)
+	if got := len(applied[0]) + len(applied[1]); got != len(ms) {
+		t.Fatalf("applied %v and %v; want each of the %d migrations applied once", applied[0], applied[1], len(ms))
+	}
+	var n int
+	if err := stores[0].Pool().QueryRow(t.Context(), `SELECT count(*) FROM idemledger_schema_migrations`).Scan(&n); err != nil || n != len(ms) {
+		t.Fatalf("recorded migrations = %d, %v", n, err)
+	}
+	if again, err := stores[1].Migrate(t.Context()); err != nil || len(again) != 0 {
+		t.Fatalf("a second Migrate applied %v, %v; want nothing", again, err)
+	}
+}
+
+func TestCockroachSQLText(t *testing.T) {
+	ms, err := crdb.Migrations(crdb.Cockroach)
+	if err != nil || len(ms) == 0 {
+		t.Fatalf("cockroach migrations: %v, %v", ms, err)
+	}
+	schema := ms[0].SQL
+	for _, want := range []string{
+		"PRIMARY KEY (namespace, tenant, idem_key) USING HASH",
+		"ttl_expiration_expression = 'expires_at'",
+		"FAMILY lease (",
+		"FAMILY result (outcome)",
+	} {
+		if !strings.Contains(schema, want) {
+			t.Errorf("cockroach schema lacks %q", want)
+		}
+	}
+	if strings.Contains(schema[strings.Index(schema, "FAMILY lease"):strings.Index(schema, "FAMILY result")], "outcome") {
+		t.Error("the outcome must not share a column family with the lease columns")
+	}
+	stmts, err := crdb.MultiRegionSQL("ledger", []string{"us-east1", "europe-west1", "asia-southeast1"}, "region")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(stmts, ";\n")
+	for _, want := range []string{
+		`ALTER DATABASE ledger SET PRIMARY REGION "us-east1"`,
+		`ALTER DATABASE ledger ADD REGION IF NOT EXISTS "asia-southeast1"`,
+		`SURVIVE REGION FAILURE`,
+		`AS (CASE mod(fnv32(tenant), 3) WHEN 0 THEN 'us-east1'::crdb_internal_region WHEN 1 THEN 'europe-west1'::crdb_internal_region WHEN 2 THEN 'asia-southeast1'::crdb_internal_region END) STORED`,
+		`SET LOCALITY REGIONAL BY ROW AS crdb_region`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("multi-region SQL lacks %q:\n%s", want, got)
+		}
+	}
+	for _, bad := range [][]string{nil, {"us-east1; DROP TABLE x"}} {
+		if _, err := crdb.MultiRegionSQL("ledger", bad, ""); err == nil {
+			t.Errorf("MultiRegionSQL(%q) accepted it", bad)
+		}
+	}
+}

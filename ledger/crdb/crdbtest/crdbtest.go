@@ -1,0 +1,208 @@
+// Package crdbtest gives tests a real PostgreSQL: Main starts a throwaway
+// cluster for a test binary (unless LEDGER_TEST_DATABASE_URL names a
+// database), and NewDatabase hands each test a fresh database in it.
+//
+// The cluster runs from a temporary directory that holds its data, socket
+// and log, listens on 127.0.0.1 on a free port, and is stopped and removed
+// when the tests end. As root, initdb and pg_ctl run as the postgres user
+// through runuser (PostgreSQL refuses to run as root). Durability is off
+// (fsync, synchronous_commit): the tests check logic, not disks.
+//
+// Without PostgreSQL the tests skip with a message, except under CI=true,
+// where they fail.
+package crdbtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvURL names an existing database to test against instead of a
+// throwaway cluster.
+const EnvURL = "LEDGER_TEST_DATABASE_URL"
+
+var (
+	baseURL     string
+	unavailable error
+)
+
+// Main runs the tests of a package with PostgreSQL available: call it from
+// TestMain.
+func Main(m *testing.M) {
+	var stop func()
+	if u := os.Getenv(EnvURL); u != "" {
+		baseURL = u
+	} else {
+		var err error
+		baseURL, stop, err = start()
+		if err != nil {
+			unavailable = err
+			fmt.Fprintf(os.Stderr, "crdbtest: no PostgreSQL for these tests: %v\n", err)
+		}
+	}
+	code := m.Run()
+	if stop != nil {
+		stop()
+	}
+	os.Exit(code)
+}
+
+// NewDatabase returns the URL of a database created for the test and
+// dropped after it. Without PostgreSQL it skips the test, or fails it when
+// CI=true.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	if baseURL == "" {
+		msg := fmt.Sprintf("PostgreSQL is not available (%v); install postgresql-15 or set %s", unavailable, EnvURL)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, baseURL)
+	if err != nil {
+		t.Fatalf("connect to PostgreSQL: %v", err)
+	}
+	defer admin.Close(ctx)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "idemledger_test_" + hex.EncodeToString(b)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Logf("cannot create a database (%v); using %s as it is", err, EnvURL)
+		return baseURL
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), baseURL)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		t.Fatalf("parse %s: %v", EnvURL, err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// start initialises and starts a cluster, and returns its URL and a stop
+// function.
+func start() (string, func(), error) {
+	bin, err := binDir()
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "idemledger-pg-")
+	if err != nil {
+		return "", nil, err
+	}
+	run := func(name string, args ...string) error {
+		cmd := exec.Command(filepath.Join(bin, name), args...)
+		if os.Geteuid() == 0 {
+			cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, name)}, args...)...)
+		}
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s: %w: %s", name, err, out.String())
+		}
+		return nil
+	}
+	if os.Geteuid() == 0 {
+		if err := chownToPostgres(dir); err != nil {
+			os.RemoveAll(dir)
+			return "", nil, err
+		}
+	}
+	data := filepath.Join(dir, "data")
+	if err := run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off "+
+		"-c full_page_writes=off -c max_connections=300 -c max_pred_locks_per_transaction=256", port, dir)
+	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("%w\n%s", err, log)
+	}
+	stop := func() {
+		_ = run("pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+		os.RemoveAll(dir)
+	}
+	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if err := ping(u); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return u, stop, nil
+}
+
+func binDir() (string, error) {
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(matches) > 0 {
+		return filepath.Dir(matches[len(matches)-1]), nil
+	}
+	p, err := exec.LookPath("initdb")
+	if err != nil {
+		return "", errors.New("initdb not found (apt-get install postgresql-15)")
+	}
+	return filepath.Dir(p), nil
+}
+
+func chownToPostgres(dir string) error {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return fmt.Errorf("running as root needs the postgres user: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(dir, uid, gid)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func ping(u string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		c, err := pgx.Connect(ctx, u)
+		if err == nil {
+			return c.Close(ctx)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("PostgreSQL did not answer: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

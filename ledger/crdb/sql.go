@@ -1,0 +1,121 @@
+package crdb
+
+// The statements are the same on CockroachDB and PostgreSQL. Each is one
+// statement (an implicit transaction on CockroachDB, one serializable
+// statement on PostgreSQL), wrapped in the retry helper.
+//
+// $1 is always "now": NULL means the database's clock (now()), so ledger
+// instances with skewed clocks agree; tests pass a fake clock.
+
+const columns = `namespace, tenant, idem_key, state, method, fingerprint, token, attempt,
+	created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id`
+
+const scope = `namespace = $2 AND tenant = $3 AND idem_key = $4`
+
+// claimSQL claims, takes over or returns the row in one round trip.
+//
+// The proposed row is a fresh IN_PROGRESS claim, or, when first_attempt_at
+// ($9) is older than the retention, a RELEASED tombstone that reads as
+// absent: so a too-late request never claims, without a check-then-insert.
+// On conflict the row is updated only for a takeover (IN_PROGRESS, live,
+// lease expired, same fingerprint) or a re-claim of a row that is no longer
+// live (released or expired), and then gets token + 1. Otherwise the
+// statement returns the existing row unchanged: the UNION's second half
+// reads it at the statement's snapshot. claim_id ($10), a random nonce,
+// tells the caller whether the claim is its own, also after an ambiguous
+// commit.
+const claimSQL = `
+WITH v AS (
+	SELECT n AS now,
+	       n + $7::INT8 * INTERVAL '1 microsecond' AS lease_end,
+	       n + GREATEST($7::INT8, $8::INT8) * INTERVAL '1 microsecond' AS expires,
+	       ($9::TIMESTAMPTZ IS NOT NULL AND $9::TIMESTAMPTZ < n - $8::INT8 * INTERVAL '1 microsecond') AS too_late
+	FROM (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n) AS c
+), ins AS (
+	INSERT INTO idempotency_records AS r (` + columns + `)
+	SELECT $2, $3, $4, CASE WHEN v.too_late THEN 3 ELSE 1 END, $5, $6, 1, 1,
+	       v.now, v.lease_end, NULL, v.expires, NULL, $10
+	FROM v
+	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET
+		state            = 1,
+		token            = r.token + 1,
+		attempt          = CASE WHEN r.state = 1 AND r.expires_at > excluded.created_at THEN r.attempt + 1 ELSE 1 END,
+		method           = CASE WHEN r.state = 1 AND r.expires_at > excluded.created_at THEN r.method ELSE excluded.method END,
+		fingerprint      = excluded.fingerprint,
+		created_at       = CASE WHEN r.state = 1 AND r.expires_at > excluded.created_at THEN r.created_at ELSE excluded.created_at END,
+		lease_expires_at = excluded.lease_expires_at,
+		completed_at     = NULL,
+		expires_at       = CASE WHEN r.state = 1 AND r.expires_at > excluded.created_at
+		                        THEN GREATEST(r.expires_at, excluded.lease_expires_at) ELSE excluded.expires_at END,
+		outcome          = NULL,
+		claim_id         = excluded.claim_id
+	WHERE (r.state = 1 AND r.expires_at > excluded.created_at AND r.lease_expires_at <= excluded.created_at
+	       AND r.fingerprint = excluded.fingerprint)
+	   OR ((r.state = 3 OR r.expires_at <= excluded.created_at) AND excluded.state = 1)
+	RETURNING ` + columns + `
+)
+SELECT ` + columns + `, (SELECT now FROM v) FROM ins
+UNION ALL
+SELECT ` + columns + `, (SELECT now FROM v) FROM idempotency_records
+WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM ins)`
+
+// completeSQL stores the outcome ($6) if token $5 holds a live IN_PROGRESS
+// row, and otherwise returns the row as it is, so the caller can tell a
+// repeated Complete from a fenced one. It touches no indexed column.
+const completeSQL = `
+WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS now),
+upd AS (
+	UPDATE idempotency_records
+	SET state = 2, completed_at = (SELECT now FROM v), outcome = $6
+	WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > (SELECT now FROM v)
+	RETURNING ` + columns + `
+)
+SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
+UNION ALL
+SELECT ` + columns + `, (SELECT now FROM v), false FROM idempotency_records
+WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM upd)`
+
+// releaseSQL turns the live IN_PROGRESS row of token $5 into a tombstone,
+// and otherwise returns the row as it is (a repeated Release succeeds).
+const releaseSQL = `
+WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS now),
+upd AS (
+	UPDATE idempotency_records SET state = 3
+	WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > (SELECT now FROM v)
+	RETURNING ` + columns + `
+)
+SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
+UNION ALL
+SELECT ` + columns + `, (SELECT now FROM v), false FROM idempotency_records
+WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM upd)`
+
+// extendSQL renews the lease of token $5 to now + $6 microseconds and keeps
+// the row at least as long. expires_at changes only when the lease would
+// outlive it.
+const extendSQL = `
+WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) + $6::INT8 * INTERVAL '1 microsecond' AS lease_end)
+UPDATE idempotency_records
+SET lease_expires_at = (SELECT lease_end FROM v),
+    expires_at = GREATEST(expires_at, (SELECT lease_end FROM v))
+WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > COALESCE($1::TIMESTAMPTZ, now())
+RETURNING ` + columns
+
+// getSQL reads the row and the clock; the caller checks that it is live.
+const getSQL = `SELECT ` + columns + `, COALESCE($1::TIMESTAMPTZ, now()) FROM idempotency_records WHERE ` + scope
+
+// sweepPostgresSQL deletes up to $2 expired rows. PostgreSQL has no DELETE
+// ... LIMIT, so it picks them by ctid and skips rows that others hold.
+const sweepPostgresSQL = `
+DELETE FROM idempotency_records
+WHERE ctid IN (
+	SELECT ctid FROM idempotency_records
+	WHERE expires_at <= COALESCE($1::TIMESTAMPTZ, now())
+	LIMIT $2 FOR UPDATE SKIP LOCKED
+) AND expires_at <= COALESCE($1::TIMESTAMPTZ, now())`
+
+// sweepCockroachSQL deletes up to $2 expired rows. Row-level TTL does the
+// same job on CockroachDB; the sweeper is a fallback and a test hook.
+const sweepCockroachSQL = `
+DELETE FROM idempotency_records
+WHERE expires_at <= COALESCE($1::TIMESTAMPTZ, now())
+LIMIT $2`
