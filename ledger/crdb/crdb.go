@@ -16,6 +16,7 @@
 package crdb
 
 import (
+	"bytes"
 	"context"
 	crand "crypto/rand"
 	"errors"
@@ -172,7 +173,7 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 		first = p.FirstAttemptAt
 	}
 	var res ledger.ClaimResult
-	err := s.retry(ctx, func(ctx context.Context) error {
+	claim := func(ctx context.Context) error {
 		r, err := s.scanOne(ctx, claimSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
 			p.Method, p.Fingerprint, p.Lease.Microseconds(), p.Retention.Microseconds(), first, nonce)
 		if err != nil {
@@ -180,13 +181,16 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 		}
 		res = r.claimResult(nonce)
 		return nil
-	})
+	}
+	err := s.retry(ctx, claim)
 	if isAmbiguous(err) {
-		var r row
-		if r, err = s.get(ctx, p.Scope); err == nil {
-			res = r.claimResult(nonce)
-		} else if errors.Is(err, pgx.ErrNoRows) {
-			res, err = ledger.ClaimResult{Now: r.now}, nil
+		// The claim may or may not have committed. If the row carries our
+		// nonce, it did; otherwise it did not (nobody else writes our nonce),
+		// and running the same statement again is a first attempt.
+		if r, gerr := s.get(ctx, p.Scope); gerr == nil && bytes.Equal(r.claimID, nonce) {
+			res, err = r.claimResult(nonce), nil
+		} else {
+			err = s.retry(ctx, claim)
 		}
 	}
 	if err != nil {

@@ -1,0 +1,103 @@
+package crdb
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+// BenchmarkBeginComplete measures Begin+Complete pairs on fresh keys at 1, 8
+// and 32 concurrent callers: through the store (a ledger.Ledger over it:
+// validation, the retry helper, decoding) and, in the same run, the same
+// two statements issued straight through pgx. The pairs/s of the two show
+// the store's own overhead as a ratio.
+func BenchmarkBeginComplete(b *testing.B) {
+	url := crdbtest.NewDatabase(b)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	s, err := Open(context.Background(), url+sep+"pool_max_conns=32", Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	fp := ledgertest.Fingerprint("payload")
+	out := ledgertest.Response("inv_0001")
+	outBytes, _ := out.MarshalBinary()
+	run := 0
+	for _, clients := range []int{1, 8, 32} {
+		run++
+		b.Run(fmt.Sprintf("store/clients=%d", clients), func(b *testing.B) {
+			pairs(b, clients, func(ctx context.Context, key string) error {
+				sc := ledger.Scope{Namespace: "bench", Tenant: fmt.Sprint("store", run), Key: key}
+				res, err := l.Begin(ctx, ledger.BeginRequest{Scope: sc, Fingerprint: fp, Method: ledgertest.Method})
+				if err != nil {
+					return err
+				}
+				_, err = l.Complete(ctx, sc, res.Claim.Token, out)
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("pgx/clients=%d", clients), func(b *testing.B) {
+			nonce := []byte("0123456789abcdef")
+			var retries atomic.Int64
+			pairs(b, clients, func(ctx context.Context, key string) error {
+				tenant := fmt.Sprint("pgx", run)
+				for {
+					r, err := s.scanOne(ctx, claimSQL, nil, "bench", tenant, key, ledgertest.Method, fp,
+						int64(30e6), int64(86400e6), nil, nonce)
+					if err == nil {
+						_, _, err = s.scanCAS(ctx, completeSQL, nil, "bench", tenant, key, int64(r.rec.Token), outBytes)
+					}
+					if sqlState(err) == "40001" {
+						retries.Add(1)
+						continue
+					}
+					return err
+				}
+			})
+			b.ReportMetric(float64(retries.Load())/float64(b.N), "retries/op")
+		})
+	}
+}
+
+// pairs runs op b.N times over clients goroutines, each on a fresh key, and
+// reports pairs per second.
+func pairs(b *testing.B, clients int, op func(ctx context.Context, key string) error) {
+	b.ReportAllocs()
+	prefix := fmt.Sprintf("%d-%d-", time.Now().UnixNano(), b.N)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := op(context.Background(), prefix+fmt.Sprint(i)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
+}

@@ -1,0 +1,177 @@
+package crdb
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+// failFirst installs a trigger that raises a serialization failure (40001)
+// on the first n writes to the records table; a sequence counts them,
+// because a sequence survives the rollback.
+func failFirst(t *testing.T, s *Store, n int, deferred bool) {
+	t.Helper()
+	timing := "BEFORE INSERT OR UPDATE ON idempotency_records FOR EACH ROW"
+	create := "CREATE TRIGGER"
+	if deferred {
+		// A deferred constraint trigger fires at COMMIT: the COMMIT fails.
+		timing = "AFTER INSERT OR UPDATE ON idempotency_records DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+		create = "CREATE CONSTRAINT TRIGGER"
+	}
+	for _, q := range []string{
+		`CREATE SEQUENCE forced_failures`,
+		`CREATE FUNCTION force_failure() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   IF nextval('forced_failures') <= ` + itoa(n) + ` THEN
+		     RAISE EXCEPTION 'forced serialization failure' USING ERRCODE = '40001';
+		   END IF;
+		   RETURN NEW;
+		 END $$`,
+		create + ` force_failure ` + timing + ` EXECUTE FUNCTION force_failure()`,
+	} {
+		if _, err := s.pool.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func newTestStore(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	s, err := Open(t.Context(), crdbtest.NewDatabase(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func rowCount(t *testing.T, s *Store) (n int) {
+	t.Helper()
+	if err := s.pool.QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestForcedSerializationFailureIsRetried(t *testing.T) {
+	s := newTestStore(t, Config{MaxRetries: 5, RetryBase: time.Millisecond})
+	failFirst(t, s, 3, false)
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+	res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	if err != nil || res.Claim == nil || res.Claim.Token != 1 {
+		t.Fatalf("Begin after 3 forced failures = %+v, %v; want the first claim", res, err)
+	}
+	if n := rowCount(t, s); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
+	}
+}
+
+func TestRetriesRunOutAsContention(t *testing.T) {
+	s := newTestStore(t, Config{MaxRetries: 3, RetryBase: time.Millisecond})
+	failFirst(t, s, 1000, false)
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+	_, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	if le := ledgertest.WantCode(t, err, ledger.CodeContention); !le.Retryable() {
+		t.Fatal("CONTENTION must be retryable")
+	}
+	var used int64
+	if err := s.pool.QueryRow(t.Context(), `SELECT last_value FROM forced_failures`).Scan(&used); err != nil || used != 4 {
+		t.Fatalf("statement ran %d times, want 1 + 3 retries (%v)", used, err)
+	}
+	if n := rowCount(t, s); n != 0 {
+		t.Fatalf("a failed claim left %d rows", n)
+	}
+}
+
+// TestFailedCommitIsNeverASuccess is the trap of crdbpgxv5.ExecuteTx on
+// PostgreSQL: a COMMIT that fails must come back as an error, and a retry
+// must run the whole transaction again.
+func TestFailedCommitIsNeverASuccess(t *testing.T) {
+	insert := func(s *Store) error {
+		return s.tx(t.Context(), s.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(t.Context(), `INSERT INTO idempotency_records
+				(namespace, tenant, idem_key, state, method, fingerprint, token, attempt, created_at, lease_expires_at, expires_at, claim_id)
+				VALUES ('n', 't', 'k', 1, '/a.B/C', 'v2:x', 1, 1, now(), now(), now() + interval '1 hour', '\x00')`)
+			return err
+		})
+	}
+	t.Run("AlwaysFails", func(t *testing.T) {
+		s := newTestStore(t, Config{MaxRetries: 2, RetryBase: time.Millisecond})
+		failFirst(t, s, 1000, true)
+		if err := insert(s); err == nil {
+			t.Fatal("a transaction whose COMMIT failed was reported as a success")
+		}
+		if n := rowCount(t, s); n != 0 {
+			t.Fatalf("%d rows after a failed COMMIT", n)
+		}
+	})
+	t.Run("FailsOnce", func(t *testing.T) {
+		s := newTestStore(t, Config{MaxRetries: 2, RetryBase: time.Millisecond})
+		failFirst(t, s, 1, true)
+		if err := insert(s); err != nil {
+			t.Fatalf("retry after a failed COMMIT: %v", err)
+		}
+		if n := rowCount(t, s); n != 1 {
+			t.Fatalf("%d rows, want 1", n)
+		}
+	})
+}
+
+func TestClassify(t *testing.T) {
+	s := &Store{cfg: Config{}.withDefaults()}
+	if got := ledger.CodeOf(s.classify("x", context.DeadlineExceeded)); got != ledger.CodeUpstreamTimeout {
+		t.Fatalf("deadline = %s", got)
+	}
+	if got := ledger.CodeOf(s.classify("x", pgx.ErrNoRows)); got != ledger.CodeInternal {
+		t.Fatalf("no rows = %s", got)
+	}
+}
+
+// TestAmbiguousCommitIsResolved raises SQLSTATE 40003 (statement completion
+// unknown) once, as CockroachDB may: the claim and the completion still
+// happen exactly once.
+func TestAmbiguousCommitIsResolved(t *testing.T) {
+	s := newTestStore(t, Config{RetryBase: time.Millisecond})
+	for _, q := range []string{
+		`CREATE SEQUENCE ambiguous`,
+		`CREATE FUNCTION ambiguous() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   IF nextval('ambiguous') % 2 = 1 THEN
+		     RAISE EXCEPTION 'statement completion unknown' USING ERRCODE = '40003';
+		   END IF;
+		   RETURN NEW;
+		 END $$`,
+		`CREATE TRIGGER ambiguous BEFORE INSERT OR UPDATE ON idempotency_records FOR EACH ROW EXECUTE FUNCTION ambiguous()`,
+	} {
+		if _, err := s.pool.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+	res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	if err != nil || res.Claim == nil || res.Claim.Token != 1 {
+		t.Fatalf("Begin after an ambiguous commit = %+v, %v; want the first claim", res, err)
+	}
+	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("x")); err != nil {
+		t.Fatalf("Complete after an ambiguous commit: %v", err)
+	}
+	rec, err := l.Lookup(t.Context(), sc, 0)
+	if err != nil || rec.State != ledger.StateCompleted || rec.Token != 1 {
+		t.Fatalf("Lookup = %+v, %v", rec, err)
+	}
+}
