@@ -3,7 +3,7 @@ SHELL := /usr/bin/env bash
 BUF := bin/buf
 PKGS := ./...
 
-.PHONY: help build run test test-short lint generate checkgenerate fuzz bench buf
+.PHONY: help build run test test-short lint breaking generate checkgenerate fuzz bench buf
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ lint: buf ## gofmt, go vet and buf lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet $(PKGS)
 	$(BUF) lint
+
+breaking: buf ## Check proto/ for breaking changes against main.
+	$(BUF) breaking --against '.git#branch=main'
 
 generate: buf ## Regenerate gen/ from proto/ with buf and the pinned local plugins.
 	$(BUF) generate

@@ -1,0 +1,260 @@
+// Package server implements idemledger.v1.LedgerService over a
+// ledger.Ledger: it validates every field of every request, takes the
+// namespace from the caller's credentials (never from the request), checks
+// that the caller may act for the tenant, and returns every error as a
+// status with the typed details of package ledgerstatus and the
+// grpc-retry-pushback-ms trailer.
+package server
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// Principal is an authenticated caller: the namespace its records live in
+// and the tenants it may act for.
+type Principal struct {
+	Namespace string
+	// Tenants lists the tenants the principal may act for; "*" means any.
+	Tenants []string
+}
+
+// May reports whether the principal may act for tenant.
+func (p Principal) May(tenant string) bool {
+	return slices.Contains(p.Tenants, "*") || slices.Contains(p.Tenants, tenant)
+}
+
+// Authenticator finds the principal of a call, or fails with
+// UNAUTHENTICATED.
+type Authenticator interface {
+	Authenticate(ctx context.Context) (Principal, error)
+}
+
+// AuthenticatorFunc adapts a function to Authenticator.
+type AuthenticatorFunc func(ctx context.Context) (Principal, error)
+
+// Authenticate calls f.
+func (f AuthenticatorFunc) Authenticate(ctx context.Context) (Principal, error) { return f(ctx) }
+
+// Config configures a Server.
+type Config struct {
+	// Auth finds the caller; required.
+	Auth Authenticator
+	// Logger hears of INTERNAL errors, with their causes; nil discards.
+	Logger *slog.Logger
+}
+
+// Server is the LedgerService. It is safe for concurrent use.
+type Server struct {
+	ledgerv1.UnimplementedLedgerServiceServer
+	ledger *ledger.Ledger
+	auth   Authenticator
+	log    *slog.Logger
+}
+
+var _ ledgerv1.LedgerServiceServer = (*Server)(nil)
+
+// New returns a Server over l.
+func New(l *ledger.Ledger, cfg Config) *Server {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{ledger: l, auth: cfg.Auth, log: log}
+}
+
+// scope authenticates the call and builds the scope of (tenant, key):
+// UNAUTHENTICATED without a principal, PERMISSION_DENIED for a tenant the
+// principal may not act for.
+func (s *Server) scope(ctx context.Context, tenant, key string) (ledger.Scope, error) {
+	if s.auth == nil {
+		return ledger.Scope{}, ledger.Errorf(ledger.CodeUnauthenticated, "no authenticator is configured")
+	}
+	p, err := s.auth.Authenticate(ctx)
+	if err != nil {
+		return ledger.Scope{}, err
+	}
+	if p.Namespace == "" {
+		return ledger.Scope{}, ledger.Errorf(ledger.CodeUnauthenticated, "the caller has no namespace")
+	}
+	if tenant == "" {
+		return ledger.Scope{}, ledger.Errorf(ledger.CodeValidationFailed, "tenant is missing")
+	}
+	if !p.May(tenant) {
+		return ledger.Scope{}, ledger.Errorf(ledger.CodePermissionDenied, "the caller may not act for this tenant")
+	}
+	return ledger.Scope{Namespace: p.Namespace, Tenant: tenant, Key: key}, nil
+}
+
+// fail encodes err for the wire, sets the pushback trailer, and logs what
+// callers must not see.
+func (s *Server) fail(ctx context.Context, method string, err error) error {
+	le := ledger.AsError(err)
+	if le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable {
+		s.log.ErrorContext(ctx, "ledger call failed", "grpc.method", method, "code", le.Code.String(), "error", err)
+	}
+	ledgerstatus.SetPushback(ctx, le)
+	return ledgerstatus.Err(le)
+}
+
+// Begin implements LedgerService.Begin.
+func (s *Server) Begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
+	res, err := s.begin(ctx, req)
+	if err != nil {
+		return nil, s.fail(ctx, "Begin", err)
+	}
+	return res, nil
+}
+
+func (s *Server) begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	lease, err := optionalDuration("lease", req.GetLease())
+	if err != nil {
+		return nil, err
+	}
+	retention, err := optionalDuration("retention", req.GetRetention())
+	if err != nil {
+		return nil, err
+	}
+	var first time.Time
+	if req.GetFirstAttemptAt() != nil {
+		if err := req.GetFirstAttemptAt().CheckValid(); err != nil {
+			return nil, ledger.Errorf(ledger.CodeValidationFailed, "first_attempt_at is not a valid timestamp")
+		}
+		first = req.GetFirstAttemptAt().AsTime()
+	}
+	res, err := s.ledger.Begin(ctx, ledger.BeginRequest{
+		Scope: sc, Fingerprint: req.GetFingerprint(), Method: req.GetMethod(),
+		Lease: lease, Retention: retention, FirstAttemptAt: first,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if c := res.Claim; c != nil {
+		return &ledgerv1.BeginResponse{Result: &ledgerv1.BeginResponse_Claim{Claim: &ledgerv1.Claim{
+			Token: c.Token, Attempt: c.Attempt, LeaseExpiresAt: timestamppb.New(c.LeaseExpiresAt),
+		}}}, nil
+	}
+	return &ledgerv1.BeginResponse{Result: &ledgerv1.BeginResponse_Replay{Replay: &ledgerv1.Replay{
+		Outcome: outcomeToWire(res.Replay.Outcome), CompletedAt: timestamppb.New(res.Replay.CompletedAt), Attempt: res.Replay.Attempt,
+	}}}, nil
+}
+
+// Complete implements LedgerService.Complete.
+func (s *Server) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	if err == nil {
+		var rec ledger.Record
+		if rec, err = s.ledger.Complete(ctx, sc, req.GetToken(), outcomeFromWire(req.GetOutcome())); err == nil {
+			return &ledgerv1.CompleteResponse{CompletedAt: timestamppb.New(rec.CompletedAt), ExpiresAt: timestamppb.New(rec.ExpiresAt)}, nil
+		}
+	}
+	return nil, s.fail(ctx, "Complete", err)
+}
+
+// Release implements LedgerService.Release.
+func (s *Server) Release(ctx context.Context, req *ledgerv1.ReleaseRequest) (*ledgerv1.ReleaseResponse, error) {
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	if err == nil {
+		if err = s.ledger.Release(ctx, sc, req.GetToken()); err == nil {
+			return &ledgerv1.ReleaseResponse{}, nil
+		}
+	}
+	return nil, s.fail(ctx, "Release", err)
+}
+
+// Extend implements LedgerService.Extend.
+func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledgerv1.ExtendResponse, error) {
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	var lease time.Duration
+	if err == nil {
+		lease, err = optionalDuration("lease", req.GetLease())
+	}
+	if err == nil {
+		var rec ledger.Record
+		if rec, err = s.ledger.Extend(ctx, sc, req.GetToken(), lease); err == nil {
+			return &ledgerv1.ExtendResponse{LeaseExpiresAt: timestamppb.New(rec.LeaseExpiresAt)}, nil
+		}
+	}
+	return nil, s.fail(ctx, "Extend", err)
+}
+
+// Lookup implements LedgerService.Lookup.
+func (s *Server) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledgerv1.LookupResponse, error) {
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	var wait time.Duration
+	if err == nil {
+		wait, err = optionalDuration("wait", req.GetWait())
+	}
+	if err == nil {
+		var rec ledger.Record
+		if rec, err = s.ledger.Lookup(ctx, sc, wait); err == nil {
+			return &ledgerv1.LookupResponse{Record: recordToWire(rec)}, nil
+		}
+	}
+	return nil, s.fail(ctx, "Lookup", err)
+}
+
+// optionalDuration reads a duration field: unset is 0 (the default); a set
+// duration must be valid and positive.
+func optionalDuration(name string, d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if d.CheckValid() != nil || d.AsDuration() <= 0 {
+		return 0, ledger.Errorf(ledger.CodeValidationFailed, "%s must be a positive duration", name)
+	}
+	return d.AsDuration(), nil
+}
+
+func outcomeFromWire(o *ledgerv1.Outcome) *ledger.Outcome {
+	switch r := o.GetResult().(type) {
+	case *ledgerv1.Outcome_Response:
+		return &ledger.Outcome{Response: r.Response}
+	case *ledgerv1.Outcome_Status:
+		return &ledger.Outcome{Status: &spb.Status{Code: r.Status.GetCode(), Message: r.Status.GetMessage(), Details: r.Status.GetDetails()}}
+	}
+	return nil
+}
+
+func outcomeToWire(o *ledger.Outcome) *ledgerv1.Outcome {
+	switch {
+	case o == nil:
+		return nil
+	case o.Response != nil:
+		return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: o.Response}}
+	}
+	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{
+		Code: o.Status.GetCode(), Message: o.Status.GetMessage(), Details: o.Status.GetDetails(),
+	}}}
+}
+
+func recordToWire(r ledger.Record) *ledgerv1.Record {
+	v := &ledgerv1.Record{
+		Method: r.Method, Fingerprint: r.Fingerprint, Attempt: r.Attempt,
+		CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
+	}
+	switch r.State {
+	case ledger.StateInProgress:
+		v.State = ledgerv1.State_STATE_IN_PROGRESS
+		v.LeaseExpiresAt = timestamppb.New(r.LeaseExpiresAt)
+	case ledger.StateCompleted:
+		v.State = ledgerv1.State_STATE_COMPLETED
+		v.CompletedAt = timestamppb.New(r.CompletedAt)
+		v.Outcome = outcomeToWire(r.Outcome)
+	}
+	return v
+}
