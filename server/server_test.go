@@ -162,14 +162,20 @@ func TestAuthentication(t *testing.T) {
 		want ledger.Code
 	}{
 		{"NoCredentials", t.Context(), func(ctx context.Context) error { _, err := f.client.Begin(ctx, beginReq("x")); return err }, ledger.CodeUnauthenticated},
-		{"WrongToken", as(t, "nope"), func(ctx context.Context) error { _, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); return err }, ledger.CodeUnauthenticated},
+		{"WrongToken", as(t, "nope"), func(ctx context.Context) error {
+			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+			return err
+		}, ledger.CodeUnauthenticated},
 		{"OtherTenant", as(t, "billing-token"), func(ctx context.Context) error {
 			r := beginReq("x")
 			r.Tenant = "initech"
 			_, err := f.client.Begin(ctx, r)
 			return err
 		}, ledger.CodePermissionDenied},
-		{"OtherNamespaceCannotSee", as(t, "refunds-token"), func(ctx context.Context) error { _, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); return err }, ledger.CodeNotFound},
+		{"OtherNamespaceCannotSee", as(t, "refunds-token"), func(ctx context.Context) error {
+			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+			return err
+		}, ledger.CodeNotFound},
 		{"OtherNamespaceCannotComplete", as(t, "refunds-token"), func(ctx context.Context) error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: token, Outcome: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x"}}}})
 			return err
