@@ -59,14 +59,15 @@ UNION ALL
 SELECT ` + columns + `, (SELECT now FROM v) FROM idempotency_records
 WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// completeSQL stores the outcome ($6) if token $5 holds a live IN_PROGRESS
-// row, and otherwise returns the row as it is, so the caller can tell a
-// repeated Complete from a fenced one. It touches no indexed column.
-const completeSQL = `
+// casSQL is a compare-and-set on the token ($5) of a live IN_PROGRESS row:
+// it applies set, and otherwise returns the row as it is, with the clock and
+// whether it updated, so the caller can tell a repeated call from a fenced
+// one in the same round trip.
+func casSQL(set string) string {
+	return `
 WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS now),
 upd AS (
-	UPDATE idempotency_records
-	SET state = 2, completed_at = (SELECT now FROM v), outcome = $6
+	UPDATE idempotency_records SET ` + set + `
 	WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > (SELECT now FROM v)
 	RETURNING ` + columns + `
 )
@@ -74,20 +75,14 @@ SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
 UNION ALL
 SELECT ` + columns + `, (SELECT now FROM v), false FROM idempotency_records
 WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM upd)`
+}
 
-// releaseSQL turns the live IN_PROGRESS row of token $5 into a tombstone,
-// and otherwise returns the row as it is (a repeated Release succeeds).
-const releaseSQL = `
-WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS now),
-upd AS (
-	UPDATE idempotency_records SET state = 3
-	WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > (SELECT now FROM v)
-	RETURNING ` + columns + `
+var (
+	// completeSQL stores the outcome ($6). It touches no indexed column.
+	completeSQL = casSQL(`state = 2, completed_at = (SELECT now FROM v), outcome = $6`)
+	// releaseSQL turns the row into a tombstone that reads as absent.
+	releaseSQL = casSQL(`state = 3`)
 )
-SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
-UNION ALL
-SELECT ` + columns + `, (SELECT now FROM v), false FROM idempotency_records
-WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM upd)`
 
 // extendSQL renews the lease of token $5 to now + $6 microseconds and keeps
 // the row at least as long. expires_at changes only when the lease would
