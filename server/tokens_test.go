@@ -1,0 +1,62 @@
+package server_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/metadata"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+func TestBearerTokens(t *testing.T) {
+	file := "# billing's writer\n" +
+		server.HashToken("s3cret-billing") + " billing acme,globex\n\n" +
+		server.HashToken("s3cret-ops") + " ops *\n"
+	if strings.Contains(file, "s3cret") {
+		t.Fatal("the token file must hold hashes only")
+	}
+	tokens, err := server.ParseTokens(strings.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := servertest.Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: tokens}))
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	call := func(auth, tenant string) error {
+		ctx := t.Context()
+		if auth != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", auth)
+		}
+		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: tenant, Key: "k"})
+		return err
+	}
+	tests := []struct {
+		name, auth, tenant string
+		want               ledger.Code
+	}{
+		{"NoToken", "", "acme", ledger.CodeUnauthenticated},
+		{"UnknownToken", "Bearer guess", "acme", ledger.CodeUnauthenticated},
+		{"HashIsNoToken", "Bearer " + strings.TrimPrefix(server.HashToken("s3cret-billing"), "sha256:"), "acme", ledger.CodeUnauthenticated},
+		{"WrongScheme", "Basic s3cret-billing", "acme", ledger.CodeUnauthenticated},
+		{"AllowedTenant", "Bearer s3cret-billing", "acme", ledger.CodeNotFound},
+		{"LowercaseScheme", "bearer s3cret-billing", "globex", ledger.CodeNotFound},
+		{"OtherTenant", "Bearer s3cret-billing", "initech", ledger.CodePermissionDenied},
+		{"Wildcard", "Bearer s3cret-ops", "initech", ledger.CodeNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantCode(t, call(tt.auth, tt.tenant), tt.want) })
+	}
+	for _, bad := range []string{"sha256:abc billing acme", "md5:00 billing acme", server.HashToken("x") + " billing", server.HashToken("x") + " bad\x01ns acme"} {
+		if _, err := server.ParseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseTokens(%q) accepted it", bad)
+		}
+	}
+	if _, err := tokens.Authenticate(context.Background()); ledger.CodeOf(err) != ledger.CodeUnauthenticated {
+		t.Fatalf("no metadata = %v", err)
+	}
+}
