@@ -46,6 +46,12 @@ func TestConformance(t *testing.T) {
 	if base.Dialect() != crdb.Postgres {
 		t.Fatalf("dialect = %s, want postgres", base.Dialect())
 	}
+	runConformance(t, base)
+}
+
+// runConformance runs the suite with stores that share base's pool, each on
+// its own fake clock.
+func runConformance(t *testing.T, base *crdb.Store) {
 	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
 		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
 		if err != nil {
@@ -64,13 +70,7 @@ func TestCockroachConformance(t *testing.T) {
 	if base.Dialect() != crdb.Cockroach {
 		t.Fatalf("dialect = %s, want cockroach", base.Dialect())
 	}
-	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
-		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	})
+	runConformance(t, base)
 }
 
 // TestDatabaseClock runs the main path on the database's own clock.

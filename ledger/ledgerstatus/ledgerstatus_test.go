@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -14,10 +13,8 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -26,6 +23,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // specTable is SPEC's "Error taxonomy" table, copied by hand: the code's
@@ -79,28 +77,16 @@ func TestTableMatchesSpec(t *testing.T) {
 	}
 }
 
-// failer is a real gRPC server whose every method fails with the error the
-// test puts in the context's metadata, encoded by ledgerstatus, with the
-// pushback trailer set.
+// dialFailer starts a real gRPC server whose method M fails with errs[M],
+// encoded by ledgerstatus, with the pushback trailer set.
 func dialFailer(t *testing.T, errs map[string]error) *grpc.ClientConn {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+	return servertest.Serve(t, nil, grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
 		method, _ := grpc.MethodFromServerStream(stream)
 		err := errs[method]
 		ledgerstatus.SetPushback(stream.Context(), err)
 		return ledgerstatus.Err(err)
 	}))
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
 }
 
 func TestRoundTripEveryCode(t *testing.T) {

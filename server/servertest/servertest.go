@@ -18,9 +18,19 @@ import (
 // to it. Both are closed when the test ends.
 func Dial(t testing.TB, srv ledgerv1.LedgerServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
+	return Serve(t, func(gs *grpc.Server) { ledgerv1.RegisterLedgerServiceServer(gs, srv) }, opts...)
+}
+
+// Serve starts a gRPC server with opts on an in-memory listener, lets
+// register (when not nil) add services, and returns a client connection to
+// it. Both are closed when the test ends.
+func Serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(opts...)
-	ledgerv1.RegisterLedgerServiceServer(gs, srv)
+	if register != nil {
+		register(gs)
+	}
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient("passthrough:///bufnet",
