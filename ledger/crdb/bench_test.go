@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
@@ -41,20 +39,12 @@ func BenchmarkBeginComplete(b *testing.B) {
 	for _, clients := range []int{1, 8, 32} {
 		run++
 		b.Run(fmt.Sprintf("store/clients=%d", clients), func(b *testing.B) {
-			pairs(b, clients, func(ctx context.Context, key string) error {
-				sc := ledger.Scope{Namespace: "bench", Tenant: fmt.Sprint("store", run), Key: key}
-				res, err := l.Begin(ctx, ledger.BeginRequest{Scope: sc, Fingerprint: fp, Method: ledgertest.Method})
-				if err != nil {
-					return err
-				}
-				_, err = l.Complete(ctx, sc, res.Claim.Token, out)
-				return err
-			})
+			ledgertest.Pairs(b, clients, ledgertest.BeginComplete(l, fmt.Sprint("store", run)))
 		})
 		b.Run(fmt.Sprintf("pgx/clients=%d", clients), func(b *testing.B) {
 			nonce := []byte("0123456789abcdef")
 			var retries atomic.Int64
-			pairs(b, clients, func(ctx context.Context, key string) error {
+			ledgertest.Pairs(b, clients, func(ctx context.Context, key string) error {
 				tenant := fmt.Sprint("pgx", run)
 				for {
 					r, err := s.scanOne(ctx, claimSQL, nil, "bench", tenant, key, ledgertest.Method, fp,
@@ -72,32 +62,4 @@ func BenchmarkBeginComplete(b *testing.B) {
 			b.ReportMetric(float64(retries.Load())/float64(b.N), "retries/op")
 		})
 	}
-}
-
-// pairs runs op b.N times over clients goroutines, each on a fresh key, and
-// reports pairs per second.
-func pairs(b *testing.B, clients int, op func(ctx context.Context, key string) error) {
-	b.ReportAllocs()
-	prefix := fmt.Sprintf("%d-%d-", time.Now().UnixNano(), b.N)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	start := time.Now()
-	for range clients {
-		wg.Go(func() {
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				if err := op(context.Background(), prefix+fmt.Sprint(i)); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "pairs/s")
 }

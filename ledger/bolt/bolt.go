@@ -1,0 +1,333 @@
+// Package bolt provides ledgerd's default store: a durable ledger.Store in a
+// single file on local disk, on go.etcd.io/bbolt.
+//
+// Every transition is one bbolt read-write transaction, committed with an
+// fsync before the call returns, so an acknowledged claim or outcome
+// survives a crash of the process or the machine. Concurrent transitions go
+// through DB.Batch, which commits up to Config.MaxBatchSize of them in one
+// transaction and one fsync. The file is locked while open: a second
+// process that opens it waits Config.OpenTimeout and then fails.
+//
+// One file serves one ledgerd: it is the store for a single machine. Run
+// several ledgerd instances against ledger/crdb instead.
+package bolt
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// FileName is the name of the store's file in a data directory.
+const FileName = "ledger.db"
+
+var (
+	recordsBucket = []byte("records") // scope key -> encoded record
+	expiryBucket  = []byte("expiry")  // expiry key -> nothing, sorted by expiry
+)
+
+// Config configures a Store. The zero value works.
+type Config struct {
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// MaxBatchDelay is how long a transition waits for others to share its
+	// transaction and fsync: 1 ms. A lone caller pays it once per call.
+	MaxBatchDelay time.Duration
+	// MaxBatchSize caps the transitions of one transaction: 256.
+	MaxBatchSize int
+	// OpenTimeout is how long Open waits for another process to release
+	// the file: 1 s.
+	OpenTimeout time.Duration
+	// SweepInterval is the pause of Run between sweeps: 1 min.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one sweep deletes: 500.
+	SweepBatch int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.MaxBatchDelay <= 0 {
+		c.MaxBatchDelay = time.Millisecond
+	}
+	if c.MaxBatchSize <= 0 {
+		c.MaxBatchSize = 256
+	}
+	if c.OpenTimeout <= 0 {
+		c.OpenTimeout = time.Second
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.SweepBatch <= 0 {
+		c.SweepBatch = 500
+	}
+	return c
+}
+
+// Store is the embedded ledger.Store. It is safe for concurrent use within
+// one process.
+type Store struct {
+	db  *bbolt.DB
+	cfg Config
+}
+
+var _ ledger.Store = (*Store)(nil)
+
+// Open opens (creating it if needed) the store in the directory dir, which
+// is created with mode 0700 if it does not exist. Close the Store when done.
+func Open(dir string, cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("bolt: data directory: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: cfg.OpenTimeout})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, fmt.Errorf("bolt: %s is locked by another process: %w", path, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bolt: open %s: %w", path, err)
+	}
+	db.MaxBatchDelay = cfg.MaxBatchDelay
+	db.MaxBatchSize = cfg.MaxBatchSize
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, name := range [][]byte{recordsBucket, expiryBucket} {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("bolt: create buckets in %s: %w", path, err)
+	}
+	return &Store{db: db, cfg: cfg}, nil
+}
+
+// Close closes the file. Calls after Close answer UNAVAILABLE.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Path returns the path of the store's file.
+func (s *Store) Path() string { return s.db.Path() }
+
+// Ping reports whether the store can answer: it runs a read transaction.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.classify("ping", s.db.View(func(*bbolt.Tx) error { return nil }))
+}
+
+// Claim implements ledger.Store.
+func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	var res ledger.ClaimResult
+	err := s.update(ctx, "claim", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, claimed := ledger.NextClaim(cur, p, now)
+		res = ledger.ClaimResult{Record: next, Claimed: claimed, Now: now}
+		if !claimed {
+			return nil, nil
+		}
+		return &next, nil
+	})
+	return res, err
+}
+
+// Complete implements ledger.Store.
+func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	var rec ledger.Record
+	err := s.update(ctx, "complete", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextComplete(cur, p, now)
+		rec = next
+		return &next, err
+	})
+	return rec, err
+}
+
+// Release implements ledger.Store.
+func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	return s.update(ctx, "release", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextRelease(cur, p, now)
+		return &next, err
+	})
+}
+
+// Extend implements ledger.Store.
+func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	var rec ledger.Record
+	err := s.update(ctx, "extend", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextExtend(cur, p, now)
+		rec = next
+		return &next, err
+	})
+	return rec, err
+}
+
+// Get implements ledger.Store.
+func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, s.classify("get", err)
+	}
+	var rec *ledger.Record
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		rec, err = get(tx, scope, scopeKey(scope))
+		return err
+	})
+	if err != nil {
+		return ledger.Record{}, s.classify("get", err)
+	}
+	if !rec.Live(s.cfg.Now()) {
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	}
+	return *rec, nil
+}
+
+// transition computes the record to store from the stored one (nil when
+// absent). It returns nil to store nothing, or a rule error (LEASE_LOST),
+// which also stores nothing.
+type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
+
+// update runs one transition in a batched read-write transaction. DB.Batch
+// may run fn more than once (when another function of the batch fails), so
+// fn only assigns to the caller's variables and reports rule errors through
+// ruleErr, never as the batch's error: a rule error is an answer, not a
+// failed transaction.
+func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next transition) error {
+	if err := ctx.Err(); err != nil {
+		return s.classify(op, err)
+	}
+	key := scopeKey(scope)
+	var ruleErr error
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		cur, err := get(tx, scope, key)
+		if err != nil {
+			return err
+		}
+		rec, err := next(cur, s.cfg.Now())
+		if ruleErr = err; err != nil || rec == nil {
+			return nil
+		}
+		return put(tx, key, cur, rec)
+	})
+	if err != nil {
+		return s.classify(op, err)
+	}
+	return ruleErr
+}
+
+func get(tx *bbolt.Tx, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	v := tx.Bucket(recordsBucket).Get(key)
+	if v == nil {
+		return nil, nil
+	}
+	rec, err := decodeRecord(scope, v)
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// put stores rec in place of cur and moves its entry in the expiry index.
+func put(tx *bbolt.Tx, key []byte, cur, rec *ledger.Record) error {
+	v, err := encodeRecord(rec)
+	if err != nil {
+		return err
+	}
+	expiry := tx.Bucket(expiryBucket)
+	if cur != nil && !cur.ExpiresAt.Equal(rec.ExpiresAt) {
+		if err := expiry.Delete(expiryKey(cur.ExpiresAt, key)); err != nil {
+			return err
+		}
+	}
+	if err := expiry.Put(expiryKey(rec.ExpiresAt, key), nil); err != nil {
+		return err
+	}
+	return tx.Bucket(recordsBucket).Put(key, v)
+}
+
+// Sweep deletes up to limit records past their retention, oldest first, and
+// returns how many it deleted. Reads already treat such records as absent;
+// the sweep only frees the space.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, s.classify("sweep", err)
+	}
+	n := 0
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		n = 0
+		now := uint64(s.cfg.Now().UnixNano())
+		records := tx.Bucket(recordsBucket)
+		c := tx.Bucket(expiryBucket).Cursor()
+		for k, _ := c.First(); k != nil && n < limit; k, _ = c.First() {
+			if len(k) < 8 || binary.BigEndian.Uint64(k[:8]) > now {
+				break
+			}
+			if err := records.Delete(k[8:]); err != nil {
+				return err
+			}
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, s.classify("sweep", err)
+	}
+	return n, nil
+}
+
+// Run sweeps expired records in batches of Config.SweepBatch every
+// Config.SweepInterval until ctx ends; a full batch is followed at once by
+// another. It returns nil when ctx ends. A failed sweep is retried at the
+// next interval; onError, when not nil, hears of it.
+func (s *Store) Run(ctx context.Context, onError func(error)) error {
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		for {
+			n, err := s.Sweep(ctx, s.cfg.SweepBatch)
+			if err != nil && ctx.Err() == nil && onError != nil {
+				onError(err)
+			}
+			if err != nil || n < s.cfg.SweepBatch {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// classify turns what bbolt or the context said into a ledger error: a
+// closed database or a failed disk is UNAVAILABLE (retryable; another
+// replica or a restart may answer), a record that cannot be read is
+// INTERNAL.
+func (s *Store) classify(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errCorrupt):
+		return ledger.Wrap(ledger.CodeInternal, fmt.Errorf("bolt: %s: %w", op, err), "the ledger could not read a record")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("bolt: %s: %w", op, err), "the call ended before the ledger answered")
+	default:
+		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("bolt: %s: %w", op, err), "the ledger's store is unavailable")
+	}
+}

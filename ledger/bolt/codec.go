@@ -1,0 +1,148 @@
+package bolt
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// recordVersion is the first byte of every stored value; a new layout gets a
+// new version and decodeRecord keeps reading the old ones.
+const recordVersion = 1
+
+// scopeKey is the bucket key of a scope: each part length-prefixed, so no
+// two scopes share a key and every scope of a namespace shares a prefix.
+func scopeKey(s ledger.Scope) []byte {
+	b := make([]byte, 0, 3*binary.MaxVarintLen16+len(s.Namespace)+len(s.Tenant)+len(s.Key))
+	for _, part := range []string{s.Namespace, s.Tenant, s.Key} {
+		b = binary.AppendUvarint(b, uint64(len(part)))
+		b = append(b, part...)
+	}
+	return b
+}
+
+func decodeScopeKey(b []byte) (ledger.Scope, error) {
+	var parts [3]string
+	for i := range parts {
+		s, rest, err := readString(b)
+		if err != nil {
+			return ledger.Scope{}, err
+		}
+		parts[i], b = s, rest
+	}
+	if len(b) != 0 {
+		return ledger.Scope{}, errCorrupt
+	}
+	return ledger.Scope{Namespace: parts[0], Tenant: parts[1], Key: parts[2]}, nil
+}
+
+// expiryKey is the key of a record in the expiry index: its expiry as
+// big-endian nanoseconds (so the index sorts by time), then its scope key.
+func expiryKey(expires time.Time, scope []byte) []byte {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(scope)), uint64(expires.UnixNano()))
+	return append(b, scope...)
+}
+
+var errCorrupt = errors.New("bolt: corrupt record")
+
+// encodeRecord lays out a record (its scope is the key, so it is left out).
+func encodeRecord(r *ledger.Record) ([]byte, error) {
+	var outcome []byte
+	if r.Outcome != nil {
+		var err error
+		if outcome, err = r.Outcome.MarshalBinary(); err != nil {
+			return nil, err
+		}
+	}
+	b := make([]byte, 0, 64+len(r.Method)+len(r.Fingerprint)+len(outcome))
+	b = append(b, recordVersion, byte(r.State))
+	b = binary.AppendUvarint(b, r.Token)
+	b = binary.AppendUvarint(b, uint64(r.Attempt))
+	for _, t := range []time.Time{r.CreatedAt, r.LeaseExpiresAt, r.CompletedAt, r.ExpiresAt} {
+		b = binary.AppendVarint(b, unixNano(t))
+	}
+	for _, s := range [][]byte{[]byte(r.Method), []byte(r.Fingerprint), outcome} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return b, nil
+}
+
+// decodeRecord reads what encodeRecord wrote. It never panics: anything it
+// cannot read is errCorrupt.
+func decodeRecord(scope ledger.Scope, b []byte) (ledger.Record, error) {
+	if len(b) < 2 || b[0] != recordVersion || ledger.State(b[1]) > ledger.StateReleased {
+		return ledger.Record{}, errCorrupt
+	}
+	r := ledger.Record{Scope: scope, State: ledger.State(b[1])}
+	b = b[2:]
+	var ok bool
+	if r.Token, b, ok = uvarint(b); !ok {
+		return ledger.Record{}, errCorrupt
+	}
+	attempt, b, ok := uvarint(b)
+	if !ok || attempt > 1<<32-1 {
+		return ledger.Record{}, errCorrupt
+	}
+	r.Attempt = uint32(attempt)
+	for _, t := range []*time.Time{&r.CreatedAt, &r.LeaseExpiresAt, &r.CompletedAt, &r.ExpiresAt} {
+		n, k := binary.Varint(b)
+		if k <= 0 {
+			return ledger.Record{}, errCorrupt
+		}
+		*t, b = fromUnixNano(n), b[k:]
+	}
+	var outcome string
+	var err error
+	for _, s := range []*string{&r.Method, &r.Fingerprint, &outcome} {
+		if *s, b, err = readString(b); err != nil {
+			return ledger.Record{}, err
+		}
+	}
+	if len(b) != 0 {
+		return ledger.Record{}, errCorrupt
+	}
+	if outcome != "" {
+		r.Outcome = new(ledger.Outcome)
+		if err := r.Outcome.UnmarshalBinary([]byte(outcome)); err != nil {
+			return ledger.Record{}, errors.Join(errCorrupt, err)
+		}
+		if err := r.Outcome.Validate(); err != nil {
+			return ledger.Record{}, errors.Join(errCorrupt, err)
+		}
+	}
+	return r, nil
+}
+
+func uvarint(b []byte) (uint64, []byte, bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return 0, nil, false
+	}
+	return n, b[k:], true
+}
+
+func readString(b []byte) (string, []byte, error) {
+	n, rest, ok := uvarint(b)
+	if !ok || n > uint64(len(rest)) {
+		return "", nil, errCorrupt
+	}
+	return string(rest[:n]), rest[n:], nil
+}
+
+// unixNano stores the zero time as 0, which no real record time is.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
