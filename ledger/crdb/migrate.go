@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	crdbpgxv5 "github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations
@@ -70,14 +71,6 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.retry(ctx, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, createMigrationsTable)
-		return err
-	}); err != nil && sqlState(err) != "23505" && sqlState(err) != "42P07" {
-		// Two instances racing CREATE TABLE IF NOT EXISTS on PostgreSQL may
-		// collide on the catalog (23505/42P07): the table exists either way.
-		return nil, fmt.Errorf("crdb: create migrations table: %w", err)
-	}
 	var db txBeginner = s.pool
 	if s.dialect == Postgres {
 		// A session lock, taken before any migration transaction starts, so
@@ -92,6 +85,15 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 		}
 		defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, migrationLock) }()
 		db = conn
+	}
+	// On PostgreSQL the table is created under the lock: two sessions racing
+	// CREATE TABLE IF NOT EXISTS collide on the catalog (23505, 42P07,
+	// 42710). On CockroachDB the statement is safe to race.
+	if err := s.retry(ctx, func(ctx context.Context) error {
+		_, err := db.Exec(ctx, createMigrationsTable)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("crdb: create migrations table: %w", err)
 	}
 	var applied []int
 	for _, m := range ms {
@@ -140,6 +142,7 @@ func (s *Store) tx(ctx context.Context, db txBeginner, fn func(pgx.Tx) error) er
 
 // txBeginner is a pool or a connection.
 type txBeginner interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
