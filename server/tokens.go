@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -38,29 +37,18 @@ var _ Authenticator = (*Tokens)(nil)
 // with # are skipped. HashToken gives the first field for a token.
 func ParseTokens(r io.Reader) (*Tokens, error) {
 	t := &Tokens{}
-	sc := bufio.NewScanner(r)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+	err := parsePrincipals(r, "token file", func(id string, p Principal) error {
+		raw, err := hex.DecodeString(strings.TrimPrefix(id, "sha256:"))
+		if !strings.HasPrefix(id, "sha256:") || err != nil || len(raw) != sha256.Size {
+			return fmt.Errorf("the hash is not sha256: and 64 hex digits")
 		}
-		f := strings.Fields(line)
-		if len(f) != 3 || !strings.HasPrefix(f[0], "sha256:") {
-			return nil, fmt.Errorf("server: token file line %d: want sha256:<hex> <namespace> <tenants>", n)
-		}
-		raw, err := hex.DecodeString(strings.TrimPrefix(f[0], "sha256:"))
-		if err != nil || len(raw) != sha256.Size {
-			return nil, fmt.Errorf("server: token file line %d: the hash is not 64 hex digits", n)
-		}
-		if err := ledger.ValidateScope(ledger.Scope{Namespace: f[1], Tenant: "x", Key: "x"}, ledger.MaxKeyBytes); err != nil {
-			return nil, fmt.Errorf("server: token file line %d: %w", n, err)
-		}
-		e := tokenEntry{principal: Principal{Namespace: f[1], Tenants: strings.Split(f[2], ",")}}
+		e := tokenEntry{principal: p}
 		copy(e.hash[:], raw)
 		t.entries = append(t.entries, e)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("server: read token file: %w", err)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return t, nil
 }
