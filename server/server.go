@@ -50,16 +50,24 @@ func (f AuthenticatorFunc) Authenticate(ctx context.Context) (Principal, error) 
 type Config struct {
 	// Auth finds the caller; required.
 	Auth Authenticator
-	// Logger hears of INTERNAL errors, with their causes; nil discards.
+	// Logger hears of INTERNAL and UNAVAILABLE errors, with their causes;
+	// nil discards.
 	Logger *slog.Logger
+	// RateLimit, when not nil, limits the calls of each namespace; calls
+	// over it are RATE_LIMITED before they reach the ledger.
+	RateLimit *RateLimit
+	// Metrics, when not nil, counts every decision.
+	Metrics *Metrics
 }
 
 // Server is the LedgerService. It is safe for concurrent use.
 type Server struct {
 	ledgerv1.UnimplementedLedgerServiceServer
-	ledger *ledger.Ledger
-	auth   Authenticator
-	log    *slog.Logger
+	ledger  *ledger.Ledger
+	auth    Authenticator
+	log     *slog.Logger
+	limit   *RateLimit
+	metrics *Metrics
 }
 
 var _ ledgerv1.LedgerServiceServer = (*Server)(nil)
@@ -70,7 +78,7 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{ledger: l, auth: cfg.Auth, log: log}
+	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, metrics: cfg.Metrics}
 }
 
 // scope authenticates the call and builds the scope of (tenant, key):
@@ -93,13 +101,38 @@ func (s *Server) scope(ctx context.Context, tenant, key string) (ledger.Scope, e
 	if !p.May(tenant) {
 		return ledger.Scope{}, ledger.Errorf(ledger.CodePermissionDenied, "the caller may not act for this tenant")
 	}
+	if s.limit != nil {
+		if err := s.limit.Allow(p.Namespace); err != nil {
+			s.observe(p.Namespace, DecisionRateLimited)
+			return ledger.Scope{}, err
+		}
+	}
 	return ledger.Scope{Namespace: p.Namespace, Tenant: tenant, Key: key}, nil
 }
 
-// fail encodes err for the wire, sets the pushback trailer, and logs what
-// callers must not see.
-func (s *Server) fail(ctx context.Context, method string, err error) error {
+func (s *Server) observe(namespace string, d Decision) {
+	if s.metrics != nil {
+		s.metrics.Observe(namespace, d)
+	}
+}
+
+// errorDecisions are the errors that are decisions of the ledger rather
+// than failures.
+var errorDecisions = map[ledger.Code]Decision{
+	ledger.CodeInProgress:   DecisionInProgress,
+	ledger.CodeKeyReused:    DecisionKeyReused,
+	ledger.CodeRetryTooLate: DecisionTooLate,
+	ledger.CodeLeaseLost:    DecisionLeaseLost,
+}
+
+// fail counts the decision err stands for, encodes err for the wire, sets
+// the pushback trailer, and logs what callers must not see. sc is the
+// call's scope, zero when the call failed before it had one.
+func (s *Server) fail(ctx context.Context, method string, sc ledger.Scope, err error) error {
 	le := ledger.AsError(err)
+	if d, ok := errorDecisions[le.Code]; ok && sc.Namespace != "" {
+		s.observe(sc.Namespace, d)
+	}
 	if le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable {
 		s.log.ErrorContext(ctx, "ledger call failed", "grpc.method", method, "code", le.Code.String(), "error", err)
 	}
@@ -109,18 +142,18 @@ func (s *Server) fail(ctx context.Context, method string, err error) error {
 
 // Begin implements LedgerService.Begin.
 func (s *Server) Begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
-	res, err := s.begin(ctx, req)
+	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	var res *ledgerv1.BeginResponse
+	if err == nil {
+		res, err = s.begin(ctx, sc, req)
+	}
 	if err != nil {
-		return nil, s.fail(ctx, "Begin", err)
+		return nil, s.fail(ctx, "Begin", sc, err)
 	}
 	return res, nil
 }
 
-func (s *Server) begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
-	if err != nil {
-		return nil, err
-	}
+func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
 	lease, err := optionalDuration("lease", req.GetLease())
 	if err != nil {
 		return nil, err
@@ -144,10 +177,16 @@ func (s *Server) begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledger
 		return nil, err
 	}
 	if c := res.Claim; c != nil {
+		if c.Attempt > 1 {
+			s.observe(sc.Namespace, DecisionTakenOver)
+		} else {
+			s.observe(sc.Namespace, DecisionClaimed)
+		}
 		return &ledgerv1.BeginResponse{Result: &ledgerv1.BeginResponse_Claim{Claim: &ledgerv1.Claim{
 			Token: c.Token, Attempt: c.Attempt, LeaseExpiresAt: timestamppb.New(c.LeaseExpiresAt),
 		}}}, nil
 	}
+	s.observe(sc.Namespace, DecisionReplayed)
 	return &ledgerv1.BeginResponse{Result: &ledgerv1.BeginResponse_Replay{Replay: &ledgerv1.Replay{
 		Outcome: outcomeToWire(res.Replay.Outcome), CompletedAt: timestamppb.New(res.Replay.CompletedAt), Attempt: res.Replay.Attempt,
 	}}}, nil
@@ -159,10 +198,11 @@ func (s *Server) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*
 	if err == nil {
 		var rec ledger.Record
 		if rec, err = s.ledger.Complete(ctx, sc, req.GetToken(), outcomeFromWire(req.GetOutcome())); err == nil {
+			s.observe(sc.Namespace, DecisionCompleted)
 			return &ledgerv1.CompleteResponse{CompletedAt: timestamppb.New(rec.CompletedAt), ExpiresAt: timestamppb.New(rec.ExpiresAt)}, nil
 		}
 	}
-	return nil, s.fail(ctx, "Complete", err)
+	return nil, s.fail(ctx, "Complete", sc, err)
 }
 
 // Release implements LedgerService.Release.
@@ -170,10 +210,11 @@ func (s *Server) Release(ctx context.Context, req *ledgerv1.ReleaseRequest) (*le
 	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
 	if err == nil {
 		if err = s.ledger.Release(ctx, sc, req.GetToken()); err == nil {
+			s.observe(sc.Namespace, DecisionReleased)
 			return &ledgerv1.ReleaseResponse{}, nil
 		}
 	}
-	return nil, s.fail(ctx, "Release", err)
+	return nil, s.fail(ctx, "Release", sc, err)
 }
 
 // Extend implements LedgerService.Extend.
@@ -186,10 +227,11 @@ func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledg
 	if err == nil {
 		var rec ledger.Record
 		if rec, err = s.ledger.Extend(ctx, sc, req.GetToken(), lease); err == nil {
+			s.observe(sc.Namespace, DecisionExtended)
 			return &ledgerv1.ExtendResponse{LeaseExpiresAt: timestamppb.New(rec.LeaseExpiresAt)}, nil
 		}
 	}
-	return nil, s.fail(ctx, "Extend", err)
+	return nil, s.fail(ctx, "Extend", sc, err)
 }
 
 // Lookup implements LedgerService.Lookup.
@@ -205,7 +247,7 @@ func (s *Server) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledg
 			return &ledgerv1.LookupResponse{Record: recordToWire(rec)}, nil
 		}
 	}
-	return nil, s.fail(ctx, "Lookup", err)
+	return nil, s.fail(ctx, "Lookup", sc, err)
 }
 
 // optionalDuration reads a duration field: unset is 0 (the default); a set

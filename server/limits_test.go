@@ -1,0 +1,106 @@
+package server_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+func TestRateLimitPerNamespace(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3)}))
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	for i := range 3 {
+		if _, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledger.CodeOf(ledgerstatus.FromError(err)) != ledger.CodeNotFound {
+			t.Fatalf("call %d within the burst: %v", i, err)
+		}
+	}
+	var trailer metadata.MD
+	_, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.Trailer(&trailer))
+	le := wantCode(t, err, ledger.CodeRateLimited)
+	if !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
+		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
+	}
+	if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != fmt.Sprint(le.RetryAfter.Milliseconds()) {
+		t.Fatalf("pushback trailer = %q", got)
+	}
+	// Another namespace has a bucket of its own.
+	if _, err := client.Lookup(as(t, "refunds-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledger.CodeOf(ledgerstatus.FromError(err)) != ledger.CodeNotFound {
+		t.Fatalf("another namespace: %v", err)
+	}
+}
+
+func TestDecisionMetrics(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	metrics := server.NewMetrics()
+	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
+	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, Metrics: metrics}))
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	ctx := as(t, "billing-token")
+	mustBegin := func(req *ledgerv1.BeginRequest) *ledgerv1.BeginResponse {
+		t.Helper()
+		res, err := client.Begin(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	done := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 9, Message: "declined"}}}
+
+	// claimed
+	c := mustBegin(beginReq("a")).GetClaim()
+	// in_progress
+	_, _ = client.Begin(ctx, beginReq("a"))
+	// key_reused
+	_, _ = client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: "a", Fingerprint: ledgertest.Fingerprint("other"), Method: ledgertest.Method})
+	// completed
+	_, _ = client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "a", Token: c.GetToken(), Outcome: done})
+	// replayed
+	mustBegin(beginReq("a"))
+	// lease_lost
+	_, _ = client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "a", Token: c.GetToken()})
+	// claimed
+	b := mustBegin(beginReq("b")).GetClaim()
+	// released
+	_, _ = client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "b", Token: b.GetToken()})
+	// claimed
+	mustBegin(beginReq("c"))
+	clock.Advance(time.Hour)
+	// taken_over
+	c2 := mustBegin(beginReq("c")).GetClaim()
+	// extended
+	_, _ = client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "c", Token: c2.GetToken()})
+
+	want := `
+# HELP idemledger_decisions_total Ledger decisions by namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, completed, released, extended, lease_lost, rate_limited.
+# TYPE idemledger_decisions_total counter
+idemledger_decisions_total{decision="claimed",namespace="billing"} 3
+idemledger_decisions_total{decision="completed",namespace="billing"} 1
+idemledger_decisions_total{decision="extended",namespace="billing"} 1
+idemledger_decisions_total{decision="in_progress",namespace="billing"} 1
+idemledger_decisions_total{decision="key_reused",namespace="billing"} 1
+idemledger_decisions_total{decision="lease_lost",namespace="billing"} 1
+idemledger_decisions_total{decision="released",namespace="billing"} 1
+idemledger_decisions_total{decision="replayed",namespace="billing"} 1
+idemledger_decisions_total{decision="taken_over",namespace="billing"} 1
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
+}
