@@ -153,6 +153,19 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Close closes the pool.
 func (s *Store) Close() { s.pool.Close() }
 
+// Ping reports whether the store can answer: the database is reachable and
+// the schema is there (run Migrate otherwise). Errors are UNAVAILABLE.
+func (s *Store) Ping(ctx context.Context) error {
+	err := s.retry(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, `SELECT 1 FROM idempotency_records LIMIT 0`)
+		return err
+	})
+	if err != nil {
+		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("crdb: ping: %w", err), "the ledger's database is unavailable")
+	}
+	return nil
+}
+
 // now returns the $1 argument of every statement: the fake clock, or NULL
 // for the database's.
 func (s *Store) now() any {

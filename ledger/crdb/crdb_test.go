@@ -98,6 +98,20 @@ func TestDatabaseClock(t *testing.T) {
 	}
 }
 
+func TestPingNeedsTheSchema(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	s := openURL(t, url, crdb.Config{}, false)
+	if err := s.Ping(t.Context()); ledger.CodeOf(err) != ledger.CodeUnavailable {
+		t.Fatalf("Ping before Migrate = %v, want UNAVAILABLE", err)
+	}
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping after Migrate = %v", err)
+	}
+}
+
 func TestNewRefusesReadCommitted(t *testing.T) {
 	url := crdbtest.NewDatabase(t)
 	pool, err := pgxpool.New(t.Context(), url)

@@ -41,9 +41,12 @@ var (
 	unavailable error
 )
 
-// Main runs the tests of a package with PostgreSQL available: call it from
-// TestMain.
-func Main(m *testing.M) {
+// Main runs the tests of a package with PostgreSQL available and exits:
+// call it from TestMain.
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main for a TestMain that has more to do: it returns the exit code.
+func Run(m *testing.M) int {
 	var stop func()
 	if u := os.Getenv(EnvURL); u != "" {
 		baseURL = u
@@ -59,7 +62,7 @@ func Main(m *testing.M) {
 	if stop != nil {
 		stop()
 	}
-	os.Exit(code)
+	return code
 }
 
 // NewDatabase returns the URL of a database created for the test and

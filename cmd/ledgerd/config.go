@@ -1,0 +1,128 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/peterbourgon/ff/v3"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// config is every setting of ledgerd. Each flag --some-name can also be set
+// by the environment variable LEDGER_SOME_NAME; a flag on the command line
+// wins over the environment.
+type config struct {
+	listen      string
+	adminListen string
+	dataDir     string
+	databaseURL string
+	migrate     bool
+
+	tokensFile string
+	certsFile  string
+	tlsCert    string
+	tlsKey     string
+	clientCA   string
+
+	ledger ledger.Config
+
+	rateLimit     float64
+	rateBurst     int
+	maxRecvBytes  int
+	drainTimeout  time.Duration
+	sweepInterval time.Duration
+	logLevel      string
+	logFormat     string
+	version       bool
+}
+
+// parseConfig reads the flags and the LEDGER_* environment. Errors are
+// usage errors.
+func parseConfig(args []string, stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("ledgerd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "gRPC address")
+	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:7071", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
+	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
+	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
+	fs.StringVar(&c.tokensFile, "tokens", "", "bearer token file: lines of sha256:<hex> <namespace> <tenants>")
+	fs.StringVar(&c.certsFile, "certs", "", "client certificate file: lines of uri:|dns:|cn:<identity> <namespace> <tenants> (needs --client-ca)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate (PEM); with --tls-key, serve TLS")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "server private key (PEM)")
+	fs.StringVar(&c.clientCA, "client-ca", "", "CA bundle (PEM) that client certificates must chain to")
+	fs.DurationVar(&c.ledger.DefaultLease, "lease", ledger.DefaultLease, "lease of a claim when the request sets none")
+	fs.DurationVar(&c.ledger.MaxLease, "max-lease", ledger.DefaultMaxLease, "longest lease a request may ask")
+	fs.DurationVar(&c.ledger.DefaultRetention, "retention", ledger.DefaultRetention, "retention of a record when the request sets none")
+	fs.DurationVar(&c.ledger.MaxRetention, "max-retention", ledger.DefaultMaxRetention, "longest retention a request may ask")
+	fs.IntVar(&c.ledger.MaxOutcomeBytes, "max-outcome-bytes", ledger.DefaultMaxOutcomeBytes, "largest stored outcome")
+	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
+	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
+	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means --max-outcome-bytes plus 64 KiB")
+	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
+	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
+	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("LEDGER")); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.maxRecvBytes == 0 {
+		c.maxRecvBytes = c.ledger.MaxOutcomeBytes + 64<<10
+	}
+	if c.rateBurst == 0 {
+		c.rateBurst = max(int(c.rateLimit), 1)
+	}
+	return c, c.check()
+}
+
+func (c config) check() error {
+	switch {
+	case (c.tlsCert == "") != (c.tlsKey == ""):
+		return errors.New("--tls-cert and --tls-key go together")
+	case c.clientCA != "" && c.tlsCert == "":
+		return errors.New("--client-ca needs --tls-cert and --tls-key")
+	case c.certsFile != "" && c.clientCA == "":
+		return errors.New("--certs needs --client-ca")
+	case c.clientCA != "" && c.certsFile == "":
+		return errors.New("--client-ca needs --certs, the table of certificate principals")
+	case c.migrate && c.databaseURL == "":
+		return errors.New("--migrate needs --database-url")
+	case c.maxRecvBytes < c.ledger.MaxOutcomeBytes:
+		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
+	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0:
+		return errors.New("--rate-limit, --drain-timeout and --sweep-interval must not be negative")
+	case c.logFormat != "json" && c.logFormat != "text":
+		return errors.New("--log-format is json or text")
+	}
+	if c.devMode() && !loopback(c.listen) {
+		return fmt.Errorf("no --tokens or --certs: dev mode accepts every caller and listens on loopback only, not %q", c.listen)
+	}
+	return nil
+}
+
+// devMode: no credentials are configured, so every caller is the principal
+// "dev" with every tenant.
+func (c config) devMode() bool { return c.tokensFile == "" && c.certsFile == "" }
+
+// loopback reports whether addr binds to the loopback interface only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

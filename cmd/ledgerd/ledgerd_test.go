@@ -1,0 +1,455 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// binary is ledgerd, built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ledgerd-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "ledgerd")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := crdbtest.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running ledgerd.
+type proc struct {
+	cmd         *exec.Cmd
+	grpc, admin string
+	mu          sync.Mutex
+	log         bytes.Buffer
+	exited      chan struct{}
+}
+
+// start runs ledgerd with args on loopback ports of its own choosing and
+// waits until it says where it listens. It is killed when the test ends.
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{exited: make(chan struct{})}
+	p.cmd = exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--drain-timeout", "10s"}, args...)...)
+	p.cmd.Env = append(os.Environ(), "LEDGER_LOG_LEVEL=debug")
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("ledgerd log:\n%s", p.logs())
+		}
+	})
+	ready := make(chan struct{})
+	go func() {
+		defer close(p.exited)
+		lines := bufio.NewScanner(stderr)
+		for lines.Scan() {
+			p.mu.Lock()
+			p.log.Write(append(lines.Bytes(), '\n'))
+			p.mu.Unlock()
+			var line struct{ Msg, GRPC, Admin string }
+			if json.Unmarshal(lines.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
+				p.grpc, p.admin = line.GRPC, line.Admin
+				close(ready)
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = p.cmd.Wait()
+	}()
+	select {
+	case <-ready:
+	case <-p.exited:
+		t.Fatalf("ledgerd exited before it listened:\n%s", p.logs())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ledgerd did not listen within 20s:\n%s", p.logs())
+	}
+	return p
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ledgerd did not exit within 20s:\n%s", p.logs())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *proc) dial(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// waitServing waits for gRPC health to say SERVING.
+func (p *proc) waitServing(t *testing.T, conn *grpc.ClientConn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	res, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: ledgerv1.LedgerService_ServiceDesc.ServiceName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := res.Recv()
+		if err != nil {
+			t.Fatalf("health never said SERVING: %v", err)
+		}
+		if msg.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+	}
+}
+
+func (p *proc) metrics(t *testing.T) string {
+	t.Helper()
+	res, err := http.Get("http://" + p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+var invoice = &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{
+	TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: []byte("\x0a\x07inv_001\x10\xe8\x07"),
+}}}
+
+func begin(key string) *ledgerv1.BeginRequest {
+	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
+}
+
+// TestEndToEndSurvivesKill9 drives ledgerd on its embedded store through a
+// real client: claim, complete, replay; then kills it with SIGKILL, starts
+// it again on the same data directory and finds the record intact.
+func TestEndToEndSurvivesKill9(t *testing.T) {
+	dir := t.TempDir()
+	p := start(t, "--data-dir", dir)
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+
+	res, err := client.Begin(t.Context(), begin("inv-1"))
+	if err != nil || res.GetClaim() == nil {
+		t.Fatalf("Begin = %v, %v; want a claim", res, err)
+	}
+	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "inv-1", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+		t.Fatal(err)
+	}
+	replay, err := client.Begin(t.Context(), begin("inv-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(invoice, replay.GetReplay().GetOutcome(), protocmp.Transform()); d != "" {
+		t.Fatalf("replay (-want +got):\n%s", d)
+	}
+	running, err := client.Begin(t.Context(), begin("inv-2"))
+	if err != nil || running.GetClaim() == nil {
+		t.Fatalf("Begin inv-2 = %v, %v", running, err)
+	}
+
+	// Reflection lists the service, and the metrics count the decisions.
+	refl, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := refl.Recv()
+	if err != nil || !strings.Contains(listed.String(), ledgerv1.LedgerService_ServiceDesc.ServiceName) {
+		t.Fatalf("reflection ListServices = %v, %v", listed, err)
+	}
+	m := p.metrics(t)
+	for _, want := range []string{
+		`idemledger_decisions_total{decision="claimed",namespace="dev"} 2`,
+		`idemledger_decisions_total{decision="replayed",namespace="dev"} 1`,
+		`idemledger_decisions_total{decision="completed",namespace="dev"} 1`,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 3`,
+		`grpc_server_handling_seconds_bucket{`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t)
+
+	p = start(t, "--data-dir", dir)
+	conn = p.dial(t)
+	p.waitServing(t, conn)
+	client = ledgerv1.NewLedgerServiceClient(conn)
+	replay, err = client.Begin(t.Context(), begin("inv-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(invoice, replay.GetReplay().GetOutcome(), protocmp.Transform()); d != "" {
+		t.Fatalf("replay after kill -9 (-want +got):\n%s", d)
+	}
+	look, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "inv-2"})
+	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
+		t.Fatalf("the claim in flight at kill -9: %v, %v; want IN_PROGRESS", look, err)
+	}
+	_, err = client.Begin(t.Context(), begin("inv-2"))
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeInProgress {
+		t.Fatalf("Begin of the key in flight = %v, want IN_PROGRESS", err)
+	}
+}
+
+// TestSIGTERMDrainsInFlightCalls: a Lookup waiting on an IN_PROGRESS key
+// when SIGTERM arrives still gets its answer, and then ledgerd exits 0.
+func TestSIGTERMDrainsInFlightCalls(t *testing.T) {
+	p := start(t, "--data-dir", t.TempDir())
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	if _, err := client.Begin(t.Context(), begin("slow")); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		res *ledgerv1.LookupResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "slow", Wait: durationpb.New(2 * time.Second)})
+		done <- answer{res, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // let the Lookup reach the server
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil || got.res.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
+		t.Fatalf("the call in flight at SIGTERM = %v, %v; want its answer", got.res, got.err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if !strings.Contains(p.logs(), "ledgerd draining") {
+		t.Fatal("ledgerd did not say it was draining")
+	}
+}
+
+// TestBearerTokensEndToEnd starts ledgerd with a token file: no token is
+// UNAUTHENTICATED, a token acts in its namespace and tenants only.
+func TestBearerTokensEndToEnd(t *testing.T) {
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(server.HashToken("billing-secret")+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--rate-limit", "1000")
+	if strings.Contains(p.logs(), "DEV MODE") {
+		t.Fatal("dev mode with a token file")
+	}
+	client := ledgerv1.NewLedgerServiceClient(p.dial(t))
+	_, err := client.Begin(t.Context(), begin("k"))
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeUnauthenticated {
+		t.Fatalf("no token: %v", err)
+	}
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer billing-secret")
+	if _, err := client.Begin(ctx, begin("k")); err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	other := begin("k")
+	other.Tenant = "globex"
+	_, err = client.Begin(ctx, other)
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodePermissionDenied {
+		t.Fatalf("another tenant: %v", err)
+	}
+}
+
+// TestRefusesBadConfiguration: usage errors exit 2 before anything listens.
+func TestRefusesBadConfiguration(t *testing.T) {
+	for name, args := range map[string][]string{
+		"DevModeOffLoopback":  {"--listen", "0.0.0.0:0"},
+		"DevModeAllAddresses": {"--listen", ":0"},
+		"HalfTLS":             {"--tls-cert", "x.pem"},
+		"MigrateWithoutSQL":   {"--migrate"},
+		"UnknownFlag":         {"--no-such-flag"},
+		"NegativeRateLimit":   {"--rate-limit", "-1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
+			out, err := cmd.CombinedOutput()
+			if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2; output:\n%s", err, out)
+			}
+		})
+	}
+	t.Run("Environment", func(t *testing.T) {
+		cmd := exec.Command(binary, "--data-dir", t.TempDir())
+		cmd.Env = append(os.Environ(), "LEDGER_LISTEN=0.0.0.0:0")
+		out, _ := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "loopback") {
+			t.Fatalf("LEDGER_LISTEN off loopback in dev mode: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+		}
+	})
+}
+
+// TestNotServingUntilTheDatabaseAnswers: with a database that is not there,
+// ledgerd listens, health says NOT_SERVING, and calls are UNAVAILABLE with
+// a retry-after; nothing runs a write.
+func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
+	p := start(t, "--database-url", "postgres://ledger@127.0.0.1:1/ledger?connect_timeout=1")
+	conn := p.dial(t)
+	res, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || res.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health = %v, %v; want NOT_SERVING", res, err)
+	}
+	_, err = ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("k"))
+	le := ledgerstatus.FromError(err)
+	if le == nil || le.Code != ledger.CodeUnavailable || !le.Retryable() || le.RetryAfter <= 0 {
+		t.Fatalf("Begin without a database = %v, want UNAVAILABLE with a retry-after", err)
+	}
+	r, err := http.Get("http://" + p.admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz = %d, want 503", r.StatusCode)
+	}
+}
+
+// TestPostgreSQLStore runs ledgerd on PostgreSQL with --migrate: it becomes
+// SERVING, and a completed key replays from a second ledgerd on the same
+// database.
+func TestPostgreSQLStore(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	p := start(t, "--database-url", url, "--migrate")
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	res, err := client.Begin(t.Context(), begin("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+		t.Fatal(err)
+	}
+	q := start(t, "--database-url", url)
+	conn = q.dial(t)
+	q.waitServing(t, conn)
+	replay, err := ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(invoice, replay.GetReplay().GetOutcome(), protocmp.Transform()); d != "" {
+		t.Fatalf("replay from the second ledgerd (-want +got):\n%s", d)
+	}
+	r, err := http.Get("http://" + q.admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz = %d, want 200", r.StatusCode)
+	}
+}
+
+// TestMutualTLSEndToEnd starts ledgerd with TLS, a client CA and a table
+// of certificate principals: a client certificate that names a principal
+// acts for its tenants, and a client without one is refused at the
+// handshake.
+func TestMutualTLSEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	ca := servertest.NewCA(t)
+	certFile, keyFile := servertest.WriteFiles(t, dir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
+	caFile, certsFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "certs")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certsFile, []byte("uri:spiffe://platform.test/billing billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", filepath.Join(dir, "data"), "--tls-cert", certFile, "--tls-key", keyFile, "--client-ca", caFile, "--certs", certsFile)
+	call := func(certs ...tls.Certificate) error {
+		conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, Certificates: certs, MinVersion: tls.VersionTLS12})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = ledgerv1.NewLedgerServiceClient(conn).Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+		return err
+	}
+	err := call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/billing"}}))
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeNotFound {
+		t.Fatalf("with the billing certificate: %v, want NOT_FOUND", err)
+	}
+	err = call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/other"}}))
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeUnauthenticated {
+		t.Fatalf("with an unknown certificate: %v, want UNAUTHENTICATED", err)
+	}
+	if err := call(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("without a certificate: %v, want the handshake refused", err)
+	}
+}

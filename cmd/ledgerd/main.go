@@ -1,0 +1,367 @@
+// Command ledgerd serves the idempotency ledger (idemledger.v1.LedgerService)
+// over gRPC. It only wires: flags and LEDGER_* environment, the store
+// (embedded bbolt by default, PostgreSQL or CockroachDB with
+// --database-url), credentials, interceptors, health, reflection, metrics,
+// the expiry sweeper and a graceful stop. See the README for every flag.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sync"
+	"syscall"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is ledgerd until ctx ends (SIGTERM or SIGINT). It returns the exit
+// code: 0 after a clean stop, 1 when serving failed, 2 on a usage error.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseConfig(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ledgerd:", err)
+		return 2
+	}
+	if cfg.version {
+		fmt.Fprintln(stdout, "ledgerd", version())
+		return 0
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "ledgerd:", err)
+		return 2
+	}
+	if err := serve(ctx, cfg, log); err != nil {
+		log.Error("ledgerd stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+	auth, creds, err := credentialsFor(cfg, log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	decisions := server.NewMetrics()
+	reg.MustRegister(grpcMetrics, decisions)
+
+	srvCfg := server.Config{Auth: auth, Logger: log, Metrics: decisions}
+	if cfg.rateLimit > 0 {
+		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
+	}
+	gs := grpc.NewServer(
+		grpc.Creds(creds),
+		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
+		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
+		grpc.MaxConcurrentStreams(1024),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     15 * time.Minute,
+			MaxConnectionAge:      30 * time.Minute,                             // spread clients over new replicas
+			MaxConnectionAgeGrace: ledger.DefaultMaxLookupWait + 10*time.Second, // let a long Lookup finish
+			Time:                  time.Minute,
+			Timeout:               20 * time.Second,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(
+			grpcMetrics.UnaryServerInterceptor(),
+			logging.UnaryServerInterceptor(slogAdapter(log), logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)),
+			recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+				log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
+				return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
+			})),
+		),
+	)
+	st := &lateStore{cfg: cfg, log: log}
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, cfg.ledger), srvCfg))
+	healthSrv := health.NewServer()
+	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(gs, healthSrv)
+	reflection.Register(gs)
+	grpcMetrics.InitializeMetrics(gs)
+
+	lis, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	var admin *http.Server
+	if cfg.adminListen != "" {
+		if admin, err = startAdmin(cfg.adminListen, reg, healthSrv, log); err != nil {
+			_ = lis.Close()
+			return err
+		}
+	}
+
+	// Background work (the store, its sweeper, the health watch) ends with
+	// bg, after the gRPC server drained; the store closes last.
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
+	wg.Go(func() {
+		_ = st.Run(bg, func(err error) { log.Warn("expiry sweep failed", "error", err) })
+	})
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(lis) }()
+	log.Info("ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "store", storeName(cfg), "version", version())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("ledgerd draining", "timeout", cfg.drainTimeout.String())
+	case serveErr = <-served:
+	}
+	healthSrv.Shutdown()
+	// Serve returns as soon as GracefulStop begins; the drain is over only
+	// when GracefulStop returns.
+	drained := make(chan struct{})
+	go func() { gs.GracefulStop(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(cfg.drainTimeout):
+		log.Warn("drain timed out: cutting the calls left")
+		gs.Stop()
+		<-drained
+	}
+	stopBackground()
+	wg.Wait()
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = admin.Shutdown(sctx)
+		cancel()
+	}
+	log.Info("ledgerd stopped")
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	return nil
+}
+
+// credentialsFor builds the authenticator and the transport credentials.
+func credentialsFor(cfg config, log *slog.Logger) (server.Authenticator, credentials.TransportCredentials, error) {
+	var auths []server.Authenticator
+	if cfg.tokensFile != "" {
+		f, err := os.Open(cfg.tokensFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tokens: %w", err)
+		}
+		defer f.Close()
+		t, err := server.ParseTokens(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		auths = append(auths, t)
+	}
+	if cfg.certsFile != "" {
+		f, err := os.Open(cfg.certsFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("certs: %w", err)
+		}
+		defer f.Close()
+		c, err := server.ParseCertificates(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		auths = append(auths, c)
+	}
+	creds := insecure.NewCredentials() // loopback, or behind a proxy that terminates TLS
+	if cfg.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tls: %w", err)
+		}
+		tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if cfg.clientCA != "" {
+			pem, err := os.ReadFile(cfg.clientCA)
+			if err != nil {
+				return nil, nil, fmt.Errorf("client CA: %w", err)
+			}
+			tc.ClientCAs = x509.NewCertPool()
+			if !tc.ClientCAs.AppendCertsFromPEM(pem) {
+				return nil, nil, fmt.Errorf("client CA: no certificate in %s", cfg.clientCA)
+			}
+			// With tokens as another way in, a certificate is verified when
+			// given; without them it is required.
+			tc.ClientAuth = tls.RequireAndVerifyClientCert
+			if cfg.tokensFile != "" {
+				tc.ClientAuth = tls.VerifyClientCertIfGiven
+			}
+		}
+		creds = credentials.NewTLS(tc)
+	} else if cfg.tokensFile != "" && !loopback(cfg.listen) {
+		log.Warn("bearer tokens travel in plaintext: set --tls-cert and --tls-key unless a proxy terminates TLS in front of ledgerd")
+	}
+	if cfg.devMode() {
+		log.Warn("DEV MODE: no --tokens or --certs, so every caller is namespace \"dev\" with every tenant; loopback only, never in production", "listen", cfg.listen)
+		dev := server.Principal{Namespace: "dev", Tenants: []string{"*"}}
+		return server.AuthenticatorFunc(func(context.Context) (server.Principal, error) { return dev, nil }), creds, nil
+	}
+	return server.AnyOf(auths...), creds, nil
+}
+
+// watchHealth reports SERVING while the store answers a ping, checked at
+// once and then every few seconds, and NOT_SERVING otherwise.
+func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog.Logger) {
+	serving := false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := st.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		status := healthpb.HealthCheckResponse_SERVING
+		if err != nil {
+			status = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		if (err == nil) != serving {
+			serving = err == nil
+			h.SetServingStatus("", status)
+			h.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, status)
+			if err != nil {
+				log.Warn("store not answering: NOT_SERVING", "error", err)
+			} else {
+				log.Info("store answering: SERVING")
+			}
+		}
+		pause := 5 * time.Second
+		if !serving {
+			pause = 500 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+	}
+}
+
+// startAdmin serves /metrics, /healthz (the process is up) and /readyz (the
+// store answers) over HTTP.
+func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, log *slog.Logger) (*http.Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		res, err := h.Check(r.Context(), &healthpb.HealthCheckRequest{})
+		if err != nil || res.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			http.Error(w, "not serving", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv.Addr = lis.Addr().String()
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin server failed", "error", err)
+		}
+	}()
+	return srv, nil
+}
+
+func adminAddr(s *http.Server) string {
+	if s == nil {
+		return ""
+	}
+	return s.Addr
+}
+
+func storeName(cfg config) string {
+	if cfg.databaseURL != "" {
+		return "sql"
+	}
+	return "embedded:" + cfg.dataDir
+}
+
+func newLogger(cfg config, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.logFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// slogAdapter lets the go-grpc-middleware logging interceptor write to slog.
+func slogAdapter(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// codeToLevel keeps the ledger's everyday answers (replays, IN_PROGRESS,
+// KEY_REUSED, NOT_FOUND) at debug, callers' mistakes at info, and the
+// ledger's own failures at warn and error.
+func codeToLevel(c codes.Code) logging.Level {
+	switch c {
+	case codes.OK, codes.NotFound, codes.Aborted, codes.FailedPrecondition, codes.Canceled:
+		return logging.LevelDebug
+	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.ResourceExhausted:
+		return logging.LevelInfo
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return logging.LevelWarn
+	}
+	return logging.LevelError
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return bi.Main.Version + " " + s.Value
+			}
+		}
+		return bi.Main.Version
+	}
+	return "unknown"
+}

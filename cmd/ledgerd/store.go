@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/ledger/crdb"
+)
+
+// store is what ledgerd needs of a store beyond ledger.Store.
+type store interface {
+	ledger.Store
+	Ping(ctx context.Context) error
+	Run(ctx context.Context, onError func(error)) error
+}
+
+// lateStore is the store that ledgerd serves from before the real one is
+// open: every call answers UNAVAILABLE (retryable, retry after a second)
+// until openStore succeeds. So ledgerd listens at once, reports NOT_SERVING
+// while the database is down at start, and serves as soon as it comes up.
+type lateStore struct {
+	cfg config
+	log *slog.Logger
+	s   atomic.Pointer[store]
+}
+
+var _ store = (*lateStore)(nil)
+
+var errNotOpen = &ledger.Error{Code: ledger.CodeUnavailable, Message: "the ledger's store is not open yet", RetryAfter: time.Second}
+
+func (l *lateStore) get() (store, error) {
+	if s := l.s.Load(); s != nil {
+		return *s, nil
+	}
+	return nil, errNotOpen
+}
+
+func (l *lateStore) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.ClaimResult{}, err
+	}
+	return s.Claim(ctx, p)
+}
+
+func (l *lateStore) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return s.Complete(ctx, p)
+}
+
+func (l *lateStore) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	s, err := l.get()
+	if err != nil {
+		return err
+	}
+	return s.Release(ctx, p)
+}
+
+func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return s.Extend(ctx, p)
+}
+
+func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return s.Get(ctx, sc)
+}
+
+func (l *lateStore) Ping(ctx context.Context) error {
+	s, err := l.get()
+	if err != nil {
+		return err
+	}
+	return s.Ping(ctx)
+}
+
+// Run opens the store, retrying every second or so until it opens or ctx
+// ends, serves from it, runs its expiry sweeper until ctx ends, and then
+// closes it. Call it once, and end ctx only after the gRPC server drained.
+func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
+	var s store
+	var closeStore func()
+	for pause := 250 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
+		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		var err error
+		s, closeStore, err = openStore(octx, l.cfg, l.log)
+		cancel()
+		if err == nil {
+			break
+		}
+		l.log.Warn("the store did not open; trying again", "error", err, "in", pause.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+	}
+	defer closeStore()
+	l.s.Store(&s)
+	return s.Run(ctx, onError)
+}
+
+func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func(), error) {
+	if cfg.databaseURL == "" {
+		s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval})
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, func() {
+			if err := s.Close(); err != nil {
+				log.Error("closing the store", "error", err)
+			}
+		}, nil
+	}
+	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{SweepInterval: cfg.sweepInterval})
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.migrate {
+		applied, err := s.Migrate(ctx)
+		if err != nil {
+			s.Close()
+			return nil, nil, err
+		}
+		log.Info("schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	}
+	return s, s.Close, nil
+}
