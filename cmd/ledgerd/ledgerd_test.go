@@ -310,7 +310,9 @@ func TestBearerTokensEndToEnd(t *testing.T) {
 	if strings.Contains(p.logs(), "DEV MODE") {
 		t.Fatal("dev mode with a token file")
 	}
-	client := ledgerv1.NewLedgerServiceClient(p.dial(t))
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
 	_, err := client.Begin(t.Context(), begin("k"))
 	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeUnauthenticated {
 		t.Fatalf("no token: %v", err)

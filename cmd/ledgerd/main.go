@@ -114,7 +114,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			})),
 		),
 	)
-	st := &lateStore{cfg: cfg, log: log}
+	st := newLateStore(cfg, log)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, cfg.ledger), srvCfg))
 	healthSrv := health.NewServer()
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -143,6 +143,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	wg.Go(func() {
 		_ = st.Run(bg, func(err error) { log.Warn("expiry sweep failed", "error", err) })
 	})
+	// Give the store a moment to open, so that the first calls find it;
+	// past that, serve anyway and answer UNAVAILABLE until it opens.
+	select {
+	case <-st.opened:
+	case <-time.After(2 * time.Second):
+		log.Warn("the store is not open yet: serving NOT_SERVING until it is")
+	case <-ctx.Done():
+	}
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
 	log.Info("ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "store", storeName(cfg), "version", version())
@@ -266,13 +274,16 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 				log.Info("store answering: SERVING")
 			}
 		}
-		pause := 5 * time.Second
+		pause, opened := 5*time.Second, st.opened
 		if !serving {
 			pause = 500 * time.Millisecond
+		} else {
+			opened = nil
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-opened:
 		case <-time.After(pause):
 		}
 	}

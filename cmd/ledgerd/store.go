@@ -23,9 +23,14 @@ type store interface {
 // until openStore succeeds. So ledgerd listens at once, reports NOT_SERVING
 // while the database is down at start, and serves as soon as it comes up.
 type lateStore struct {
-	cfg config
-	log *slog.Logger
-	s   atomic.Pointer[store]
+	cfg    config
+	log    *slog.Logger
+	s      atomic.Pointer[store]
+	opened chan struct{} // closed once s is set
+}
+
+func newLateStore(cfg config, log *slog.Logger) *lateStore {
+	return &lateStore{cfg: cfg, log: log, opened: make(chan struct{})}
 }
 
 var _ store = (*lateStore)(nil)
@@ -110,6 +115,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	}
 	defer closeStore()
 	l.s.Store(&s)
+	close(l.opened)
 	return s.Run(ctx, onError)
 }
 

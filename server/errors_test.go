@@ -1,0 +1,149 @@
+package server_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// TestErrorsOfEveryRPC drives each RPC into each error it can answer,
+// over the wire, and checks the typed code.
+func TestErrorsOfEveryRPC(t *testing.T) {
+	f := newFixture(t)
+	ctx := as(t, "billing-token")
+	claim, err := f.client.Begin(ctx, beginReq("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := claim.GetClaim().GetToken()
+	small := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}
+	huge := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: []byte(strings.Repeat("x", ledger.DefaultMaxOutcomeBytes))}}}
+	tooLate := beginReq("late")
+	tooLate.FirstAttemptAt = timestamppb.New(f.clock.Now().Add(-48 * time.Hour))
+	tests := []struct {
+		name string
+		call func() error
+		want ledger.Code
+	}{
+		{"Begin/RetryTooLate", func() error { _, err := f.client.Begin(ctx, tooLate); return err }, ledger.CodeRetryTooLate},
+		{"Begin/RetentionAboveMax", func() error {
+			r := beginReq("r")
+			r.Retention = durationpb.New(30 * 24 * time.Hour)
+			_, err := f.client.Begin(ctx, r)
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Begin/BadMethod", func() error {
+			r := beginReq("m")
+			r.Method = "CreateInvoice"
+			_, err := f.client.Begin(ctx, r)
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Complete/OutcomeTooLarge", func() error {
+			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: huge})
+			return err
+		}, ledger.CodeOutcomeTooLarge},
+		{"Complete/NoOutcome", func() error {
+			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token})
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Complete/StaleToken", func() error {
+			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token + 1, Outcome: small})
+			return err
+		}, ledger.CodeLeaseLost},
+		{"Complete/KeyInvalid", func() error {
+			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "bad\x00key", Token: token, Outcome: small})
+			return err
+		}, ledger.CodeKeyInvalid},
+		{"Release/KeyMissing", func() error {
+			_, err := f.client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Token: token})
+			return err
+		}, ledger.CodeKeyMissing},
+		{"Release/StaleToken", func() error {
+			_, err := f.client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token + 7})
+			return err
+		}, ledger.CodeLeaseLost},
+		{"Extend/ZeroLease", func() error {
+			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: durationpb.New(0)})
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Extend/LeaseAboveMax", func() error {
+			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: durationpb.New(2 * time.Hour)})
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Extend/Absent", func() error {
+			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "nobody", Token: 1})
+			return err
+		}, ledger.CodeLeaseLost},
+		{"Lookup/WaitAboveMax", func() error {
+			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Hour)})
+			return err
+		}, ledger.CodeValidationFailed},
+		{"Lookup/TenantInvalid", func() error {
+			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "ac me", Key: "held"})
+			return err
+		}, ledger.CodePermissionDenied},
+		{"Lookup/TenantInvalidForWildcard", func() error {
+			_, err := f.client.Lookup(as(t, "refunds-token"), &ledgerv1.LookupRequest{Tenant: "ac me", Key: "held"})
+			return err
+		}, ledger.CodeValidationFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.want) })
+	}
+	// None of it touched the held record.
+	look, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"})
+	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS || look.GetRecord().GetAttempt() != 1 {
+		t.Fatalf("the held record after the bad calls = %v, %v", look, err)
+	}
+}
+
+// TestStoreUnavailable: a store that cannot answer gives UNAVAILABLE,
+// retryable, on every RPC, and its cause stays out of the message.
+func TestStoreUnavailable(t *testing.T) {
+	s, err := bolt.Open(t.TempDir(), bolt.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	conn := servertest.Dial(t, server.New(ledger.New(s, ledger.Config{}), server.Config{Auth: testAuth}))
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	ctx := as(t, "billing-token")
+	small := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}
+	for name, call := range map[string]func() error{
+		"Begin": func() error { _, err := client.Begin(ctx, beginReq("k")); return err },
+		"Complete": func() error {
+			_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: 1, Outcome: small})
+			return err
+		},
+		"Release": func() error {
+			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "k", Token: 1})
+			return err
+		},
+		"Extend": func() error {
+			_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "k", Token: 1})
+			return err
+		},
+		"Lookup": func() error {
+			_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := call()
+			le := wantCode(t, err, ledger.CodeUnavailable)
+			if !le.Retryable() || strings.Contains(err.Error(), "bolt") || strings.Contains(err.Error(), "database not open") {
+				t.Fatalf("UNAVAILABLE retryable=%v, message %q leaks the cause", le.Retryable(), err)
+			}
+		})
+	}
+}
