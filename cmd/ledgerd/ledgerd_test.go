@@ -455,3 +455,25 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		t.Fatalf("without a certificate: %v, want the handshake refused", err)
 	}
 }
+
+// TestMessageSizeLimit: a request above --max-recv-bytes is refused by gRPC
+// (RESOURCE_EXHAUSTED) and stores nothing.
+func TestMessageSizeLimit(t *testing.T) {
+	p := start(t, "--data-dir", t.TempDir(), "--max-outcome-bytes", "1024", "--max-recv-bytes", "2048")
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	res, err := client.Begin(t.Context(), begin("big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, 4096)}}}
+	_, err = client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: res.GetClaim().GetToken(), Outcome: big})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 4 KiB request over a 2 KiB limit = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	look, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "big"})
+	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
+		t.Fatalf("the record after the refused Complete = %v, %v", look, err)
+	}
+}

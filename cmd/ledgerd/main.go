@@ -105,14 +105,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			Timeout:               20 * time.Second,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(
-			grpcMetrics.UnaryServerInterceptor(),
-			logging.UnaryServerInterceptor(slogAdapter(log), logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)),
-			recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-				log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
-				return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
-			})),
-		),
+		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
 	)
 	st := newLateStore(cfg, log)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, cfg.ledger), srvCfg))
@@ -185,6 +178,20 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("serve: %w", serveErr)
 	}
 	return nil
+}
+
+// unaryInterceptors are ledgerd's interceptors, outermost first: metrics,
+// logging of every finished call, and recovery from panics, which are
+// logged with their stack and answered INTERNAL.
+func unaryInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc.UnaryServerInterceptor {
+	return []grpc.UnaryServerInterceptor{
+		metrics.UnaryServerInterceptor(),
+		logging.UnaryServerInterceptor(slogAdapter(log), logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)),
+		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+			log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
+			return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
+		})),
+	}
 }
 
 // credentialsFor builds the authenticator and the transport credentials.
