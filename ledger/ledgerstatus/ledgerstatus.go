@@ -120,6 +120,22 @@ func FromError(err error) *ledger.Error {
 	return ledger.AsError(err)
 }
 
+// IsTyped reports whether err is a status that carries an
+// idemledger.v1.ErrorDetail: an error typed by the ledger or by one of its
+// interceptors, rather than one Decode would classify by its gRPC code.
+func IsTyped(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() == codes.OK {
+		return false
+	}
+	for _, d := range st.Details() {
+		if _, ok := d.(*ledgerv1.ErrorDetail); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Decode returns the typed error a status carries, or nil for nil and OK.
 // It prefers the ErrorDetail, then an ErrorInfo of Domain, then falls back
 // on the gRPC code (see fallback). Unparseable details are skipped; it never

@@ -225,3 +225,21 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestIsTyped(t *testing.T) {
+	for name, tt := range map[string]struct {
+		err  error
+		want bool
+	}{
+		"Nil":        {nil, false},
+		"Typed":      {ledgerstatus.Err(ledger.Errorf(ledger.CodeKeyReused, "x")), true},
+		"Foreign":    {status.Error(codes.Unavailable, "connection refused"), false},
+		"NotAStatus": {errors.New("plain"), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := ledgerstatus.IsTyped(tt.err); got != tt.want {
+				t.Fatalf("IsTyped(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}

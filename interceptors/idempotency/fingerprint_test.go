@@ -1,0 +1,269 @@
+package idempotency_test
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/ledger"
+)
+
+func full() *invoicev1.CreateInvoiceRequest {
+	memo := "thanks"
+	return &invoicev1.CreateInvoiceRequest{
+		RequestId: "k", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
+		LineItems: []*invoicev1.LineItem{{Description: "a", Quantity: 1, UnitAmountMicros: 5}, {Description: "b", Quantity: 2}},
+		Labels:    map[string]string{"x": "1", "y": "2", "z": "3"},
+		Memo:      &memo, DueAt: timestamppb.New(time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)),
+		Delivery: &invoicev1.CreateInvoiceRequest_Email{Email: "ap@acme.test"}, SendNow: true,
+		DiscountRate: 0.1, Attachment: []byte{0, 1, 2}, Terms: invoicev1.Terms_TERMS_NET_30,
+		NotesByLine: map[int64]string{-1: "neg", 0: "zero", 7: "seven"},
+	}
+}
+
+func TestFingerprintIsCanonical(t *testing.T) {
+	base := idempotency.Fingerprint(createInvoice, full())
+	if !regexp.MustCompile(`^v1:[0-9a-f]{64}$`).MatchString(base) {
+		t.Fatalf("fingerprint %q is not v1:<64 hex>", base)
+	}
+	if err := ledger.ValidateFingerprint(base); err != nil {
+		t.Fatalf("the ledger refuses the fingerprint: %v", err)
+	}
+	// The same message however it was built or encoded.
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(full())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Put the fields on the wire in descending number order (the elements
+	// of a repeated field keep theirs) and add an unknown one.
+	type record struct {
+		num  protowire.Number
+		data []byte
+	}
+	var records []record
+	for rest := b; len(rest) > 0; {
+		num, _, n := protowire.ConsumeField(rest)
+		records = append(records, record{num, rest[:n]})
+		rest = rest[n:]
+	}
+	slices.SortStableFunc(records, func(a, b record) int { return cmp.Compare(b.num, a.num) })
+	var reversed []byte
+	for _, r := range records {
+		reversed = append(reversed, r.data...)
+	}
+	reversed = protowire.AppendVarint(protowire.AppendTag(reversed, 999, protowire.VarintType), 5)
+	parsed := &invoicev1.CreateInvoiceRequest{}
+	if err := proto.Unmarshal(reversed, parsed); err != nil {
+		t.Fatal(err)
+	}
+	if got := idempotency.Fingerprint(createInvoice, parsed); got != base {
+		t.Fatal("the same message decoded from reordered bytes with an unknown field prints differently")
+	}
+	for range 20 { // map iteration order is random
+		if got := idempotency.Fingerprint(createInvoice, full()); got != base {
+			t.Fatal("the print depends on map order")
+		}
+	}
+	zero := &invoicev1.CreateInvoiceRequest{Tenant: "acme", SendNow: false, Currency: ""}
+	if idempotency.Fingerprint(createInvoice, zero) != idempotency.Fingerprint(createInvoice, &invoicev1.CreateInvoiceRequest{Tenant: "acme"}) {
+		t.Fatal("an explicit proto3 zero prints unlike an unset field")
+	}
+
+	// Anything else changes it.
+	changes := map[string]func(r *invoicev1.CreateInvoiceRequest){
+		"Tenant":      func(r *invoicev1.CreateInvoiceRequest) { r.Tenant = "globex" },
+		"NestedField": func(r *invoicev1.CreateInvoiceRequest) { r.LineItems[1].Quantity = 3 },
+		"ListOrder": func(r *invoicev1.CreateInvoiceRequest) {
+			r.LineItems[0], r.LineItems[1] = r.LineItems[1], r.LineItems[0]
+		},
+		"ListLength":    func(r *invoicev1.CreateInvoiceRequest) { r.LineItems = r.LineItems[:1] },
+		"EmptyNested":   func(r *invoicev1.CreateInvoiceRequest) { r.LineItems = append(r.LineItems, &invoicev1.LineItem{}) },
+		"MapValue":      func(r *invoicev1.CreateInvoiceRequest) { r.Labels["y"] = "3" },
+		"MapKey":        func(r *invoicev1.CreateInvoiceRequest) { delete(r.Labels, "z"); r.Labels["w"] = "3" },
+		"IntMapKey":     func(r *invoicev1.CreateInvoiceRequest) { delete(r.NotesByLine, -1); r.NotesByLine[1] = "neg" },
+		"OptionalEmpty": func(r *invoicev1.CreateInvoiceRequest) { e := ""; r.Memo = &e },
+		"OptionalUnset": func(r *invoicev1.CreateInvoiceRequest) { r.Memo = nil },
+		"OneofBranch": func(r *invoicev1.CreateInvoiceRequest) {
+			r.Delivery = &invoicev1.CreateInvoiceRequest_PostalAddress{PostalAddress: "ap@acme.test"}
+		},
+		"Timestamp":         func(r *invoicev1.CreateInvoiceRequest) { r.DueAt.Nanos++ },
+		"Bool":              func(r *invoicev1.CreateInvoiceRequest) { r.SendNow = false },
+		"Double":            func(r *invoicev1.CreateInvoiceRequest) { r.DiscountRate = math.Nextafter(0.1, 1) },
+		"Bytes":             func(r *invoicev1.CreateInvoiceRequest) { r.Attachment = []byte{0, 1} },
+		"Enum":              func(r *invoicev1.CreateInvoiceRequest) { r.Terms = invoicev1.Terms_TERMS_DUE_ON_RECEIPT },
+		"StringBoundary":    func(r *invoicev1.CreateInvoiceRequest) { r.CustomerId, r.Currency = "cus_1E", "UR" },
+		"KeyIsPartOfPrint":  func(r *invoicev1.CreateInvoiceRequest) { r.RequestId = "other" },
+		"NegativeZeroFloat": func(r *invoicev1.CreateInvoiceRequest) { r.DiscountRate = math.Copysign(0, -1) },
+	}
+	for name, change := range changes {
+		t.Run(name, func(t *testing.T) {
+			r := full()
+			change(r)
+			if idempotency.Fingerprint(createInvoice, r) == base {
+				t.Fatal("the change did not change the print")
+			}
+		})
+	}
+	if idempotency.Fingerprint("/idemledger.examples.invoice.v1.InvoiceService/GetInvoice", full()) == base {
+		t.Fatal("the method is not part of the print")
+	}
+	other := full()
+	other.RequestId = "another key"
+	if idempotency.Fingerprint(createInvoice, other, "request_id") != idempotency.Fingerprint(createInvoice, full(), "request_id") {
+		t.Fatal("a skipped field changed the print")
+	}
+}
+
+func TestFingerprintOfAny(t *testing.T) {
+	ts := timestamppb.New(time.Date(2030, 1, 2, 0, 0, 0, 0, time.UTC))
+	a, err := anypb.New(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same Timestamp packed with its fields on the wire in another
+	// order is the same Any.
+	var swapped []byte
+	swapped = protowire.AppendVarint(protowire.AppendTag(swapped, 2, protowire.VarintType), uint64(ts.GetNanos()))
+	swapped = protowire.AppendVarint(protowire.AppendTag(swapped, 1, protowire.VarintType), uint64(ts.GetSeconds()))
+	b := &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: swapped}
+	c := &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: append(swapped, protowire.AppendVarint(protowire.AppendTag(nil, 77, protowire.VarintType), 1)...)}
+	if idempotency.Fingerprint("/x.Y/Z", a) != idempotency.Fingerprint("/x.Y/Z", b) || idempotency.Fingerprint("/x.Y/Z", b) != idempotency.Fingerprint("/x.Y/Z", c) {
+		t.Fatal("a registered Any prints by its encoding")
+	}
+	unknown := &anypb.Any{TypeUrl: "type.googleapis.com/nope.Unknown", Value: []byte{1}}
+	if idempotency.Fingerprint("/x.Y/Z", unknown) == idempotency.Fingerprint("/x.Y/Z", &anypb.Any{TypeUrl: unknown.TypeUrl, Value: []byte{2}}) {
+		t.Fatal("an unregistered Any's bytes are not in the print")
+	}
+}
+
+// FuzzFingerprint builds a structpb.Struct (maps, lists, nesting, numbers,
+// strings, bools, nulls) from the fuzzer's input: a copy built in another
+// order prints alike, a copy through the wire prints alike, and changing
+// any one value changes the print.
+func FuzzFingerprint(f *testing.F) {
+	f.Add("a", "b", 1.5, true, uint8(3))
+	f.Add("", "x", math.Inf(-1), false, uint8(0))
+	f.Add("k", "k", 0.0, true, uint8(200))
+	f.Fuzz(func(t *testing.T, k1, k2 string, num float64, flag bool, depth uint8) {
+		build := func(reverse bool) *structpb.Struct {
+			fields := map[string]*structpb.Value{}
+			items := []struct {
+				k string
+				v *structpb.Value
+			}{
+				{k1, structpb.NewNumberValue(num)},
+				{k2 + "#", structpb.NewBoolValue(flag)},
+				{"list", structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue(k1), structpb.NewNullValue(), structpb.NewNumberValue(float64(depth))}})},
+			}
+			if reverse {
+				items[0], items[2] = items[2], items[0]
+			}
+			for _, it := range items {
+				fields[it.k] = it.v
+			}
+			s := &structpb.Struct{Fields: fields}
+			for range depth % 8 {
+				s = &structpb.Struct{Fields: map[string]*structpb.Value{k2: structpb.NewStructValue(s)}}
+			}
+			return s
+		}
+		base := idempotency.Fingerprint("/x.Y/Z", build(false))
+		if got := idempotency.Fingerprint("/x.Y/Z", build(true)); got != base {
+			t.Fatal("equal messages print differently")
+		}
+		// Through the wire, when it can go there (strings must be UTF-8).
+		if wire, err := proto.Marshal(build(false)); err == nil {
+			parsed := &structpb.Struct{}
+			if err := proto.Unmarshal(wire, parsed); err != nil {
+				t.Fatal(err)
+			}
+			if got := idempotency.Fingerprint("/x.Y/Z", parsed); got != base {
+				t.Fatal("the message through the wire prints differently")
+			}
+		}
+		// Change each leaf value in turn.
+		leaves := 0
+		var visit func(m protoreflect.Message)
+		visit = func(m protoreflect.Message) {
+			m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+				switch {
+				case fd.IsMap():
+					v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool { visit(mv.Message()); return true })
+				case fd.IsList():
+					for i := range v.List().Len() {
+						visit(v.List().Get(i).Message())
+					}
+				case fd.Kind() == protoreflect.MessageKind:
+					visit(v.Message())
+				default:
+					leaves++
+				}
+				return true
+			})
+		}
+		visit(build(false).ProtoReflect())
+		for leaf := range leaves {
+			changed := build(false)
+			n := 0
+			var mutate func(m protoreflect.Message) bool
+			mutate = func(m protoreflect.Message) bool {
+				done := false
+				m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+					switch {
+					case fd.IsMap():
+						v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool { done = mutate(mv.Message()); return !done })
+					case fd.IsList():
+						for i := 0; i < v.List().Len() && !done; i++ {
+							done = mutate(v.List().Get(i).Message())
+						}
+					case fd.Kind() == protoreflect.MessageKind:
+						done = mutate(v.Message())
+					default:
+						if n == leaf {
+							m.Set(fd, flip(fd, v))
+							done = true
+						}
+						n++
+					}
+					return !done
+				})
+				return done
+			}
+			mutate(changed.ProtoReflect())
+			if idempotency.Fingerprint("/x.Y/Z", changed) == base {
+				t.Fatalf("changing leaf %d of %d did not change the print", leaf, leaves)
+			}
+		}
+	})
+}
+
+// flip returns another value of the field's kind.
+func flip(fd protoreflect.FieldDescriptor, v protoreflect.Value) protoreflect.Value {
+	switch fd.Kind() {
+	case protoreflect.BoolKind:
+		return protoreflect.ValueOfBool(!v.Bool())
+	case protoreflect.DoubleKind:
+		if f := v.Float(); f == 1 || math.IsNaN(f) {
+			return protoreflect.ValueOfFloat64(2)
+		}
+		return protoreflect.ValueOfFloat64(1)
+	case protoreflect.StringKind:
+		return protoreflect.ValueOfString(v.String() + "x")
+	case protoreflect.EnumKind:
+		return protoreflect.ValueOfEnum(v.Enum() + 1)
+	}
+	panic(fmt.Sprintf("flip: kind %s", fd.Kind()))
+}

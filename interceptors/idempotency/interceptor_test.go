@@ -1,0 +1,390 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const createInvoice = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
+
+// invoices is a write service whose CreateInvoice runs create and counts
+// its runs.
+type invoices struct {
+	invoicev1.UnimplementedInvoiceServiceServer
+	runs   atomic.Int64
+	create func(ctx context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error)
+}
+
+func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	n := s.runs.Add(1)
+	if s.create != nil {
+		return s.create(ctx, n, req)
+	}
+	return written(n, req), nil
+}
+
+func written(n int64, req *invoicev1.CreateInvoiceRequest) *invoicev1.CreateInvoiceResponse {
+	return &invoicev1.CreateInvoiceResponse{Invoice: &invoicev1.Invoice{
+		Id: fmt.Sprintf("inv_%04d", n), Tenant: req.GetTenant(), Number: n, CustomerId: req.GetCustomerId(),
+		Currency: req.GetCurrency(), TotalMicros: 42_000_000 * n, CreatedAt: timestamppb.New(time.Now()),
+	}}
+}
+
+// ledgerConn serves a real LedgerService over bufconn, on the memory store,
+// for the write service's principal.
+func ledgerConn(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
+	})
+	return servertest.Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+}
+
+// serve runs svc behind the interceptor (with recovery outside it, as a
+// write service would) and returns a client of it.
+func serve(t *testing.T, ledgerConn *grpc.ClientConn, svc *invoices, opts ...idempotency.Option) invoicev1.InvoiceServiceClient {
+	t.Helper()
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := servertest.Serve(t, func(gs *grpc.Server) { invoicev1.RegisterInvoiceServiceServer(gs, svc) },
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
+			return status.Error(codes.Internal, "internal error")
+		})), icpt))
+	return invoicev1.NewInvoiceServiceClient(conn)
+}
+
+func protect(p idempotency.Policy) []idempotency.Option {
+	return []idempotency.Option{idempotency.WithMethod(createInvoice, p), idempotency.WithKeyField("request_id")}
+}
+
+func request(key string) *invoicev1.CreateInvoiceRequest {
+	return &invoicev1.CreateInvoiceRequest{
+		RequestId: key, Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
+		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: 3, UnitAmountMicros: 14_000_000}},
+		Labels:    map[string]string{"team": "growth", "quarter": "q4"},
+	}
+}
+
+func wantCode(t *testing.T, err error, code ledger.Code) *ledger.Error {
+	t.Helper()
+	le := ledgerstatus.FromError(err)
+	if le == nil || le.Code != code || !ledgerstatus.IsTyped(err) {
+		t.Fatalf("error = %v, want a typed %s", err, code)
+	}
+	return le
+}
+
+func marshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDuplicateReplaysIdenticalBytes(t *testing.T) {
+	svc := &invoices{}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	first, err := client.CreateInvoice(t.Context(), request("k-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var header metadata.MD
+	again, err := client.CreateInvoice(t.Context(), request("k-1"), grpc.Header(&header))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(first, again, protocmp.Transform()); d != "" {
+		t.Fatalf("replay (-first +replay):\n%s", d)
+	}
+	if string(marshal(t, first)) != string(marshal(t, again)) {
+		t.Fatal("the replay's bytes differ from the first response's")
+	}
+	if got := header.Get(idempotency.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Fatalf("replayed header = %v", got)
+	}
+	if n := svc.runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+	// The key may also come in the header.
+	req := request("")
+	hdr := metadata.AppendToOutgoingContext(t.Context(), idempotency.KeyHeader, "k-2")
+	a, err := client.CreateInvoice(hdr, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := client.CreateInvoice(hdr, req)
+	if err != nil || a.GetInvoice().GetId() != b.GetInvoice().GetId() || svc.runs.Load() != 2 {
+		t.Fatalf("header key: %v then %v (%v), %d runs", a, b, err, svc.runs.Load())
+	}
+}
+
+func TestChangedPayloadIsKeyReused(t *testing.T) {
+	svc := &invoices{}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	if _, err := client.CreateInvoice(t.Context(), request("k")); err != nil {
+		t.Fatal(err)
+	}
+	changed := request("k")
+	changed.LineItems[0].Quantity = 4
+	_, err := client.CreateInvoice(t.Context(), changed)
+	le := wantCode(t, err, ledger.CodeKeyReused)
+	if le.Metadata["method"] != createInvoice || le.Retryable() {
+		t.Fatalf("KEY_REUSED metadata %v retryable %v", le.Metadata, le.Retryable())
+	}
+	if svc.runs.Load() != 1 {
+		t.Fatalf("the handler ran %d times", svc.runs.Load())
+	}
+}
+
+func TestParallelDuplicatesRunOnce(t *testing.T) {
+	release := make(chan struct{})
+	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+		<-release
+		return written(n, req), nil
+	}}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	var wg sync.WaitGroup
+	results := make([]*invoicev1.CreateInvoiceResponse, 50)
+	errs := make([]error, 50)
+	var answered atomic.Int64
+	for i := range 50 {
+		wg.Go(func() {
+			results[i], errs[i] = client.CreateInvoice(t.Context(), request("same"))
+			answered.Add(1)
+		})
+	}
+	// 49 answer IN_PROGRESS while the winner's handler is held.
+	for answered.Load() < 49 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	won, inProgress := 0, 0
+	for i := range 50 {
+		switch {
+		case errs[i] == nil:
+			won++
+		case ledgerstatus.FromError(errs[i]).Code == ledger.CodeInProgress:
+			inProgress++
+			if le := ledgerstatus.FromError(errs[i]); !le.Retryable() || le.RetryAfter <= 0 {
+				t.Fatalf("IN_PROGRESS without a retry-after: %v", errs[i])
+			}
+		default:
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+	}
+	if won != 1 || inProgress != 49 || svc.runs.Load() != 1 {
+		t.Fatalf("%d answered, %d IN_PROGRESS, handler ran %d times; want 1, 49, 1", won, inProgress, svc.runs.Load())
+	}
+	again, err := client.CreateInvoice(t.Context(), request("same"))
+	if err != nil || again.GetInvoice().GetId() != "inv_0001" {
+		t.Fatalf("after the winner: %v, %v", again, err)
+	}
+}
+
+func TestTransientErrorReleases(t *testing.T) {
+	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+		if n == 1 {
+			return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
+		}
+		return written(n, req), nil
+	}}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	_, err := client.CreateInvoice(t.Context(), request("k"))
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("first attempt = %v, want the handler's UNAVAILABLE", err)
+	}
+	res, err := client.CreateInvoice(t.Context(), request("k"))
+	if err != nil || res.GetInvoice().GetNumber() != 2 || svc.runs.Load() != 2 {
+		t.Fatalf("the retry = %v, %v after %d runs; want a fresh run", res, err, svc.runs.Load())
+	}
+}
+
+func TestPermanentErrorIsReplayed(t *testing.T) {
+	declined, err := status.New(codes.FailedPrecondition, "the customer's account is closed").WithDetails(&errdetails.ErrorInfo{Reason: "ACCOUNT_CLOSED", Domain: "billing.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &invoices{create: func(context.Context, int64, *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+		return nil, declined.Err()
+	}}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	_, first := client.CreateInvoice(t.Context(), request("k"))
+	var header metadata.MD
+	_, again := client.CreateInvoice(t.Context(), request("k"), grpc.Header(&header))
+	if d := cmp.Diff(status.Convert(first).Proto(), status.Convert(again).Proto(), protocmp.Transform()); d != "" || status.Code(again) != codes.FailedPrecondition {
+		t.Fatalf("replayed error (-first +again):\n%s", d)
+	}
+	if svc.runs.Load() != 1 {
+		t.Fatalf("the handler ran %d times", svc.runs.Load())
+	}
+	if got := header.Get(idempotency.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Fatalf("replayed header on an error replay = %v", got)
+	}
+}
+
+func TestPanicLeavesTheLeaseToExpire(t *testing.T) {
+	var claims []idempotency.Claim
+	var mu sync.Mutex
+	svc := &invoices{create: func(ctx context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+		c, ok := idempotency.ClaimFromContext(ctx)
+		if !ok {
+			return nil, status.Error(codes.Internal, "no claim in the handler's context")
+		}
+		mu.Lock()
+		claims = append(claims, c)
+		mu.Unlock()
+		if n == 1 {
+			panic("crash mid-handler")
+		}
+		return written(n, req), nil
+	}}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{Lease: 300 * time.Millisecond})...)
+	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
+		t.Fatalf("the panicking attempt = %v", err)
+	}
+	_, err := client.CreateInvoice(t.Context(), request("k"))
+	wantCode(t, err, ledger.CodeInProgress)
+	time.Sleep(400 * time.Millisecond)
+	res, err := client.CreateInvoice(t.Context(), request("k"))
+	if err != nil || res.GetInvoice().GetNumber() != 2 {
+		t.Fatalf("the attempt after the lease ran out = %v, %v", res, err)
+	}
+	if len(claims) != 2 || claims[1].Token <= claims[0].Token || claims[1].Attempt != 2 || claims[0].Key != "k" || claims[0].Tenant != "acme" {
+		t.Fatalf("claims = %+v; want a takeover with a higher token and attempt 2", claims)
+	}
+}
+
+func TestLedgerDownFailsClosed(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close() // nothing listens there now
+	down, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = down.Close() })
+	svc := &invoices{}
+	client := serve(t, down, svc, protect(idempotency.Policy{})...)
+	var trailer metadata.MD
+	_, err = client.CreateInvoice(t.Context(), request("k"), grpc.Trailer(&trailer))
+	le := wantCode(t, err, ledger.CodeUnavailable)
+	if !le.Retryable() || le.RetryAfter <= 0 || len(trailer.Get(ledgerstatus.PushbackTrailer)) != 1 {
+		t.Fatalf("UNAVAILABLE retryable=%v retry-after=%v trailer=%v", le.Retryable(), le.RetryAfter, trailer)
+	}
+	if svc.runs.Load() != 0 {
+		t.Fatal("the handler ran with the ledger down")
+	}
+}
+
+func TestLongHandlerKeepsItsLease(t *testing.T) {
+	started := make(chan struct{})
+	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+		close(started)
+		time.Sleep(700 * time.Millisecond) // well past the 200 ms lease
+		return written(n, req), nil
+	}}
+	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{Lease: 200 * time.Millisecond})...)
+	done := make(chan error, 1)
+	go func() { _, err := client.CreateInvoice(t.Context(), request("k")); done <- err }()
+	<-started
+	for range 3 {
+		time.Sleep(200 * time.Millisecond)
+		_, err := client.CreateInvoice(t.Context(), request("k"))
+		wantCode(t, err, ledger.CodeInProgress)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	res, err := client.CreateInvoice(t.Context(), request("k"))
+	if err != nil || res.GetInvoice().GetNumber() != 1 || svc.runs.Load() != 1 {
+		t.Fatalf("after the long handler: %v, %v, %d runs; want its replay", res, err, svc.runs.Load())
+	}
+}
+
+func TestKeysAndTenants(t *testing.T) {
+	svc := &invoices{}
+	strict := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	_, err := strict.CreateInvoice(t.Context(), request(""))
+	wantCode(t, err, ledger.CodeKeyMissing)
+	_, err = strict.CreateInvoice(t.Context(), request("bad key"))
+	wantCode(t, err, ledger.CodeKeyInvalid)
+	noTenant := request("k")
+	noTenant.Tenant = ""
+	_, err = strict.CreateInvoice(t.Context(), noTenant)
+	wantCode(t, err, ledger.CodeValidationFailed)
+	old := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, time.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
+	_, err = strict.CreateInvoice(old, request("k-old"))
+	wantCode(t, err, ledger.CodeRetryTooLate)
+	bad := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, "yesterday")
+	_, err = strict.CreateInvoice(bad, request("k-bad"))
+	wantCode(t, err, ledger.CodeValidationFailed)
+	if svc.runs.Load() != 0 {
+		t.Fatalf("the handler ran %d times on refused calls", svc.runs.Load())
+	}
+
+	lax := serve(t, ledgerConn(t), svc, idempotency.WithMethod(createInvoice, idempotency.Policy{KeyOptional: true}))
+	for range 2 {
+		if _, err := lax.CreateInvoice(t.Context(), request("")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if svc.runs.Load() != 2 {
+		t.Fatalf("KeyOptional without a key ran %d times, want 2 (unprotected)", svc.runs.Load())
+	}
+}
+
+func TestRefusesToBuild(t *testing.T) {
+	client := ledgerv1.NewLedgerServiceClient(ledgerConn(t))
+	for name, opts := range map[string][]idempotency.Option{
+		"UnknownService":  {idempotency.WithMethod("/nope.v1.Nope/Create", idempotency.Policy{})},
+		"UnknownMethod":   {idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/Delete", idempotency.Policy{})},
+		"NotAFullName":    {idempotency.WithMethod("CreateInvoice", idempotency.Policy{})},
+		"NegativeLease":   {idempotency.WithMethod(createInvoice, idempotency.Policy{Lease: -time.Second})},
+		"NoTenantFunc":    {idempotency.WithTenant(nil)},
+		"ZeroCompletions": {idempotency.WithCompletion(time.Second, 0)},
+		"Streaming":       {idempotency.WithMethod("/grpc.health.v1.Health/Watch", idempotency.Policy{})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := idempotency.UnaryServerInterceptor(client, opts...); err == nil {
+				t.Fatal("built")
+			}
+		})
+	}
+}

@@ -1,0 +1,162 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// Header names the interceptor reads and writes.
+const (
+	// KeyHeader carries the idempotency key.
+	KeyHeader = "idempotency-key"
+	// FirstAttemptHeader carries when the intent's first attempt was made
+	// (RFC 3339), so that a retry older than the retention window is
+	// refused (RETRY_TOO_LATE) rather than run a second time.
+	FirstAttemptHeader = "idempotency-first-attempt-at"
+	// ReplayedHeader is set to "true" on replayed responses.
+	ReplayedHeader = "idempotency-replayed"
+)
+
+// Policy is how one method is protected.
+type Policy struct {
+	// Lease is how long an attempt holds the key before another may take
+	// over; 0 means the ledger's default (30 s). The interceptor extends it
+	// while the handler runs past half of it.
+	Lease time.Duration
+	// Retention is how long the outcome is kept for replays; 0 means the
+	// ledger's default (24 h).
+	Retention time.Duration
+	// KeyOptional lets calls without a key through, unprotected; by default
+	// they fail with KEY_MISSING.
+	KeyOptional bool
+}
+
+// TenantFunc returns the tenant a call acts for. An error that is not a
+// *ledger.Error fails the call with VALIDATION_FAILED.
+type TenantFunc func(ctx context.Context, req proto.Message) (string, error)
+
+// TenantFromField reads the tenant from a top-level string field of the
+// request.
+func TenantFromField(name protoreflect.Name) TenantFunc {
+	return func(_ context.Context, req proto.Message) (string, error) {
+		if s := stringField(req, name); s != "" {
+			return s, nil
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the request has no %s", name)
+	}
+}
+
+// TenantFromHeader reads the tenant from an incoming metadata header.
+func TenantFromHeader(name string) TenantFunc {
+	return func(ctx context.Context, _ proto.Message) (string, error) {
+		if v := metadata.ValueFromIncomingContext(ctx, name); len(v) > 0 && v[0] != "" {
+			return v[0], nil
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s header", name)
+	}
+}
+
+// Option configures the interceptor.
+type Option func(*options)
+
+type options struct {
+	methods         map[string]Policy
+	tenant          TenantFunc
+	keyField        protoreflect.Name
+	files           *protoregistry.Files
+	types           *protoregistry.Types
+	completeTimeout time.Duration
+	completeTries   int
+	log             *slog.Logger
+	now             func() time.Time
+}
+
+func defaultOptions() options {
+	return options{
+		methods:         map[string]Policy{},
+		tenant:          TenantFromField("tenant"),
+		files:           protoregistry.GlobalFiles,
+		types:           protoregistry.GlobalTypes,
+		completeTimeout: 5 * time.Second,
+		completeTries:   3,
+		log:             slog.New(slog.DiscardHandler),
+		now:             time.Now,
+	}
+}
+
+// WithMethod protects the method named by its full gRPC name
+// ("/billing.v1.InvoiceService/CreateInvoice") with policy p. Methods not
+// named pass through untouched.
+func WithMethod(fullMethod string, p Policy) Option {
+	return func(o *options) { o.methods[fullMethod] = p }
+}
+
+// WithTenant sets how the tenant is found; by default it is the request's
+// top-level "tenant" field.
+func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithKeyField takes the key from a top-level string field of the request
+// (AIP-155: "request_id") when it is set, and from the idempotency-key
+// header otherwise. The field is left out of the fingerprint. By default
+// the key comes from the header only.
+func WithKeyField(name protoreflect.Name) Option { return func(o *options) { o.keyField = name } }
+
+// WithRegistry resolves methods and response types in files and types
+// instead of the global registries.
+func WithRegistry(files *protoregistry.Files, types *protoregistry.Types) Option {
+	return func(o *options) { o.files, o.types = files, types }
+}
+
+// WithCompletion sets the timeout of each Complete or Release call (5 s)
+// and how many times one is tried (3) when the ledger answers a retryable
+// error.
+func WithCompletion(timeout time.Duration, tries int) Option {
+	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
+}
+
+// WithLogger logs what the caller cannot be told: a Complete or Release
+// that failed, a lease lost while the handler ran. nil discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+func (o *options) check() error {
+	if o.tenant == nil {
+		return fmt.Errorf("idempotency: no tenant function")
+	}
+	if o.completeTimeout <= 0 || o.completeTries <= 0 {
+		return fmt.Errorf("idempotency: the completion timeout and tries must be positive")
+	}
+	for m, p := range o.methods {
+		if p.Lease < 0 || p.Retention < 0 {
+			return fmt.Errorf("idempotency: %s: negative lease or retention", m)
+		}
+	}
+	return nil
+}
+
+// stringField returns a top-level string field of msg, or "".
+func stringField(msg proto.Message, name protoreflect.Name) string {
+	if msg == nil {
+		return ""
+	}
+	m := msg.ProtoReflect()
+	fd := m.Descriptor().Fields().ByName(name)
+	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() || fd.IsMap() {
+		return ""
+	}
+	return m.Get(fd).String()
+}
