@@ -26,6 +26,18 @@ func Dial(t testing.TB, srv ledgerv1.LedgerServiceServer, opts ...grpc.ServerOpt
 // it. Both are closed when the test ends.
 func Serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
+	return Start(t, register, opts...).Dial(t)
+}
+
+// Server is a gRPC server on an in-memory listener.
+type Server struct {
+	lis *bufconn.Listener
+}
+
+// Start starts a gRPC server with opts on an in-memory listener and lets
+// register (when not nil) add services. It stops when the test ends.
+func Start(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *Server {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(opts...)
 	if register != nil {
@@ -33,9 +45,18 @@ func Serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption)
 	}
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return &Server{lis: lis}
+}
+
+// Dial returns a plaintext client connection to the server, with opts
+// added, closed when the test ends.
+func (s *Server) Dial(t testing.TB, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	opts = append([]grpc.DialOption{
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)
+	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
