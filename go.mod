@@ -3,6 +3,7 @@ module github.com/idemledger/idemledger
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cockroachdb/cockroach-go/v2 v2.4.2
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0

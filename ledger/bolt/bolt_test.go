@@ -295,3 +295,9 @@ func TestCrashChild(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestLinearizable(t *testing.T) {
+	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+		return open(t, t.TempDir(), bolt.Config{Now: now})
+	}, ledgertest.LinConfig{})
+}

@@ -1,0 +1,60 @@
+package crdb_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+func TestLinearizable(t *testing.T) {
+	base := openStore(t, crdb.Config{})
+	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, ledgertest.LinConfig{})
+}
+
+// TestLinearizableUnderConnectionKills runs the history while another
+// session terminates the store's connections every few milliseconds: calls
+// fail with an unknown outcome, and what did happen is still linearizable.
+func TestLinearizableUnderConnectionKills(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	base := openURL(t, url, crdb.Config{}, true)
+	admin, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	var kills atomic.Int64
+	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, MaxRetries: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, ledgertest.LinConfig{Phases: 40, Fault: func(ctx context.Context, _ int) {
+		for ctx.Err() == nil {
+			time.Sleep(time.Duration(5000+rand.IntN(20000)) * time.Microsecond)
+			tag, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+			if err == nil {
+				kills.Add(tag.RowsAffected())
+			}
+		}
+	}})
+	if kills.Load() == 0 {
+		t.Fatal("no connection was killed")
+	}
+	t.Logf("%d connections killed", kills.Load())
+}
