@@ -372,6 +372,11 @@ func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
 	if le == nil || le.Code != ledger.CodeUnavailable || !le.Retryable() || le.RetryAfter <= 0 {
 		t.Fatalf("Begin without a database = %v, want UNAVAILABLE with a retry-after", err)
 	}
+	for _, secret := range []string{"127.0.0.1", ":1", "postgres", "ledger@", "dial", "connect"} {
+		if strings.Contains(err.Error(), secret) {
+			t.Fatalf("the error %q tells the caller about the database (%q)", err, secret)
+		}
+	}
 	r, err := http.Get("http://" + p.admin + "/readyz")
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,292 @@
+package server_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// badStrings are the values a string field must refuse, by what is wrong
+// with them, and the code a key gets for them.
+var badStrings = []struct {
+	name, value string
+	keyCode     ledger.Code
+}{
+	{"Empty", "", ledger.CodeKeyMissing},
+	{"Oversized", strings.Repeat("k", 256), ledger.CodeKeyInvalid},
+	{"NonASCII", "clé-1", ledger.CodeKeyInvalid},
+	{"Space", "a b", ledger.CodeKeyInvalid},
+	{"NUL", "a\x00b", ledger.CodeKeyInvalid},
+	{"Newline", "a\nb", ledger.CodeKeyInvalid},
+	{"DEL", "a\x7fb", ledger.CodeKeyInvalid},
+}
+
+var badFingerprints = []string{
+	"", "v1:", "v1:abc", "v1:" + strings.Repeat("a", 63), "v1:" + strings.Repeat("a", 65),
+	"v1:" + strings.Repeat("A", 64), "v1:" + strings.Repeat("g", 64), "v2:" + strings.Repeat("a", 200),
+	"sha256:" + strings.Repeat("a", 64), strings.Repeat("a", 64), "v:abc", "vx:abc", "v1 " + strings.Repeat("a", 64),
+}
+
+var badDurations = map[string]*durationpb.Duration{
+	"Zero":         durationpb.New(0),
+	"Negative":     durationpb.New(-time.Second),
+	"AboveMaximum": durationpb.New(30 * 24 * time.Hour),
+	"Huge":         {Seconds: 315_576_000_000},
+	"BadNanos":     {Seconds: 1, Nanos: -1},
+	"NanosOver":    {Seconds: 0, Nanos: 1_000_000_000},
+}
+
+// TestBadInputCatalogue sends every RPC every bad value of every field:
+// each gets its typed error, the server keeps answering, and the records
+// that exist are unchanged, nor does any new one appear.
+func TestBadInputCatalogue(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
+	srv := servertest.Start(t, func(gs *grpc.Server) {
+		ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
+	}, grpc.MaxRecvMsgSize(2<<20))
+	client := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
+	ctx := as(t, "refunds-token") // every tenant, so tenant checks reach validation
+	held, err := client.Begin(ctx, beginReq("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := held.GetClaim().GetToken()
+	done, _ := client.Begin(ctx, beginReq("done"))
+	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: []byte{1}}}}
+	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "done", Token: done.GetClaim().GetToken(), Outcome: out}); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func() []*ledgerv1.LookupResponse {
+		var all []*ledgerv1.LookupResponse
+		for _, k := range []string{"held", "done"} {
+			res, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: k})
+			if err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, res)
+		}
+		return all
+	}
+	before := snapshot()
+
+	type tc struct {
+		name string
+		call func() error
+		want ledger.Code
+	}
+	var cases []tc
+	begin := func(name string, want ledger.Code, edit func(*ledgerv1.BeginRequest)) {
+		r := beginReq("fresh")
+		edit(r)
+		cases = append(cases, tc{"Begin/" + name, func() error { _, err := client.Begin(ctx, r); return err }, want})
+	}
+	for _, b := range badStrings {
+		tenantCode := ledger.CodeValidationFailed
+		begin("Tenant"+b.name, tenantCode, func(r *ledgerv1.BeginRequest) { r.Tenant = b.value })
+		begin("Key"+b.name, b.keyCode, func(r *ledgerv1.BeginRequest) { r.Key = b.value })
+		begin("Method"+b.name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Method = "/a.B/" + b.value })
+		cases = append(cases,
+			tc{"Complete/Key" + b.name, func() error {
+				_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: b.value, Token: token, Outcome: out})
+				return err
+			}, b.keyCode},
+			tc{"Release/Key" + b.name, func() error {
+				_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: b.value, Token: token})
+				return err
+			}, b.keyCode},
+			tc{"Extend/Key" + b.name, func() error {
+				_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: b.value, Token: token})
+				return err
+			}, b.keyCode},
+			tc{"Lookup/Key" + b.name, func() error {
+				_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: b.value})
+				return err
+			}, b.keyCode},
+			tc{"Lookup/Tenant" + b.name, func() error {
+				_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: b.value, Key: "held"})
+				return err
+			}, ledger.CodeValidationFailed},
+		)
+	}
+	for _, m := range []string{"CreateInvoice", "/x", "/a.B/", "a.B/C", "/a.B/C/D", "/" + strings.Repeat("a", 600) + ".B/C"} {
+		begin("Method"+m[:min(len(m), 12)], ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Method = m })
+	}
+	for i, fp := range badFingerprints {
+		begin("Fingerprint"+string(rune('A'+i)), ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Fingerprint = fp })
+	}
+	for name, d := range badDurations {
+		begin("Lease"+name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Lease = d })
+		begin("Retention"+name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Retention = d })
+		cases = append(cases,
+			tc{"Extend/Lease" + name, func() error {
+				_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: d})
+				return err
+			}, ledger.CodeValidationFailed},
+			tc{"Lookup/Wait" + name, func() error {
+				if name == "Zero" {
+					return ledgerstatus.Err(ledger.Errorf(ledger.CodeValidationFailed, "a zero wait is valid"))
+				}
+				_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: d})
+				return err
+			}, ledger.CodeValidationFailed},
+		)
+	}
+	begin("RetentionBelowLease", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) {
+		r.Lease, r.Retention = durationpb.New(time.Hour), durationpb.New(time.Minute)
+	})
+	begin("FirstAttemptInvalid", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Seconds: 1 << 62} })
+	begin("FirstAttemptBadNanos", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Nanos: -1} })
+
+	complete := func(name string, want ledger.Code, tok uint64, o *ledgerv1.Outcome) {
+		cases = append(cases, tc{"Complete/" + name, func() error {
+			_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: tok, Outcome: o})
+			return err
+		}, want})
+	}
+	complete("TokenZero", ledger.CodeValidationFailed, 0, out)
+	complete("TokenStale", ledger.CodeLeaseLost, token+1, out)
+	complete("TokenHuge", ledger.CodeLeaseLost, ^uint64(0), out)
+	complete("NoOutcome", ledger.CodeValidationFailed, token, nil)
+	complete("EmptyOutcome", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{})
+	complete("NilResponse", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{}})
+	complete("NoTypeURL", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{Value: []byte{1}}}})
+	complete("LongTypeURL", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: strings.Repeat("t", 3000)}}})
+	complete("StatusOK", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 0, Message: "fine"}}})
+	complete("StatusUnknownCode", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 99}}})
+	complete("StatusNegativeCode", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: -3}}})
+	complete("Oversized", ledger.CodeOutcomeTooLarge, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledger.DefaultMaxOutcomeBytes)}}})
+	cases = append(cases,
+		tc{"Release/TokenZero", func() error {
+			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held"})
+			return err
+		}, ledger.CodeValidationFailed},
+		tc{"Release/TokenStale", func() error {
+			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token + 1})
+			return err
+		}, ledger.CodeLeaseLost},
+		tc{"Release/Completed", func() error {
+			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "done", Token: done.GetClaim().GetToken()})
+			return err
+		}, ledger.CodeLeaseLost},
+		tc{"Extend/TokenZero", func() error {
+			_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held"})
+			return err
+		}, ledger.CodeValidationFailed},
+		tc{"Begin/OtherPayloadOnHeld", func() error {
+			r := beginReq("held")
+			r.Fingerprint = ledgertest.Fingerprint("other")
+			_, err := client.Begin(ctx, r)
+			return err
+		}, ledger.CodeKeyReused},
+	)
+	// Malformed credentials.
+	for name, md := range map[string]metadata.MD{
+		"NoAuthorization":   {},
+		"BearerNoToken":     {"authorization": {"Bearer "}},
+		"BearerOnly":        {"authorization": {"Bearer"}},
+		"TwoBadTokens":      {"authorization": {"Bearer x", "Bearer y"}},
+		"BinaryJunk":        {"authorization-bin": {"\x00\xff"}},
+		"TokenInWrongField": {"token": {"refunds-token"}},
+	} {
+		cases = append(cases, tc{"Auth/" + name, func() error {
+			_, err := client.Begin(metadata.NewOutgoingContext(t.Context(), md), beginReq("fresh"))
+			return err
+		}, ledger.CodeUnauthenticated})
+	}
+
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			le := wantCode(t, err, c.want)
+			if !ledgerstatus.IsTyped(err) || le.Retryable() {
+				t.Fatalf("%v: want a typed, permanent error", err)
+			}
+		})
+	}
+
+	t.Run("OverTheMessageLimit", func(t *testing.T) {
+		big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, 3<<20)}}}
+		_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: big})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("a 3 MiB request over a 2 MiB limit: %v", err)
+		}
+	})
+	// Strings that are not UTF-8 cannot come from a Go client: append a
+	// second value of the field to a valid request's bytes (the last one
+	// wins) and send the bytes as they are. gRPC's codec refuses them
+	// before the ledger sees them.
+	for _, m := range []struct {
+		method string
+		req    proto.Message
+		field  protoreflect.Name
+	}{
+		{"Begin", beginReq("fresh"), "tenant"},
+		{"Begin", beginReq("fresh"), "key"},
+		{"Begin", beginReq("fresh"), "method"},
+		{"Complete", &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: out}, "key"},
+		{"Release", &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token}, "key"},
+		{"Extend", &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token}, "tenant"},
+		{"Lookup", &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"}, "key"},
+	} {
+		t.Run("NotUTF8/"+m.method+"/"+string(m.field), func(t *testing.T) {
+			b, err := proto.Marshal(m.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			num := m.req.ProtoReflect().Descriptor().Fields().ByName(m.field).Number()
+			b = protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), []byte("held\xff"))
+			err = srv.Dial(t).Invoke(ctx, "/idemledger.v1.LedgerService/"+m.method, ptr(rawMessage(b)), new(rawMessage), grpc.ForceCodecV2(rawCodec{}))
+			if status.Code(err) != codes.Internal || !strings.Contains(status.Convert(err).Message(), "unmarshal") {
+				t.Fatalf("a string that is not UTF-8: %v, want gRPC's unmarshalling error", err)
+			}
+		})
+	}
+
+	if d := cmp.Diff(before, snapshot(), protocmp.Transform()); d != "" {
+		t.Fatalf("bad input changed the records (-before +after):\n%s", d)
+	}
+	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "fresh"}); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+		t.Fatalf("bad input created a record: %v", err)
+	}
+}
+
+// rawMessage is bytes sent and received as they are, through rawCodec.
+type rawMessage []byte
+
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*rawMessage))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*rawMessage) = data.Materialize()
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
