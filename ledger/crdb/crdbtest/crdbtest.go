@@ -51,11 +51,12 @@ func Run(m *testing.M) int {
 	if u := os.Getenv(EnvURL); u != "" {
 		baseURL = u
 	} else {
-		var err error
-		baseURL, stop, err = start()
+		c, err := StartCluster()
 		if err != nil {
 			unavailable = err
 			fmt.Fprintf(os.Stderr, "crdbtest: no PostgreSQL for these tests: %v\n", err)
+		} else {
+			baseURL, stop = c.URL, c.Stop
 		}
 	}
 	code := m.Run()
@@ -106,16 +107,23 @@ func NewDatabase(t testing.TB) string {
 	return u.String()
 }
 
-// start initialises and starts a cluster, and returns its URL and a stop
-// function.
-func start() (string, func(), error) {
+// Cluster is a throwaway PostgreSQL cluster in a temporary directory.
+type Cluster struct {
+	URL  string // of its postgres database
+	run  func(name string, args ...string) error
+	data string
+	dir  string
+}
+
+// StartCluster initialises and starts a cluster. Stop it when done.
+func StartCluster() (*Cluster, error) {
 	bin, err := binDir()
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "idemledger-pg-")
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	run := func(name string, args ...string) error {
 		cmd := exec.Command(filepath.Join(bin, name), args...)
@@ -132,36 +140,71 @@ func start() (string, func(), error) {
 	if os.Geteuid() == 0 {
 		if err := chownToPostgres(dir); err != nil {
 			os.RemoveAll(dir)
-			return "", nil, err
+			return nil, err
 		}
 	}
 	data := filepath.Join(dir, "data")
 	if err := run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, err
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
 		os.RemoveAll(dir)
-		return "", nil, err
+		return nil, err
 	}
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off "+
-		"-c full_page_writes=off -c max_connections=300 -c max_pred_locks_per_transaction=256", port, dir)
-	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start"); err != nil {
+	// The options live in the data directory, so a restart keeps them.
+	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\nfsync = off\n"+
+		"synchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nmax_pred_locks_per_transaction = 256\n", port, dir)
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(conf)
+		_ = f.Close()
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("configure the cluster: %w", err)
+	}
+	c := &Cluster{URL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), run: run, data: data, dir: dir}
+	if err := run("pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "log"))
 		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("%w\n%s", err, log)
+		return nil, fmt.Errorf("%w\n%s", err, log)
 	}
-	stop := func() {
-		_ = run("pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-		os.RemoveAll(dir)
+	if err := ping(c.URL); err != nil {
+		c.Stop()
+		return nil, err
 	}
-	u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	if err := ping(u); err != nil {
-		stop()
-		return "", nil, err
+	return c, nil
+}
+
+// Restart stops the cluster (fast: open connections are cut) and starts it
+// again.
+func (c *Cluster) Restart() error {
+	return c.run("pg_ctl", "-D", c.data, "-l", filepath.Join(c.dir, "log"), "-m", "fast", "-w", "-t", "60", "restart")
+}
+
+// Stop stops the cluster and removes its directory.
+func (c *Cluster) Stop() {
+	_ = c.run("pg_ctl", "-D", c.data, "-m", "immediate", "-w", "stop")
+	os.RemoveAll(c.dir)
+}
+
+// NewCluster starts a cluster of the test's own, stopped when the test
+// ends: for tests that restart PostgreSQL. Without PostgreSQL it skips the
+// test, or fails it when CI=true.
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := StartCluster()
+	if err != nil {
+		msg := fmt.Sprintf("cannot start PostgreSQL (%v); install postgresql-15", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
 	}
-	return u, stop, nil
+	t.Cleanup(c.Stop)
+	return c
 }
 
 func binDir() (string, error) {

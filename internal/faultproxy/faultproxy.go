@@ -1,0 +1,173 @@
+// Package faultproxy is an in-process TCP proxy that injects network
+// faults between two parts of the system under test: latency, connection
+// resets, and responses cut after the server produced them.
+package faultproxy
+
+import (
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy forwards every connection made to Addr to the target. It is safe for
+// concurrent use; faults change while connections run.
+type Proxy struct {
+	lis    net.Listener
+	target string
+
+	latency atomic.Int64  // the most added per chunk, in ns; 0: none
+	cut     atomic.Uint64 // probability ×2^32 that a response chunk resets the connection
+
+	mu    sync.Mutex
+	conns map[*link]struct{}
+	wg    sync.WaitGroup
+
+	// Counters of what the proxy did.
+	Accepted, Resets, Cuts, Delayed atomic.Int64
+}
+
+// link is one proxied connection: the client's side and the target's.
+type link struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+// New listens on a loopback port and forwards to target.
+func New(target string) (*Proxy, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{lis: lis, target: target, conns: map[*link]struct{}{}}
+	p.wg.Go(p.accept)
+	return p, nil
+}
+
+// Addr is the address to connect to instead of the target.
+func (p *Proxy) Addr() string { return p.lis.Addr().String() }
+
+// SetLatency delays each chunk, in each direction, by a uniform random time
+// up to max; 0 turns it off.
+func (p *Proxy) SetLatency(max time.Duration) { p.latency.Store(int64(max)) }
+
+// SetCutResponses makes each chunk from the target reset the connection
+// instead of reaching the client, with probability prob: the server did
+// the work, the client never hears of it. 0 turns it off.
+func (p *Proxy) SetCutResponses(prob float64) {
+	p.cut.Store(uint64(min(max(prob, 0), 1) * (1 << 32)))
+}
+
+// ResetAll resets every open connection (TCP RST to both sides) and
+// returns how many it reset.
+func (p *Proxy) ResetAll() int {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.conns))
+	for l := range p.conns {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		p.reset(l)
+	}
+	p.Resets.Add(int64(len(links)))
+	return len(links)
+}
+
+// Close stops listening, resets every connection and waits for the
+// proxy's goroutines.
+func (p *Proxy) Close() error {
+	err := p.lis.Close()
+	p.ResetAll()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	for {
+		c, err := p.lis.Accept()
+		if err != nil {
+			return
+		}
+		p.Accepted.Add(1)
+		s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		if err != nil {
+			abort(c)
+			continue
+		}
+		l := &link{client: c, server: s}
+		p.mu.Lock()
+		p.conns[l] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Go(func() { p.pipe(l, l.client, l.server, false) })
+		p.wg.Go(func() { p.pipe(l, l.server, l.client, true) })
+	}
+}
+
+// pipe copies src to dst chunk by chunk, delaying and cutting as set.
+func (p *Proxy) pipe(l *link, src, dst net.Conn, response bool) {
+	defer p.close(l)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := p.latency.Load(); d > 0 {
+				p.Delayed.Add(1)
+				time.Sleep(time.Duration(rand.Int64N(d)))
+			}
+			if response {
+				if c := p.cut.Load(); c > 0 && rand.Uint64N(1<<32) < c {
+					p.Cuts.Add(1)
+					p.reset(l)
+					return
+				}
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				// Half-close: tell the other side, keep the other direction.
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+					return
+				}
+			}
+			return
+		}
+	}
+}
+
+func (p *Proxy) reset(l *link) {
+	l.once.Do(func() {
+		abort(l.client)
+		abort(l.server)
+	})
+	p.forget(l)
+}
+
+func (p *Proxy) close(l *link) {
+	l.once.Do(func() {
+		_ = l.client.Close()
+		_ = l.server.Close()
+	})
+	p.forget(l)
+}
+
+func (p *Proxy) forget(l *link) {
+	p.mu.Lock()
+	delete(p.conns, l)
+	p.mu.Unlock()
+}
+
+// abort closes c with a TCP RST rather than a FIN.
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
