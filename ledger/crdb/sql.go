@@ -15,8 +15,10 @@ const scope = `namespace = $2 AND tenant = $3 AND idem_key = $4`
 // claimSQL claims, takes over or returns the row in one round trip.
 //
 // The proposed row is a fresh IN_PROGRESS claim, or, when first_attempt_at
-// ($9) is older than the retention, a RELEASED tombstone that reads as
-// absent: so a too-late request never claims, without a check-then-insert.
+// ($9) is older than the retention, a RELEASED tombstone with token 0 that
+// expired when it was written: so a too-late request never claims, without
+// a check-then-insert, and leaves no trace (the next claim still gets token
+// 1, and no Release can match it).
 // On conflict the row is updated only for a takeover (IN_PROGRESS, live,
 // lease expired, same fingerprint) or a re-claim of a row that is no longer
 // live (released or expired), and then gets token + 1. Otherwise the
@@ -33,8 +35,9 @@ WITH v AS (
 	FROM (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n) AS c
 ), ins AS (
 	INSERT INTO idempotency_records AS r (` + columns + `)
-	SELECT $2, $3, $4, CASE WHEN v.too_late THEN 3 ELSE 1 END, $5, $6, 1, 1,
-	       v.now, v.lease_end, NULL, v.expires, NULL, $10
+	SELECT $2, $3, $4, CASE WHEN v.too_late THEN 3 ELSE 1 END, $5, $6,
+	       CASE WHEN v.too_late THEN 0 ELSE 1 END, 1, v.now, v.lease_end, NULL,
+	       CASE WHEN v.too_late THEN v.now ELSE v.expires END, NULL, $10
 	FROM v
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET
 		state            = 1,

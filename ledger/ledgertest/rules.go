@@ -280,10 +280,13 @@ func runRules(t *testing.T, newStore NewStore) {
 		WantCode(t, err, ledger.CodeRetryTooLate)
 		_, err = e.ledger.Lookup(t.Context(), s, 0)
 		WantCode(t, err, ledger.CodeNotFound)
+		// The refusal leaves no trace: no token to release, and the next
+		// claim is the first.
+		WantCode(t, e.ledger.Release(t.Context(), s, 1), ledger.CodeLeaseLost)
 		req.FirstAttemptAt = Start.Add(-time.Hour + time.Second)
 		res, err := e.ledger.Begin(t.Context(), req)
-		if err != nil || res.Claim == nil {
-			t.Fatalf("Begin inside the window = %+v, %v; want a claim", res, err)
+		if err != nil || res.Claim == nil || res.Claim.Token != 1 || res.Claim.Attempt != 1 {
+			t.Fatalf("Begin inside the window = %+v, %v; want the first claim (token 1)", res, err)
 		}
 		// A stored outcome is still replayed: a replay is no second execution.
 		if _, err := e.ledger.Complete(t.Context(), s, res.Claim.Token, Response("x")); err != nil {
