@@ -297,7 +297,11 @@ func TestCrashChild(t *testing.T) {
 }
 
 func TestLinearizable(t *testing.T) {
-	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
-		return open(t, t.TempDir(), bolt.Config{Now: now})
-	}, ledgertest.LinConfig{})
+	for run := range 5 {
+		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
+			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+				return open(t, t.TempDir(), bolt.Config{Now: now})
+			}, ledgertest.LinConfig{})
+		})
+	}
 }

@@ -2,6 +2,7 @@ package crdb_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -17,13 +18,17 @@ import (
 
 func TestLinearizable(t *testing.T) {
 	base := openStore(t, crdb.Config{})
-	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
-		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}, ledgertest.LinConfig{})
+	for run := range 8 {
+		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
+			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+				s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}, ledgertest.LinConfig{})
+		})
+	}
 }
 
 // TestLinearizableUnderConnectionKills runs the history while another

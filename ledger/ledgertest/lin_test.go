@@ -2,6 +2,7 @@ package ledgertest_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +15,11 @@ import (
 )
 
 func TestMemoryIsLinearizable(t *testing.T) {
-	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store { return memory.New(memory.Config{Now: now}) }, ledgertest.LinConfig{})
+	for run := range 20 {
+		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
+			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store { return memory.New(memory.Config{Now: now}) }, ledgertest.LinConfig{})
+		})
+	}
 }
 
 // TestCheckThenInsertIsCaught: a store whose Claim reads, yields, then
