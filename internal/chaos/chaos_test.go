@@ -51,7 +51,7 @@ func TestEmbeddedStoreUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ledgerd under faults for several seconds")
 	}
-	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 200, Agents: 8, Seed: 1, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond})
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 1, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestPostgreSQLUnderFaults(t *testing.T) {
 		t.Skip("runs ledgerd and PostgreSQL under faults for several seconds")
 	}
 	pg := crdbtest.NewCluster(t)
-	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 200, Agents: 8, Seed: 2, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, DatabaseURL: pg.URL, RestartDatabase: pg.Restart})
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 2, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, DatabaseURL: pg.URL, RestartDatabase: pg.Restart})
 	if err != nil {
 		t.Fatal(err)
 	}
