@@ -130,10 +130,34 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.classify("ping", s.db.View(func(*bbolt.Tx) error { return nil }))
 }
 
-// Claim implements ledger.Store.
+// Claim implements ledger.Store. A claim that would change nothing (a
+// replay, IN_PROGRESS, KEY_REUSED, RETRY_TOO_LATE) is answered from a read
+// transaction, with no write and no fsync; only a claim that writes goes
+// through a batched write transaction, which decides again.
 func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.ClaimResult{}, s.classify("claim", err)
+	}
 	var res ledger.ClaimResult
-	err := s.update(ctx, "claim", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+	var readOnly bool
+	key := scopeKey(p.Scope)
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		cur, err := get(tx, p.Scope, key)
+		if err != nil {
+			return err
+		}
+		now := s.cfg.Now()
+		next, claimed := ledger.NextClaim(cur, p, now)
+		res, readOnly = ledger.ClaimResult{Record: next, Claimed: false, Now: now}, !claimed
+		return nil
+	})
+	if err != nil {
+		return ledger.ClaimResult{}, s.classify("claim", err)
+	}
+	if readOnly {
+		return res, nil
+	}
+	err = s.update(ctx, "claim", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, claimed := ledger.NextClaim(cur, p, now)
 		res = ledger.ClaimResult{Record: next, Claimed: claimed, Now: now}
 		if !claimed {

@@ -1,0 +1,59 @@
+package bolt
+
+import (
+	"testing"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+// TestReplayIsOneRead: a replay, an IN_PROGRESS and a KEY_REUSED answer
+// commit no write transaction (no fsync): the file's transaction id does
+// not move.
+func TestReplayIsOneRead(t *testing.T) {
+	s, err := Open(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l := ledger.New(s, ledger.Config{})
+	sc := func(k string) ledger.Scope { return ledger.Scope{Namespace: "billing", Tenant: "acme", Key: k} }
+	req := func(k, payload string) ledger.BeginRequest {
+		return ledger.BeginRequest{Scope: sc(k), Fingerprint: ledgertest.Fingerprint(payload), Method: ledgertest.Method}
+	}
+	res, err := l.Begin(t.Context(), req("done", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(t.Context(), sc("done"), res.Claim.Token, ledgertest.Response("inv_1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Begin(t.Context(), req("held", "p")); err != nil {
+		t.Fatal(err)
+	}
+	txid := func() int {
+		tx, err := s.db.Begin(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback()
+		return tx.ID()
+	}
+	before := txid()
+	if r, err := l.Begin(t.Context(), req("done", "p")); err != nil || r.Replay == nil {
+		t.Fatalf("replay = %+v, %v", r, err)
+	}
+	_, err = l.Begin(t.Context(), req("held", "p"))
+	ledgertest.WantCode(t, err, ledger.CodeInProgress)
+	_, err = l.Begin(t.Context(), req("done", "other"))
+	ledgertest.WantCode(t, err, ledger.CodeKeyReused)
+	if after := txid(); after != before {
+		t.Fatalf("answers that change nothing committed %d write transactions", after-before)
+	}
+	if _, err := l.Begin(t.Context(), req("fresh", "p")); err != nil {
+		t.Fatal(err)
+	}
+	if after := txid(); after != before+1 {
+		t.Fatalf("a claim committed %d write transactions, want 1", after-before)
+	}
+}

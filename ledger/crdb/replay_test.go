@@ -1,0 +1,90 @@
+package crdb_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+)
+
+// counter is a pgx tracer that counts statements.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestReplayIsOneRead: a replay (and an IN_PROGRESS or KEY_REUSED answer)
+// is one statement that reads: it does not wait for a transaction that
+// holds the row's lock.
+func TestReplayIsOneRead(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	openURL(t, url, crdb.Config{}, true) // migrate
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statements counter
+	pc.ConnConfig.Tracer = &statements
+	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := crdb.New(t.Context(), pool, crdb.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+	req := ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
+	res, err := l.Begin(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("inv_1")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another session holds the row's lock.
+	locker, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.Background())
+	tx, err := locker.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(t.Context(), `SELECT 1 FROM idempotency_records WHERE namespace = 'billing' AND idem_key = 'k' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	before := statements.n.Load()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	replay, err := l.Begin(ctx, req)
+	if err != nil || replay.Replay == nil {
+		t.Fatalf("replay while another session holds the row's lock: %+v, %v; want it answered without waiting", replay, err)
+	}
+	if n := statements.n.Load() - before; n != 1 {
+		t.Fatalf("a replay took %d statements, want 1", n)
+	}
+	other := req
+	other.Fingerprint = ledgertest.Fingerprint("other")
+	_, err = l.Begin(ctx, other)
+	ledgertest.WantCode(t, err, ledger.CodeKeyReused)
+}
