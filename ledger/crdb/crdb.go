@@ -71,6 +71,14 @@ type Config struct {
 	SweepInterval time.Duration
 	// SweepBatch is how many expired rows one sweep statement deletes: 500.
 	SweepBatch int
+	// Batching coalesces concurrent Claims, and concurrent Completes, into
+	// multi-row statements (see batch.go): off by default.
+	Batching bool
+	// MaxBatch caps the calls of one batched statement: 64.
+	MaxBatch int
+	// BatchInFlight caps the batched statements of each kind running at
+	// once; calls beyond wait for the next batch: 4.
+	BatchInFlight int
 }
 
 func (c Config) withDefaults() Config {
@@ -89,15 +97,23 @@ func (c Config) withDefaults() Config {
 	if c.SweepBatch <= 0 {
 		c.SweepBatch = 500
 	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 64
+	}
+	if c.BatchInFlight <= 0 {
+		c.BatchInFlight = 4
+	}
 	return c
 }
 
 // Store is the SQL ledger.Store. It is safe for concurrent use, by any
 // number of processes sharing the database.
 type Store struct {
-	pool    *pgxpool.Pool
-	dialect Dialect
-	cfg     Config
+	pool      *pgxpool.Pool
+	dialect   Dialect
+	cfg       Config
+	claims    *batcher[claimCall, ledger.ClaimResult]
+	completes *batcher[completeCall, ledger.Record]
 }
 
 var _ ledger.Store = (*Store)(nil)
@@ -141,7 +157,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if strings.Contains(version, "CockroachDB") {
 		d = Cockroach
 	}
-	return &Store{pool: pool, dialect: d, cfg: cfg.withDefaults()}, nil
+	s := &Store{pool: pool, dialect: d, cfg: cfg.withDefaults()}
+	s.claims = &batcher[claimCall, ledger.ClaimResult]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runClaims}
+	s.completes = &batcher[completeCall, ledger.Record]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runCompletes}
+	return s, nil
 }
 
 // Dialect returns the detected engine.
@@ -181,6 +200,18 @@ func (s *Store) now() any {
 func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
 	nonce := make([]byte, 16)
 	_, _ = crand.Read(nonce)
+	if s.cfg.Batching {
+		res, err := s.claims.do(ctx, scopeID(p.Scope), claimCall{p: p, nonce: nonce})
+		if err != nil {
+			return ledger.ClaimResult{}, s.classify("claim", err)
+		}
+		return res, nil
+	}
+	return s.claimOne(ctx, p, nonce)
+}
+
+// claimOne runs the claim statement for one call.
+func (s *Store) claimOne(ctx context.Context, p ledger.ClaimParams, nonce []byte) (ledger.ClaimResult, error) {
 	var first any
 	if !p.FirstAttemptAt.IsZero() {
 		first = p.FirstAttemptAt
@@ -219,10 +250,22 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 	if err != nil {
 		return ledger.Record{}, err
 	}
+	if s.cfg.Batching {
+		rec, err := s.completes.do(ctx, scopeID(p.Scope), completeCall{p: p, outcome: b})
+		if err != nil {
+			return ledger.Record{}, s.classify("complete", err)
+		}
+		return rec, nil
+	}
+	return s.completeOne(ctx, p, b)
+}
+
+// completeOne runs the complete statement for one call.
+func (s *Store) completeOne(ctx context.Context, p ledger.CompleteParams, outcome []byte) (ledger.Record, error) {
 	var r row
 	var updated bool
-	err = s.retryAmbiguous(ctx, func(ctx context.Context) error {
-		r, updated, err = s.scanCAS(ctx, completeSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), b)
+	err := s.retryAmbiguous(ctx, func(ctx context.Context) (err error) {
+		r, updated, err = s.scanCAS(ctx, completeSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), outcome)
 		return err
 	})
 	switch {
@@ -230,7 +273,14 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 		return ledger.Record{}, leaseLost(p.Token)
 	case err != nil:
 		return ledger.Record{}, s.classify("complete", err)
-	case updated:
+	}
+	return completeAnswer(r, updated, p)
+}
+
+// completeAnswer decides Complete from the row the statement returned: the
+// update happened, or the same Complete was repeated, or the token lost.
+func completeAnswer(r row, updated bool, p ledger.CompleteParams) (ledger.Record, error) {
+	if updated {
 		return r.rec, nil
 	}
 	if r.rec.State == ledger.StateCompleted && r.rec.Token == p.Token && r.rec.Live(r.now) {

@@ -52,8 +52,18 @@ func TestConformance(t *testing.T) {
 // runConformance runs the suite with stores that share base's pool, each on
 // its own fake clock.
 func runConformance(t *testing.T, base *crdb.Store) {
+	runConformanceWith(t, base, crdb.Config{})
+}
+
+// TestConformanceBatching runs the suite with statement batching on.
+func TestConformanceBatching(t *testing.T) {
+	runConformanceWith(t, openStore(t, crdb.Config{}), crdb.Config{Batching: true, MaxBatch: 8, BatchInFlight: 2})
+}
+
+func runConformanceWith(t *testing.T, base *crdb.Store, cfg crdb.Config) {
 	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
-		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+		cfg.Now = now
+		s, err := crdb.New(t.Context(), base.Pool(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,9 +19,10 @@ import (
 func TestLinearizable(t *testing.T) {
 	base := openStore(t, crdb.Config{})
 	for run := range 8 {
-		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
+		batching := run%2 == 1
+		t.Run(fmt.Sprint("history", run, "/batching=", batching), func(t *testing.T) {
 			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
-				s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now})
+				s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, Batching: batching, MaxBatch: 8, BatchInFlight: 2})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -44,7 +45,7 @@ func TestLinearizableUnderConnectionKills(t *testing.T) {
 	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	var kills atomic.Int64
 	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
-		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, MaxRetries: 3})
+		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, MaxRetries: 3, Batching: true, MaxBatch: 8, BatchInFlight: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

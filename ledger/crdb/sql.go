@@ -47,7 +47,19 @@ WITH v AS (
 		WHERE e.namespace = $2 AND e.tenant = $3 AND e.idem_key = $4
 		  AND e.state IN (1, 2) AND e.expires_at > v.now
 		  AND (e.state = 2 OR e.lease_expires_at > v.now OR e.fingerprint <> $6))
-	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET
+	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
+	RETURNING ` + columns + `
+)
+SELECT ` + columns + `, (SELECT now FROM v) FROM ins
+UNION ALL
+SELECT ` + columns + `, (SELECT now FROM v) FROM idempotency_records
+WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM ins)`
+
+// claimConflictSet is what a claim does to an existing row: it updates it
+// only for a takeover (IN_PROGRESS, live, lease expired, same fingerprint)
+// or a re-claim of a row that is no longer live (released or expired), and
+// then gives it token + 1.
+const claimConflictSet = `
 		state            = 1,
 		token            = r.token + 1,
 		attempt          = CASE WHEN r.state = 1 AND r.expires_at > excluded.created_at THEN r.attempt + 1 ELSE 1 END,
@@ -62,13 +74,7 @@ WITH v AS (
 		claim_id         = excluded.claim_id
 	WHERE (r.state = 1 AND r.expires_at > excluded.created_at AND r.lease_expires_at <= excluded.created_at
 	       AND r.fingerprint = excluded.fingerprint)
-	   OR ((r.state = 3 OR r.expires_at <= excluded.created_at) AND excluded.state = 1)
-	RETURNING ` + columns + `
-)
-SELECT ` + columns + `, (SELECT now FROM v) FROM ins
-UNION ALL
-SELECT ` + columns + `, (SELECT now FROM v) FROM idempotency_records
-WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM ins)`
+	   OR ((r.state = 3 OR r.expires_at <= excluded.created_at) AND excluded.state = 1)`
 
 // casSQL is a compare-and-set on the token ($5) of a live IN_PROGRESS row:
 // it applies set, and otherwise returns the row as it is, with the clock and
@@ -125,3 +131,12 @@ const sweepCockroachSQL = `
 DELETE FROM idempotency_records
 WHERE expires_at <= COALESCE($1::TIMESTAMPTZ, now())
 LIMIT $2`
+
+// Statements are the SQL texts of the store's common path, for tools that
+// compare the store with the same SQL sent straight through pgx
+// (cmd/ledgerbench). Their arguments:
+//   - Claim: now (NULL for the database's), namespace, tenant, key, method,
+//     fingerprint, lease µs, retention µs, first_attempt_at (or NULL), nonce;
+//   - Complete: now, namespace, tenant, key, token, outcome (Outcome.MarshalBinary);
+//   - Release: now, namespace, tenant, key, token.
+var Statements = struct{ Claim, Complete, Release string }{claimSQL, completeSQL, releaseSQL}

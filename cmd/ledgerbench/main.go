@@ -1,0 +1,310 @@
+// Command ledgerbench measures the ledger: throughput, p50/p99/p99.9
+// latency and CPU per operation, at several numbers of concurrent clients,
+// for three workloads (fresh keys: Begin+Complete; replays of completed
+// keys; contention on a few hot keys), on each store. On PostgreSQL it does
+// the same work in the same run with the store's SQL sent straight through
+// pgx, so the service's cost shows as a ratio. It also measures a write RPC
+// with and without the idempotency interceptor.
+//
+// By default it starts ledgerd's service in process, on loopback gRPC, and a
+// throwaway PostgreSQL; -addr drives a running ledgerd instead.
+//
+//	go run ./cmd/ledgerbench -json bench.json -png docs/bench.png
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/internal/bench"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+)
+
+type config struct {
+	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
+	clients                                                       []int
+	duration                                                      time.Duration
+	pool                                                          int
+	interceptor, batching                                         bool
+}
+
+func main() {
+	var cfg config
+	var clients string
+	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres")
+	flag.StringVar(&cfg.workloads, "workloads", "fresh,replay,hot", "workloads: fresh, replay, hot")
+	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
+	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each point (plus a fifth to warm up)")
+	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
+	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
+	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
+	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
+	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
+	flag.BoolVar(&cfg.batching, "batching", true, "also measure the postgres store with statement batching")
+	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
+	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
+	flag.Parse()
+	for _, c := range strings.Split(clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -clients %q\n", clients)
+			os.Exit(2)
+		}
+		cfg.clients = append(cfg.clients, n)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	var results []bench.Result
+	emit := func(r bench.Result) {
+		results = append(results, r)
+		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  errors %d %s\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.Errors, r.FirstError)
+	}
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	sweep := func(target string, workloads map[string]bench.Op) {
+		for _, w := range strings.Split(cfg.workloads, ",") {
+			op, ok := workloads[w]
+			if !ok {
+				continue
+			}
+			for _, c := range cfg.clients {
+				emit(bench.Measure(ctx, target, w, c, cfg.duration, op))
+			}
+		}
+	}
+	ledgerWork := func(client ledgerv1.LedgerServiceClient, tag string) (map[string]bench.Op, error) {
+		l := &bench.Ledger{Client: client, Tenant: "acme", Prefix: prefix + tag}
+		if err := l.PrepareReplays(ctx); err != nil {
+			return nil, fmt.Errorf("prepare replays: %w", err)
+		}
+		return map[string]bench.Op{"fresh": l.Fresh(), "replay": l.Replay(), "hot": l.Hot()}, nil
+	}
+
+	if cfg.addr != "" {
+		conn, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				if cfg.token != "" {
+					ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token)
+				}
+				return inv(ctx, m, req, reply, cc, o...)
+			}))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		work, err := ledgerWork(ledgerv1.NewLedgerServiceClient(conn), "remote")
+		if err != nil {
+			return err
+		}
+		sweep("ledgerd/"+cfg.addr, work)
+		return output(cfg, results)
+	}
+
+	var stores []string
+	for _, s := range strings.Split(cfg.stores, ",") {
+		stores = append(stores, strings.TrimSpace(s))
+	}
+	var interceptorLedger ledgerv1.LedgerServiceClient
+	for _, name := range stores {
+		variants := []bool{false}
+		if name == "postgres" && cfg.batching {
+			variants = []bool{false, true}
+		}
+		for _, batching := range variants {
+			st, closeStore, pool, err := openStore(ctx, cfg, name, batching)
+			if err != nil {
+				return err
+			}
+			target := "ledgerd/" + name
+			if batching {
+				target += "+batching"
+			}
+			client, stopServer, err := serveLedger(st)
+			if err != nil {
+				closeStore()
+				return err
+			}
+			work, err := ledgerWork(client, name+fmt.Sprint(batching))
+			if err != nil {
+				return err
+			}
+			sweep(target, work)
+			if pool != nil && !batching {
+				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
+				if err := sql.PrepareReplays(ctx); err != nil {
+					return err
+				}
+				sweep("sql/postgres (pgx)", map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()})
+			}
+			if cfg.interceptor && name == "embedded" {
+				interceptorLedger = client
+				if err := measureInterceptor(ctx, cfg, interceptorLedger, prefix, emit); err != nil {
+					return err
+				}
+			}
+			stopServer()
+			closeStore()
+		}
+	}
+	return output(cfg, results)
+}
+
+func output(cfg config, results []bench.Result) error {
+	fmt.Print(bench.Markdown(results))
+	if cfg.jsonPath != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.jsonPath, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if cfg.pngPath != "" {
+		return bench.Plot(results, "fresh", "Begin+Complete on fresh keys (ledgerd over loopback gRPC vs direct SQL)", cfg.pngPath)
+	}
+	return nil
+}
+
+// openStore opens a store in process; for postgres it also returns a pool
+// of the same size for direct SQL.
+func openStore(ctx context.Context, cfg config, name string, batching bool) (ledger.Store, func(), *pgxpool.Pool, error) {
+	switch name {
+	case "memory":
+		return memory.New(memory.Config{}), func() {}, nil, nil
+	case "embedded":
+		dir, err := os.MkdirTemp("", "ledgerbench-bolt-")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		s, err := bolt.Open(dir, bolt.Config{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return s, func() { _ = s.Close(); _ = os.RemoveAll(dir) }, nil, nil
+	case "postgres":
+		url, stop := cfg.databaseURL, func() {}
+		if url == "" {
+			pg, err := crdbtest.StartCluster()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			url, stop = pg.URL, pg.Stop
+		}
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
+		s, err := crdb.Open(ctx, url, crdb.Config{Batching: batching})
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		if _, err := s.Migrate(ctx); err != nil {
+			s.Close()
+			stop()
+			return nil, nil, nil, err
+		}
+		return s, func() { s.Close(); stop() }, s.Pool(), nil
+	}
+	return nil, nil, nil, fmt.Errorf("unknown store %q", name)
+}
+
+// serveLedger serves the LedgerService over loopback gRPC, as ledgerd does
+// in dev mode, and returns a client of it.
+func serveLedger(st ledger.Store) (ledgerv1.LedgerServiceClient, func(), error) {
+	dev := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "bench", Tenants: []string{"*"}}, nil
+	})
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, ledger.Config{}), server.Config{Auth: dev, Metrics: server.NewMetrics()}))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		gs.Stop()
+		return nil, nil, err
+	}
+	return ledgerv1.NewLedgerServiceClient(conn), func() { _ = conn.Close(); gs.Stop() }, nil
+}
+
+// fixedInvoices answers every CreateInvoice at once: the handler costs
+// nothing, so what is measured is the RPC and the interceptor.
+type fixedInvoices struct {
+	invoicev1.UnimplementedInvoiceServiceServer
+}
+
+func (fixedInvoices) CreateInvoice(_ context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	return &invoicev1.CreateInvoiceResponse{Invoice: &invoicev1.Invoice{Id: "inv_" + req.GetRequestId(), Tenant: req.GetTenant(), Number: 1, CustomerId: req.GetCustomerId(),
+		Currency: req.GetCurrency(), TotalMicros: 42_000_000, CreatedAt: timestamppb.Now()}}, nil
+}
+
+// measureInterceptor measures CreateInvoice unprotected, then protected by
+// the interceptor against the given ledger.
+func measureInterceptor(ctx context.Context, cfg config, ledgerClient ledgerv1.LedgerServiceClient, prefix string, emit func(bench.Result)) error {
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
+		idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
+		idempotency.WithKeyField("request_id"))
+	if err != nil {
+		return err
+	}
+	for _, protected := range []bool{false, true} {
+		var opts []grpc.ServerOption
+		target := "rpc/unprotected"
+		if protected {
+			opts, target = append(opts, grpc.UnaryInterceptor(icpt)), "rpc/protected (embedded ledger)"
+		}
+		gs := grpc.NewServer(opts...)
+		invoicev1.RegisterInvoiceServiceServer(gs, fixedInvoices{})
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		go func() { _ = gs.Serve(lis) }()
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			gs.Stop()
+			return err
+		}
+		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: prefix + target}
+		for _, c := range cfg.clients {
+			emit(bench.Measure(ctx, target, "write", c, cfg.duration, w.Write()))
+		}
+		_ = conn.Close()
+		gs.Stop()
+	}
+	return nil
+}

@@ -1,0 +1,151 @@
+// Package bench measures the ledger: throughput, latency percentiles and
+// CPU per operation of a workload at a number of concurrent clients, for
+// ledgerd over gRPC, for the same SQL sent straight through pgx, and for a
+// write RPC with and without the idempotency interceptor. cmd/ledgerbench
+// drives it.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Op is one operation of a workload, run by client c as its n-th.
+type Op func(ctx context.Context, c int, n int64) error
+
+// Result is one measurement.
+type Result struct {
+	Target     string  `json:"target"`   // what served the work, e.g. "ledgerd/postgres"
+	Workload   string  `json:"workload"` // fresh, replay, hot, write
+	Clients    int     `json:"clients"`
+	Ops        int64   `json:"ops"`
+	Errors     int64   `json:"errors"`
+	Seconds    float64 `json:"seconds"`
+	PerSecond  float64 `json:"per_second"`
+	P50ms      float64 `json:"p50_ms"`
+	P99ms      float64 `json:"p99_ms"`
+	P999ms     float64 `json:"p999_ms"`
+	CPUus      float64 `json:"cpu_us_per_op"`    // this process, user+system
+	DBCPUus    float64 `json:"db_cpu_us_per_op"` // postgres processes, when there are any
+	FirstError string  `json:"first_error,omitempty"`
+}
+
+// Measure runs op from clients goroutines for d (after a warm-up of d/5)
+// and returns what it measured.
+func Measure(ctx context.Context, target, workload string, clients int, d time.Duration, op Op) Result {
+	run := func(d time.Duration, record bool) (lat []time.Duration, ops, errs int64, first string) {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		var mu sync.Mutex
+		var firstErr atomic.Value
+		var wg sync.WaitGroup
+		var nOps, nErrs atomic.Int64
+		for c := range clients {
+			wg.Go(func() {
+				local := make([]time.Duration, 0, 4096)
+				for n := int64(0); ctx.Err() == nil; n++ {
+					start := time.Now()
+					err := op(ctx, c, n)
+					if ctx.Err() != nil {
+						break // the deadline cut the call short: not a result
+					}
+					if err != nil {
+						nErrs.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+						continue
+					}
+					nOps.Add(1)
+					if record {
+						local = append(local, time.Since(start))
+					}
+				}
+				mu.Lock()
+				lat = append(lat, local...)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if v := firstErr.Load(); v != nil {
+			first = v.(string)
+		}
+		return lat, nOps.Load(), nErrs.Load(), first
+	}
+	run(d/5, false)
+	cpu0, db0 := cpuTime(), dbCPUTime()
+	start := time.Now()
+	lat, ops, errs, first := run(d, true)
+	secs := time.Since(start).Seconds()
+	cpu, db := cpuTime()-cpu0, dbCPUTime()-db0
+	slices.Sort(lat)
+	r := Result{Target: target, Workload: workload, Clients: clients, Ops: ops, Errors: errs, Seconds: secs, FirstError: first}
+	if ops > 0 {
+		r.PerSecond = float64(ops) / secs
+		r.P50ms, r.P99ms, r.P999ms = ms(pct(lat, 0.50)), ms(pct(lat, 0.99)), ms(pct(lat, 0.999))
+		r.CPUus = float64(cpu.Microseconds()) / float64(ops)
+		r.DBCPUus = float64(db.Microseconds()) / float64(ops)
+	}
+	return r
+}
+
+func pct(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// dbCPUTime is the CPU time of every postgres process on the machine.
+func dbCPUTime() time.Duration {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var ticks int64
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || close < open || s[open+1:close] != "postgres" {
+			continue
+		}
+		f := strings.Fields(s[close+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		k, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + k
+	}
+	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
+}
+
+// Markdown writes results as a table.
+func Markdown(rs []Result) string {
+	var b strings.Builder
+	b.WriteString("| target | workload | clients | ops/s | p50 ms | p99 ms | p99.9 ms | CPU µs/op | DB CPU µs/op | errors |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f | %d |\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.Errors)
+	}
+	return b.String()
+}
