@@ -44,10 +44,10 @@ import (
 
 type config struct {
 	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
-	clients                                                       []int
-	duration                                                      time.Duration
-	pool                                                          int
-	interceptor, batching                                         bool
+	clients                                                        []int
+	duration                                                       time.Duration
+	pool                                                           int
+	interceptor, batching                                          bool
 }
 
 func main() {
