@@ -20,6 +20,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -46,8 +47,8 @@ type config struct {
 	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
 	clients                                                        []int
 	duration                                                       time.Duration
-	pool                                                           int
-	interceptor, batching                                          bool
+	pool, batchInFlight                                            int
+	interceptor, batching, durable                                 bool
 }
 
 func main() {
@@ -60,12 +61,22 @@ func main() {
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
+	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.BoolVar(&cfg.batching, "batching", true, "also measure the postgres store with statement batching")
+	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batched statements of each kind in flight at once; 0 is the store's default")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	for _, c := range strings.Split(clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || n <= 0 {
@@ -78,6 +89,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -214,7 +226,11 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 	case "postgres":
 		url, stop := cfg.databaseURL, func() {}
 		if url == "" {
-			pg, err := crdbtest.StartCluster()
+			start := crdbtest.StartCluster
+			if cfg.durable {
+				start = crdbtest.StartDurableCluster
+			}
+			pg, err := start()
 			if err != nil {
 				return nil, nil, nil, err
 			}
@@ -225,7 +241,7 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 			sep = "&"
 		}
 		url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
-		s, err := crdb.Open(ctx, url, crdb.Config{Batching: batching})
+		s, err := crdb.Open(ctx, url, crdb.Config{Batching: batching, BatchInFlight: cfg.batchInFlight})
 		if err != nil {
 			stop()
 			return nil, nil, nil, err
@@ -246,14 +262,14 @@ func serveLedger(st ledger.Store) (ledgerv1.LedgerServiceClient, func(), error) 
 	dev := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "bench", Tenants: []string{"*"}}, nil
 	})
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.TransportOptions()...)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, ledger.Config{}), server.Config{Auth: dev, Metrics: server.NewMetrics()}))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
 	}
 	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lis.Addr().String(), append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		gs.Stop()
 		return nil, nil, err

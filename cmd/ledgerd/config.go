@@ -22,6 +22,7 @@ type config struct {
 	dataDir     string
 	databaseURL string
 	migrate     bool
+	sqlBatching bool
 
 	tokensFile string
 	certsFile  string
@@ -52,6 +53,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
+	fs.BoolVar(&c.sqlBatching, "sql-batching", true, "coalesce concurrent Begins and Completes into multi-row statements (with --database-url)")
 	fs.StringVar(&c.tokensFile, "tokens", "", "bearer token file: lines of sha256:<hex> <namespace> <tenants>")
 	fs.StringVar(&c.certsFile, "certs", "", "client certificate file: lines of uri:|dns:|cn:<identity> <namespace> <tenants> (needs --client-ca)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate (PEM); with --tls-key, serve TLS")

@@ -92,7 +92,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(server.TransportOptions(),
 		grpc.Creds(creds),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
@@ -106,7 +106,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
-	)
+	)...)
 	st := newLateStore(cfg, log)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, cfg.ledger), srvCfg))
 	healthSrv := health.NewServer()

@@ -131,7 +131,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 			}
 		}, nil
 	}
-	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{SweepInterval: cfg.sweepInterval})
+	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{SweepInterval: cfg.sweepInterval, Batching: cfg.sqlBatching})
 	if err != nil {
 		return nil, nil, err
 	}

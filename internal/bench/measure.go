@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,8 +18,12 @@ import (
 	"time"
 )
 
-// Op is one operation of a workload, run by client c as its n-th.
+// Op is one operation of a workload, run by client c; n is unique in the
+// process, so keys made from it are fresh.
 type Op func(ctx context.Context, c int, n int64) error
+
+// seq makes every n passed to an Op unique.
+var seq atomic.Int64
 
 // Result is one measurement.
 type Result struct {
@@ -35,7 +38,7 @@ type Result struct {
 	P99ms      float64 `json:"p99_ms"`
 	P999ms     float64 `json:"p999_ms"`
 	CPUus      float64 `json:"cpu_us_per_op"`    // this process, user+system
-	DBCPUus    float64 `json:"db_cpu_us_per_op"` // postgres processes, when there are any
+	DBCPUus    float64 `json:"db_cpu_us_per_op"` // every other process: the database, on a quiet machine
 	FirstError string  `json:"first_error,omitempty"`
 }
 
@@ -45,6 +48,7 @@ func Measure(ctx context.Context, target, workload string, clients int, d time.D
 	run := func(d time.Duration, record bool) (lat []time.Duration, ops, errs int64, first string) {
 		ctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
+		end := time.Now().Add(d - time.Millisecond)
 		var mu sync.Mutex
 		var firstErr atomic.Value
 		var wg sync.WaitGroup
@@ -52,11 +56,11 @@ func Measure(ctx context.Context, target, workload string, clients int, d time.D
 		for c := range clients {
 			wg.Go(func() {
 				local := make([]time.Duration, 0, 4096)
-				for n := int64(0); ctx.Err() == nil; n++ {
+				for ctx.Err() == nil {
 					start := time.Now()
-					err := op(ctx, c, n)
-					if ctx.Err() != nil {
-						break // the deadline cut the call short: not a result
+					err := op(ctx, c, seq.Add(1))
+					if ctx.Err() != nil || time.Now().After(end) {
+						break // the deadline may have cut the call short: not a result
 					}
 					if err != nil {
 						nErrs.Add(1)
@@ -80,18 +84,19 @@ func Measure(ctx context.Context, target, workload string, clients int, d time.D
 		return lat, nOps.Load(), nErrs.Load(), first
 	}
 	run(d/5, false)
-	cpu0, db0 := cpuTime(), dbCPUTime()
+	cpu0, all0 := cpuTime(), machineCPUTime()
 	start := time.Now()
 	lat, ops, errs, first := run(d, true)
 	secs := time.Since(start).Seconds()
-	cpu, db := cpuTime()-cpu0, dbCPUTime()-db0
+	cpu := cpuTime() - cpu0
+	other := max(machineCPUTime()-all0-cpu, 0)
 	slices.Sort(lat)
 	r := Result{Target: target, Workload: workload, Clients: clients, Ops: ops, Errors: errs, Seconds: secs, FirstError: first}
 	if ops > 0 {
 		r.PerSecond = float64(ops) / secs
 		r.P50ms, r.P99ms, r.P999ms = ms(pct(lat, 0.50)), ms(pct(lat, 0.99)), ms(pct(lat, 0.999))
 		r.CPUus = float64(cpu.Microseconds()) / float64(ops)
-		r.DBCPUus = float64(db.Microseconds()) / float64(ops)
+		r.DBCPUus = float64(other.Microseconds()) / float64(ops)
 	}
 	return r
 }
@@ -113,27 +118,23 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// dbCPUTime is the CPU time of every postgres process on the machine.
-func dbCPUTime() time.Duration {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+// machineCPUTime is the CPU time the whole machine spent (user, nice,
+// system, irq, softirq, steal), from /proc/stat. Its growth minus this
+// process's is what the other processes (the database) spent.
+func machineCPUTime() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
 	var ticks int64
-	for _, p := range stats {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || close < open || s[open+1:close] != "postgres" {
-			continue
-		}
-		f := strings.Fields(s[close+1:])
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		k, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += u + k
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += v
 	}
 	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
 }

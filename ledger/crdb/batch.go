@@ -177,6 +177,12 @@ type claimCall struct {
 // absorbs) each call falls back to its own statement, which resolves
 // ambiguous commits by its nonce.
 func (s *Store) runClaims(ctx context.Context, calls []*call[claimCall, ledger.ClaimResult]) {
+	if len(calls) == 1 { // the single statement is cheaper
+		c := calls[0]
+		res, err := s.claimOne(ctx, c.p.p, c.p.nonce)
+		c.done <- result[ledger.ClaimResult]{res, err}
+		return
+	}
 	n := len(calls)
 	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	leases, retentions := make([]int64, n), make([]int64, n)
@@ -229,6 +235,12 @@ type completeCall struct {
 // runCompletes runs one batched complete statement and answers every call;
 // on an error each call falls back to its own statement.
 func (s *Store) runCompletes(ctx context.Context, calls []*call[completeCall, ledger.Record]) {
+	if len(calls) == 1 {
+		c := calls[0]
+		rec, err := s.completeOne(ctx, c.p.p, c.p.outcome)
+		c.done <- result[ledger.Record]{rec, err}
+		return
+	}
 	n := len(calls)
 	ns, tenants, keys := make([]string, n), make([]string, n), make([]string, n)
 	tokens, outcomes := make([]int64, n), make([][]byte, n)

@@ -77,7 +77,8 @@ type Config struct {
 	// MaxBatch caps the calls of one batched statement: 64.
 	MaxBatch int
 	// BatchInFlight caps the batched statements of each kind running at
-	// once; calls beyond wait for the next batch: 4.
+	// once; calls beyond wait for the next batch: 1, which measured best on
+	// PostgreSQL (see the README's benchmarks).
 	BatchInFlight int
 }
 
@@ -101,7 +102,7 @@ func (c Config) withDefaults() Config {
 		c.MaxBatch = 64
 	}
 	if c.BatchInFlight <= 0 {
-		c.BatchInFlight = 4
+		c.BatchInFlight = 1
 	}
 	return c
 }

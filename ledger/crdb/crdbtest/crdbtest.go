@@ -115,8 +115,16 @@ type Cluster struct {
 	dir  string
 }
 
-// StartCluster initialises and starts a cluster. Stop it when done.
-func StartCluster() (*Cluster, error) {
+// StartCluster initialises and starts a cluster without durability
+// (fsync, synchronous_commit and full_page_writes off): tests check logic,
+// not disks. Stop it when done.
+func StartCluster() (*Cluster, error) { return start(false) }
+
+// StartDurableCluster is StartCluster with PostgreSQL's durability settings
+// left at their defaults (every commit flushed to disk), for benchmarks.
+func StartDurableCluster() (*Cluster, error) { return start(true) }
+
+func start(durable bool) (*Cluster, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -154,8 +162,11 @@ func StartCluster() (*Cluster, error) {
 		return nil, err
 	}
 	// The options live in the data directory, so a restart keeps them.
-	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\nfsync = off\n"+
-		"synchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nmax_pred_locks_per_transaction = 256\n", port, dir)
+	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\nport = %d\nunix_socket_directories = '%s'\n"+
+		"max_connections = 300\nmax_pred_locks_per_transaction = 256\n", port, dir)
+	if !durable {
+		conf += "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+	}
 	f, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err == nil {
 		_, err = f.WriteString(conf)
