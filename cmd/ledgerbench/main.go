@@ -48,7 +48,8 @@ type config struct {
 	clients                                                        []int
 	duration                                                       time.Duration
 	pool, batchInFlight                                            int
-	interceptor, batching, durable                                 bool
+	interceptor, durable                                           bool
+	batching                                                       string
 }
 
 func main() {
@@ -64,7 +65,7 @@ func main() {
 	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
-	flag.BoolVar(&cfg.batching, "batching", true, "also measure the postgres store with statement batching")
+	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
 	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batched statements of each kind in flight at once; 0 is the store's default")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
@@ -148,8 +149,13 @@ func run(ctx context.Context, cfg config) error {
 	var interceptorLedger ledgerv1.LedgerServiceClient
 	for _, name := range stores {
 		variants := []bool{false}
-		if name == "postgres" && cfg.batching {
-			variants = []bool{false, true}
+		if name == "postgres" {
+			switch cfg.batching {
+			case "both":
+				variants = []bool{false, true}
+			case "only":
+				variants = []bool{true}
+			}
 		}
 		for _, batching := range variants {
 			st, closeStore, pool, err := openStore(ctx, cfg, name, batching)
@@ -170,7 +176,7 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			sweep(target, work)
-			if pool != nil && !batching {
+			if pool != nil && (!batching || cfg.batching == "only") {
 				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
 				if err := sql.PrepareReplays(ctx); err != nil {
 					return err
@@ -315,7 +321,7 @@ func measureInterceptor(ctx context.Context, cfg config, ledgerClient ledgerv1.L
 			gs.Stop()
 			return err
 		}
-		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: prefix + target}
+		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: fmt.Sprint(prefix, "-inv-", protected)}
 		for _, c := range cfg.clients {
 			emit(bench.Measure(ctx, target, "write", c, cfg.duration, w.Write()))
 		}

@@ -40,6 +40,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server"
 )
@@ -69,6 +70,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "ledgerd:", err)
 		return 2
+	}
+	if cfg.migrateOnly {
+		if err := migrateOnly(ctx, cfg, log); err != nil {
+			log.Error("migration failed", "error", err)
+			return 1
+		}
+		return 0
 	}
 	if err := serve(ctx, cfg, log); err != nil {
 		log.Error("ledgerd stopped", "error", err)
@@ -382,4 +390,20 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "unknown"
+}
+
+// migrateOnly applies the schema migrations and returns: ledgerd as a
+// migration job.
+func migrateOnly(ctx context.Context, cfg config, log *slog.Logger) error {
+	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	applied, err := s.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	log.Info("schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	return nil
 }

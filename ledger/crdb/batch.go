@@ -2,6 +2,7 @@ package crdb
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -51,8 +52,11 @@ func (b *batcher[P, R]) do(ctx context.Context, key string, p P) (R, error) {
 	b.pending = append(b.pending, c)
 	var batch []*call[P, R]
 	if b.inFlight < b.maxInFlight {
-		b.inFlight++
-		batch = b.take()
+		// take may find nothing to run (every pending caller gone, this
+		// one included): then no batch starts and none is counted.
+		if batch = b.take(); batch != nil {
+			b.inFlight++
+		}
 	}
 	b.mu.Unlock()
 	if batch != nil {
@@ -101,6 +105,12 @@ func (b *batcher[P, R]) take() []*call[P, R] {
 	}
 	b.pending = rest
 	return batch
+}
+
+// sortByScope orders a batch by scope, so that every batched statement
+// takes its row locks in the same order and two of them do not deadlock.
+func sortByScope[P any, R any](calls []*call[P, R]) {
+	slices.SortFunc(calls, func(a, b *call[P, R]) int { return strings.Compare(a.key, b.key) })
 }
 
 func scopeID(sc ledger.Scope) string { return sc.Namespace + "\x00" + sc.Tenant + "\x00" + sc.Key }
@@ -183,6 +193,7 @@ func (s *Store) runClaims(ctx context.Context, calls []*call[claimCall, ledger.C
 		c.done <- result[ledger.ClaimResult]{res, err}
 		return
 	}
+	sortByScope(calls)
 	n := len(calls)
 	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	leases, retentions := make([]int64, n), make([]int64, n)
@@ -241,6 +252,7 @@ func (s *Store) runCompletes(ctx context.Context, calls []*call[completeCall, le
 		c.done <- result[ledger.Record]{rec, err}
 		return
 	}
+	sortByScope(calls)
 	n := len(calls)
 	ns, tenants, keys := make([]string, n), make([]string, n), make([]string, n)
 	tokens, outcomes := make([]int64, n), make([][]byte, n)

@@ -1,0 +1,93 @@
+// Command invoice-server serves the example InvoiceService, protected by
+// the idempotency interceptor against a ledgerd, for the compose file and
+// the Kubernetes manifests under deploy/.
+//
+//	invoice-server --listen :8080 --ledger ledgerd:7070 [--ledger-token-file /run/secrets/ledger-token]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/examples/invoice"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/server"
+)
+
+func main() {
+	listen := flag.String("listen", envOr("INVOICE_LISTEN", "127.0.0.1:8080"), "gRPC address (INVOICE_LISTEN)")
+	ledgerAddr := flag.String("ledger", envOr("INVOICE_LEDGER", "127.0.0.1:7070"), "ledgerd address (INVOICE_LEDGER)")
+	tokenFile := flag.String("ledger-token-file", os.Getenv("INVOICE_LEDGER_TOKEN_FILE"), "file holding the bearer token for ledgerd (INVOICE_LEDGER_TOKEN_FILE); empty for dev mode")
+	flag.Parse()
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := run(*listen, *ledgerAddr, *tokenFile, log); err != nil {
+		log.Error("invoice-server stopped", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(listen, ledgerAddr, tokenFile string, log *slog.Logger) error {
+	opts := append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if tokenFile != "" {
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return fmt.Errorf("ledger token: %w", err)
+		}
+		token := strings.TrimSpace(string(b))
+		opts = append(opts, grpc.WithUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, o ...grpc.CallOption) error {
+			return inv(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), m, req, reply, cc, o...)
+		}))
+	}
+	conn, err := grpc.NewClient(ledgerAddr, opts...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(conn),
+		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
+		idempotency.WithKeyField("request_id"),
+		idempotency.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(grpc.UnaryInterceptor(icpt))
+	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: invoice.NewStore()})
+	h := health.NewServer()
+	healthpb.RegisterHealthServer(gs, h)
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		h.Shutdown()
+		gs.GracefulStop()
+	}()
+	log.Info("invoice-server listening", "grpc", lis.Addr().String(), "ledger", ledgerAddr)
+	return gs.Serve(lis)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,80 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/internal/bench"
+)
+
+func TestMeasure(t *testing.T) {
+	var calls atomic.Int64
+	seen := map[int64]bool{}
+	var dup atomic.Bool
+	ch := make(chan int64, 1<<16)
+	r := bench.Measure(t.Context(), "fake", "sleep", 4, 200*time.Millisecond, func(ctx context.Context, c int, n int64) error {
+		select {
+		case ch <- n:
+		default:
+		}
+		if calls.Add(1)%10 == 0 {
+			return errors.New("every tenth fails")
+		}
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	close(ch)
+	for n := range ch {
+		if seen[n] {
+			dup.Store(true)
+		}
+		seen[n] = true
+	}
+	if dup.Load() {
+		t.Fatal("an n was given twice")
+	}
+	if r.Ops == 0 || r.Errors == 0 || r.FirstError != "every tenth fails" {
+		t.Fatalf("ops %d errors %d first %q", r.Ops, r.Errors, r.FirstError)
+	}
+	// 4 clients sleeping 1 ms: about 4000 ops/s, never more.
+	if r.PerSecond > 4500 || r.PerSecond < 1000 {
+		t.Fatalf("%.0f ops/s from 4 clients sleeping 1 ms", r.PerSecond)
+	}
+	if r.P50ms < 1 || r.P99ms < r.P50ms || r.P999ms < r.P99ms {
+		t.Fatalf("percentiles p50 %.2f p99 %.2f p99.9 %.2f", r.P50ms, r.P99ms, r.P999ms)
+	}
+}
+
+func TestMarkdownAndPlot(t *testing.T) {
+	rs := []bench.Result{
+		{Target: "a", Workload: "fresh", Clients: 1, PerSecond: 100},
+		{Target: "a", Workload: "fresh", Clients: 8, PerSecond: 700},
+		{Target: "b", Workload: "fresh", Clients: 1, PerSecond: 200},
+		{Target: "b", Workload: "replay", Clients: 1, PerSecond: 900},
+	}
+	if md := bench.Markdown(rs); strings.Count(md, "\n") != 6 || !strings.Contains(md, "| a | fresh | 8 | 700 |") {
+		t.Fatalf("markdown:\n%s", md)
+	}
+	path := filepath.Join(t.TempDir(), "p.png")
+	if err := bench.Plot(rs, "fresh", "test", path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("the plot is no PNG: %v", err)
+	}
+	if err := bench.Plot(rs, "hot", "test", path); err == nil {
+		t.Fatal("plotting a workload with no results did not fail")
+	}
+}
