@@ -17,13 +17,14 @@ import (
 // by the environment variable LEDGER_SOME_NAME; a flag on the command line
 // wins over the environment.
 type config struct {
-	listen      string
-	adminListen string
-	dataDir     string
-	databaseURL string
-	migrate     bool
-	migrateOnly bool
-	sqlBatching bool
+	listen       string
+	adminListen  string
+	healthListen string
+	dataDir      string
+	databaseURL  string
+	migrate      bool
+	migrateOnly  bool
+	sqlBatching  bool
 
 	tokensFile string
 	certsFile  string
@@ -51,6 +52,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "gRPC address")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:7071", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
+	fs.StringVar(&c.healthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1, for kubelet probes when --listen uses TLS; empty turns it off")
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")

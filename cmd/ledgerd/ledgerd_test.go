@@ -60,11 +60,11 @@ func TestMain(m *testing.M) {
 
 // proc is a running ledgerd.
 type proc struct {
-	cmd         *exec.Cmd
-	grpc, admin string
-	mu          sync.Mutex
-	log         bytes.Buffer
-	exited      chan struct{}
+	cmd                 *exec.Cmd
+	grpc, admin, health string
+	mu                  sync.Mutex
+	log                 bytes.Buffer
+	exited              chan struct{}
 }
 
 // start runs ledgerd with args on loopback ports of its own choosing and
@@ -96,9 +96,9 @@ func start(t *testing.T, args ...string) *proc {
 			p.mu.Lock()
 			p.log.Write(append(lines.Bytes(), '\n'))
 			p.mu.Unlock()
-			var line struct{ Msg, GRPC, Admin string }
+			var line struct{ Msg, GRPC, Admin, Health string }
 			if json.Unmarshal(lines.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
-				p.grpc, p.admin = line.GRPC, line.Admin
+				p.grpc, p.admin, p.health = line.GRPC, line.Admin, line.Health
 				close(ready)
 			}
 		}
@@ -438,7 +438,18 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 	if err := os.WriteFile(certsFile, []byte("uri:spiffe://platform.test/billing billing acme\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := start(t, "--data-dir", filepath.Join(dir, "data"), "--tls-cert", certFile, "--tls-key", keyFile, "--client-ca", caFile, "--certs", certsFile)
+	p := start(t, "--data-dir", filepath.Join(dir, "data"), "--tls-cert", certFile, "--tls-key", keyFile, "--client-ca", caFile, "--certs", certsFile,
+		"--health-listen", "127.0.0.1:0")
+	// Kubelet's gRPC probes speak plaintext: the health port answers them.
+	probe, err := grpc.NewClient(p.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	p.waitServing(t, probe)
+	if _, err := ledgerv1.NewLedgerServiceClient(probe).Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("the health port serves the ledger: %v", err)
+	}
 	call := func(certs ...tls.Certificate) error {
 		conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool, Certificates: certs, MinVersion: tls.VersionTLS12})))
 		if err != nil {
@@ -448,7 +459,7 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		_, err = ledgerv1.NewLedgerServiceClient(conn).Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 		return err
 	}
-	err := call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/billing"}}))
+	err = call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/billing"}}))
 	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeNotFound {
 		t.Fatalf("with the billing certificate: %v, want NOT_FOUND", err)
 	}
@@ -481,4 +492,21 @@ func TestMessageSizeLimit(t *testing.T) {
 	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
 		t.Fatalf("the record after the refused Complete = %v, %v", look, err)
 	}
+}
+
+// TestMigrateOnly: ledgerd --migrate-only applies the schema and exits 0,
+// and again (a Job that runs twice) changes nothing and exits 0.
+func TestMigrateOnly(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	for i := range 2 {
+		out, err := exec.Command(binary, "--migrate-only", "--database-url", url).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "schema migrated") {
+			t.Fatalf("run %d: %v\n%s", i, err, out)
+		}
+		if i == 1 && !strings.Contains(string(out), `"applied":null`) && !strings.Contains(string(out), `"applied":[]`) {
+			t.Fatalf("the second run applied something:\n%s", out)
+		}
+	}
+	p := start(t, "--database-url", url)
+	p.waitServing(t, p.dial(t))
 }

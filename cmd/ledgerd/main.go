@@ -128,6 +128,20 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	var healthOnly *grpc.Server
+	healthAddr := ""
+	if cfg.healthListen != "" {
+		hl, err := net.Listen("tcp", cfg.healthListen)
+		if err != nil {
+			_ = lis.Close()
+			return fmt.Errorf("health listen: %w", err)
+		}
+		healthAddr = hl.Addr().String()
+		healthOnly = grpc.NewServer()
+		healthpb.RegisterHealthServer(healthOnly, healthSrv)
+		go func() { _ = healthOnly.Serve(hl) }()
+		defer healthOnly.Stop()
+	}
 	var admin *http.Server
 	if cfg.adminListen != "" {
 		if admin, err = startAdmin(cfg.adminListen, reg, healthSrv, log); err != nil {
@@ -154,7 +168,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	log.Info("ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "store", storeName(cfg), "version", version())
+	log.Info("ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
 
 	var serveErr error
 	select {
