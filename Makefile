@@ -14,8 +14,9 @@ build: ## Build every package and command.
 run: ## Start ledgerd on its embedded default store (dev mode, loopback).
 	go run ./cmd/ledgerd
 
-test: ## Run every test with the race detector (starts a throwaway PostgreSQL when it can).
+test: ## Run every test with the race detector (starts a throwaway PostgreSQL when it can), and the deploy/ manifests' tests.
 	go test -race -count=1 $(PKGS)
+	cd deploy/test && go test -count=1 ./...
 
 test-short: ## Run the tests that need no PostgreSQL.
 	go test -race -short $(PKGS)
@@ -23,6 +24,7 @@ test-short: ## Run the tests that need no PostgreSQL.
 lint: buf ## gofmt, go vet and buf lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet $(PKGS)
+	cd deploy/test && go vet ./...
 	$(BUF) lint
 
 breaking: buf ## Check proto/ for breaking changes against main.

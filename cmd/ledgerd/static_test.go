@@ -1,0 +1,98 @@
+package main_test
+
+import (
+	"bufio"
+	"debug/elf"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestStaticBinaryInEmptyEnvironment does what the container image relies
+// on: ledgerd built with CGO_ENABLED=0 is static (no dynamic loader), and
+// runs with an empty environment, in an empty directory, as an unprivileged
+// user (when the test runs as root), then stops cleanly on SIGTERM.
+func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds ledgerd")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "ledgerd")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+	}
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatal("the binary needs a dynamic loader")
+		}
+	}
+	_ = f.Close()
+
+	work := filepath.Join(dir, "work")
+	if err := os.Mkdir(work, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", "data")
+	cmd.Env = []string{}
+	cmd.Dir = work
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(work, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	timeout := time.After(20 * time.Second)
+	for listening := false; !listening; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("ledgerd exited before it listened")
+			}
+			listening = strings.Contains(l, `"msg":"ledgerd listening"`)
+		case <-timeout:
+			t.Fatal("ledgerd did not listen within 20s")
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("ledgerd after SIGTERM: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(work, "data", "ledger.db")); err != nil {
+		t.Fatalf("the embedded store was not created: %v", err)
+	}
+}
