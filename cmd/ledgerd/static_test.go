@@ -46,8 +46,10 @@ func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
 	cmd.Env = []string{}
 	cmd.Dir = work
 	if os.Geteuid() == 0 {
-		if err := os.Chmod(dir, 0o755); err != nil {
-			t.Fatal(err)
+		for _, d := range []string{filepath.Dir(dir), dir} { // t.TempDir's directories are 0700
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := os.Chown(work, 65534, 65534); err != nil {
 			t.Fatal(err)

@@ -7,7 +7,6 @@ package test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -211,9 +210,8 @@ func TestComposeFile(t *testing.T) {
 	}
 	for name, s := range compose.Services {
 		svc := s.(map[string]any)
-		deps, _ := svc["depends_on"]
 		var names []string
-		switch d := deps.(type) {
+		switch d := svc["depends_on"].(type) {
 		case []any:
 			for _, n := range d {
 				names = append(names, n.(string))
@@ -237,5 +235,4 @@ func TestComposeFile(t *testing.T) {
 	if !bytes.Contains(b, []byte("--migrate-only")) {
 		t.Error("the compose file does not migrate")
 	}
-	_ = fmt.Sprint
 }

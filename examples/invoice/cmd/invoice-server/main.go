@@ -23,9 +23,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemledger/idemledger/examples/invoice"
 	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/examples/invoice"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/server"
 )
