@@ -170,3 +170,28 @@ func later(a, b time.Time) time.Time {
 	}
 	return b
 }
+
+// RunSweeps calls sweep(ctx, batch) every interval until ctx ends, and at
+// once again after a sweep that deleted a full batch. It returns nil when
+// ctx ends. A failed sweep is tried again at the next interval; onError,
+// when not nil, hears of it. Stores build their Run methods on it.
+func RunSweeps(ctx context.Context, interval time.Duration, batch int, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		for {
+			n, err := sweep(ctx, batch)
+			if err != nil && ctx.Err() == nil && onError != nil {
+				onError(err)
+			}
+			if err != nil || n < batch {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

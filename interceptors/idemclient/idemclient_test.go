@@ -19,8 +19,6 @@ import (
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
-	"github.com/idemledger/idemledger/ledger/memory"
-	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -62,10 +60,7 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoi
 // returns a client whose connection has the idemclient interceptor.
 func client(t *testing.T, svc *invoices, opts ...idemclient.Option) invoicev1.InvoiceServiceClient {
 	t.Helper()
-	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
-		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
-	})
-	ledgerConn := servertest.Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+	ledgerConn := servertest.DialLedger(t, "billing")
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), idempotency.WithMethod(createInvoice, idempotency.Policy{}))
 	if err != nil {
 		t.Fatal(err)

@@ -27,8 +27,6 @@ import (
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
-	"github.com/idemledger/idemledger/ledger/memory"
-	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -59,15 +57,8 @@ func written(n int64, req *invoicev1.CreateInvoiceRequest) *invoicev1.CreateInvo
 	}}
 }
 
-// ledgerConn serves a real LedgerService over bufconn, on the memory store,
-// for the write service's principal.
-func ledgerConn(t *testing.T) *grpc.ClientConn {
-	t.Helper()
-	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
-		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
-	})
-	return servertest.Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
-}
+// ledgerConn is a real LedgerService over bufconn, on the memory store.
+func ledgerConn(t *testing.T) *grpc.ClientConn { return servertest.DialLedger(t, "billing") }
 
 // serve runs svc behind the interceptor (with recovery outside it, as a
 // write service would) and returns a client of it.

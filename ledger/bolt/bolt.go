@@ -319,24 +319,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // another. It returns nil when ctx ends. A failed sweep is retried at the
 // next interval; onError, when not nil, hears of it.
 func (s *Store) Run(ctx context.Context, onError func(error)) error {
-	t := time.NewTicker(s.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		for {
-			n, err := s.Sweep(ctx, s.cfg.SweepBatch)
-			if err != nil && ctx.Err() == nil && onError != nil {
-				onError(err)
-			}
-			if err != nil || n < s.cfg.SweepBatch {
-				break
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
 }
 
 // classify turns what bbolt or the context said into a ledger error: a

@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
 )
 
 // Dial serves srv on an in-memory listener and returns a client connection
@@ -62,4 +65,16 @@ func (s *Server) Dial(t testing.TB, opts ...grpc.DialOption) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// DialLedger serves a LedgerService on an in-memory ledger (ledger/memory,
+// real clock) whose every caller is namespace with every tenant, and
+// returns a client connection to it: the ledger that tests of write
+// services and interceptors talk to.
+func DialLedger(t testing.TB, namespace string) *grpc.ClientConn {
+	t.Helper()
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: namespace, Tenants: []string{"*"}}, nil
+	})
+	return Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
 }
