@@ -21,10 +21,11 @@ test: ## Run every test with the race detector (starts a throwaway PostgreSQL wh
 test-short: ## Run the tests that need no PostgreSQL.
 	go test -race -short $(PKGS)
 
-lint: buf ## gofmt, go vet and buf lint.
+lint: buf ## gofmt, go mod tidy -diff, go vet and buf lint.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go mod tidy -diff
 	go vet $(PKGS)
-	cd deploy/test && go vet ./...
+	cd deploy/test && go mod tidy -diff && go vet ./...
 	$(BUF) lint
 
 breaking: buf ## Check proto/ for breaking changes against main.
