@@ -143,11 +143,6 @@ q AS (
 	       CASE WHEN q.too_late THEN 0 ELSE 1 END, 1, q.now, q.lease_end, NULL,
 	       CASE WHEN q.too_late THEN q.now ELSE q.expires END, NULL, q.nonce
 	FROM q
-	WHERE NOT EXISTS (
-		SELECT 1 FROM idempotency_records AS e
-		WHERE e.namespace = q.namespace AND e.tenant = q.tenant AND e.idem_key = q.idem_key
-		  AND e.state IN (1, 2) AND e.expires_at > q.now
-		  AND (e.state = 2 OR e.lease_expires_at > q.now OR e.fingerprint <> q.fingerprint))
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
 	RETURNING ` + columns + `
 )

@@ -39,14 +39,6 @@ WITH v AS (
 	       CASE WHEN v.too_late THEN 0 ELSE 1 END, 1, v.now, v.lease_end, NULL,
 	       CASE WHEN v.too_late THEN v.now ELSE v.expires END, NULL, $10
 	FROM v
-	-- A live row that no claim can change (completed, leased, or another
-	-- payload's) is only read: no insert is tried, so no row is locked, and
-	-- a replay costs one read.
-	WHERE NOT EXISTS (
-		SELECT 1 FROM idempotency_records AS e
-		WHERE e.namespace = $2 AND e.tenant = $3 AND e.idem_key = $4
-		  AND e.state IN (1, 2) AND e.expires_at > v.now
-		  AND (e.state = 2 OR e.lease_expires_at > v.now OR e.fingerprint <> $6))
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
 	RETURNING ` + columns + `
 )
