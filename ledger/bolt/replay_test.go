@@ -2,6 +2,9 @@ package bolt
 
 import (
 	"testing"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -56,4 +59,44 @@ func TestReplayIsOneRead(t *testing.T) {
 	if after := txid(); after != before+1 {
 		t.Fatalf("a claim committed %d write transactions, want 1", after-before)
 	}
+}
+
+func TestSweep(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s := openInternal(t, Config{Now: clock.Now})
+	ledgertest.SweepTest(t, s, clock, func() int { return s.count(t) })
+}
+
+func TestRunSweeps(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s := openInternal(t, Config{Now: clock.Now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
+	ledgertest.SweepLoopTest(t, s, clock, s.Run, func() int { return s.count(t) })
+}
+
+func openInternal(t *testing.T, cfg Config) *Store {
+	t.Helper()
+	s, err := Open(t.TempDir(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// count counts the records in the file, expired or not, and checks that
+// the expiry index holds exactly one entry for each.
+func (s *Store) count(t *testing.T) int {
+	t.Helper()
+	var records, index int
+	if err := s.db.View(func(tx *bbolt.Tx) error {
+		records = tx.Bucket(recordsBucket).Stats().KeyN
+		index = tx.Bucket(expiryBucket).Stats().KeyN
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if records != index {
+		t.Fatalf("%d records but %d expiry index entries", records, index)
+	}
+	return records
 }

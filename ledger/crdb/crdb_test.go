@@ -185,90 +185,25 @@ func TestTwoInstancesRace(t *testing.T) {
 	}
 }
 
-func TestSweepDeletesOnlyExpired(t *testing.T) {
+func TestSweep(t *testing.T) {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	s := openStore(t, crdb.Config{Now: clock.Now})
-	l := ledger.New(s, ledger.Config{})
-	for i := range 30 {
-		retention := time.Hour
-		if i%3 == 0 {
-			retention = 3 * time.Hour
-		}
-		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
-		res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Retention: retention})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i%2 == 0 {
-			if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("x")); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	count := func() (n int) {
-		if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if n, err := s.Sweep(t.Context(), 100); err != nil || n != 0 {
-		t.Fatalf("Sweep before anything expired = %d, %v", n, err)
-	}
-	clock.Advance(2 * time.Hour)
-	total := 0
-	for {
-		n, err := s.Sweep(t.Context(), 7)
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += n
-		if n < 7 {
-			break
-		}
-	}
-	if total != 20 || count() != 10 {
-		t.Fatalf("swept %d, %d left; want 20 swept and the 10 long-lived rows left", total, count())
-	}
-	for i := 0; i < 30; i += 3 {
-		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
-		if _, err := l.Lookup(t.Context(), sc, 0); err != nil {
-			t.Fatalf("long-lived record %s: %v", sc.Key, err)
-		}
-	}
+	ledgertest.SweepTest(t, s, clock, func() int { return countRows(t, s) })
 }
 
-func TestRunSweepsUntilCanceled(t *testing.T) {
+func TestRunSweeps(t *testing.T) {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	s := openStore(t, crdb.Config{Now: clock.Now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
-	l := ledger.New(s, ledger.Config{})
-	for i := range 5 {
-		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: fmt.Sprint("k", i)}
-		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Retention: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
+	ledgertest.SweepLoopTest(t, s, clock, s.Run, func() int { return countRows(t, s) })
+}
+
+// countRows counts the table's rows, expired or not.
+func countRows(t *testing.T, s *crdb.Store) (n int) {
+	t.Helper()
+	if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
+		t.Fatal(err)
 	}
-	clock.Advance(2 * time.Hour)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error)
-	go func() { done <- s.Run(ctx, func(err error) { t.Error(err) }) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d expired rows left after 10s of Run", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v, want nil after cancel", err)
-	}
+	return n
 }
 
 func TestMigrateFromTwoInstancesAtOnce(t *testing.T) {
