@@ -236,3 +236,18 @@ func TestNewKey(t *testing.T) {
 		seen[k] = true
 	}
 }
+
+// TestWithMethods: a method not listed gets neither a key nor retries.
+func TestWithMethods(t *testing.T) {
+	svc := &invoices{failures: []error{typed(ledger.CodeUnavailable, 0)}}
+	c := client(t, svc, idemclient.WithMethods("/some.v1.Other/Method"))
+	_, err := c.CreateInvoice(t.Context(), request())
+	if ledgerstatus.FromError(err).Code != ledger.CodeKeyMissing || svc.runs.Load() != 0 {
+		t.Fatalf("an unlisted method: %v after %d runs; want KEY_MISSING from the server, no key sent", err, svc.runs.Load())
+	}
+	svc = &invoices{failures: []error{typed(ledger.CodeUnavailable, 0)}}
+	c = client(t, svc, idemclient.WithMethods(createInvoice))
+	if _, err := c.CreateInvoice(t.Context(), request()); err != nil || svc.runs.Load() != 2 {
+		t.Fatalf("a listed method: %v after %d runs; want a retry with a key", err, svc.runs.Load())
+	}
+}

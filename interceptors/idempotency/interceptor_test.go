@@ -350,6 +350,19 @@ func TestKeysAndTenants(t *testing.T) {
 		t.Fatalf("the handler ran %d times on refused calls", svc.runs.Load())
 	}
 
+	// The tenant from a header instead of the request.
+	byHeader := serve(t, ledgerConn(t), svc, append(protect(idempotency.Policy{}), idempotency.WithTenant(idempotency.TenantFromHeader("x-tenant")))...)
+	_, err = byHeader.CreateInvoice(t.Context(), request("k-h"))
+	wantCode(t, err, ledger.CodeValidationFailed)
+	hctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "globex")
+	if _, err := byHeader.CreateInvoice(hctx, request("k-h")); err != nil || svc.runs.Load() != 1 {
+		t.Fatalf("tenant from the header: %v, %d runs", err, svc.runs.Load())
+	}
+	if _, err := byHeader.CreateInvoice(hctx, request("k-h")); err != nil || svc.runs.Load() != 1 {
+		t.Fatalf("replay with the tenant from the header: %v, %d runs", err, svc.runs.Load())
+	}
+	svc.runs.Store(0)
+
 	lax := serve(t, ledgerConn(t), svc, idempotency.WithMethod(createInvoice, idempotency.Policy{KeyOptional: true}))
 	for range 2 {
 		if _, err := lax.CreateInvoice(t.Context(), request("")); err != nil {

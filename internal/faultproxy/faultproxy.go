@@ -27,7 +27,7 @@ type Proxy struct {
 	wg    sync.WaitGroup
 
 	// Counters of what the proxy did.
-	Accepted, Resets, Cuts, Delayed atomic.Int64
+	Resets, Cuts, Delayed atomic.Int64
 }
 
 // link is one proxied connection: the client's side and the target's.
@@ -92,7 +92,6 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		p.Accepted.Add(1)
 		s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
 		if err != nil {
 			abort(c)

@@ -119,9 +119,6 @@ func Open(dir string, cfg Config) (*Store, error) {
 // Close closes the file. Calls after Close answer UNAVAILABLE.
 func (s *Store) Close() error { return s.db.Close() }
 
-// Path returns the path of the store's file.
-func (s *Store) Path() string { return s.db.Path() }
-
 // Ping reports whether the store can answer: it runs a read transaction.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
