@@ -55,8 +55,11 @@ func (l *Ledger) Fresh() Op {
 }
 
 // PrepareReplays completes the keys Replay cycles over.
-func (l *Ledger) PrepareReplays(ctx context.Context) error {
-	fresh := l.Fresh()
+func (l *Ledger) PrepareReplays(ctx context.Context) error { return prepareReplays(ctx, l.Fresh()) }
+
+// prepareReplays runs fresh on the ReplayKeys keys that Replay reads
+// (client -1, n from 0).
+func prepareReplays(ctx context.Context, fresh Op) error {
 	for i := range ReplayKeys {
 		if err := fresh(ctx, -1, int64(i)); err != nil {
 			return err
@@ -160,15 +163,7 @@ func (s *SQL) Fresh() Op {
 }
 
 // PrepareReplays completes the keys Replay cycles over.
-func (s *SQL) PrepareReplays(ctx context.Context) error {
-	fresh := s.Fresh()
-	for i := range ReplayKeys {
-		if err := fresh(ctx, -1, int64(i)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+func (s *SQL) PrepareReplays(ctx context.Context) error { return prepareReplays(ctx, s.Fresh()) }
 
 // Replay runs the claim statement on a completed key.
 func (s *SQL) Replay() Op {
