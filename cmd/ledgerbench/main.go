@@ -66,7 +66,7 @@ func main() {
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
-	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batched statements of each kind in flight at once; 0 is the store's default")
+	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batches in flight at once; 0 is the store's default")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")

@@ -2,21 +2,26 @@ package crdb
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// Batching (Config.Batching) coalesces concurrent Claims, and concurrent
-// Completes, into multi-row statements: the calls that arrive while
-// Config.BatchInFlight statements are already running wait, and the next
-// statement takes up to Config.MaxBatch of them, one per scope. Nothing
-// waits on a timer: a lone call runs at once, and batches grow only with
-// load. Each row gets its own answer, decided by the same statement shape
-// as the single-call path, so the semantics do not change.
+// Batching (Config.Batching) coalesces concurrent Claims and Completes:
+// the calls that arrive while Config.BatchInFlight batches are already
+// running wait, and the next batch takes up to Config.MaxBatch of them, one
+// claim and one complete per scope. A batch is one round trip: a multi-row
+// statement for its claims and one for its completes, pipelined (see
+// runOps). Nothing waits on a timer: a lone call runs at once, as its
+// single-row statement, and batches grow only with load. Each row gets its
+// own answer, decided by the same statement shape as the single-call path,
+// so the semantics do not change.
 
 // batchTimeout bounds one batched statement, retries included.
 const batchTimeout = 30 * time.Second
@@ -177,116 +182,164 @@ type claimCall struct {
 	nonce []byte
 }
 
-// runClaims runs one batched claim statement and answers every call. On an
-// error other than a serialization failure (which the statement's retry
-// absorbs) each call falls back to its own statement, which resolves
-// ambiguous commits by its nonce.
-func (s *Store) runClaims(ctx context.Context, calls []*call[claimCall, ledger.ClaimResult]) {
-	if len(calls) == 1 { // the single statement is cheaper
-		c := calls[0]
-		res, err := s.claimOne(ctx, c.p.p, c.p.nonce)
-		c.done <- result[ledger.ClaimResult]{res, err}
-		return
-	}
-	sortByScope(calls)
-	n := len(calls)
-	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	leases, retentions := make([]int64, n), make([]int64, n)
-	firsts, nonces := make([]*time.Time, n), make([][]byte, n)
-	for i, c := range calls {
-		p := c.p.p
-		ns[i], tenants[i], keys[i], methods[i], fps[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, p.Method, p.Fingerprint
-		leases[i], retentions[i], nonces[i] = p.Lease.Microseconds(), p.Retention.Microseconds(), c.p.nonce
-		if !p.FirstAttemptAt.IsZero() {
-			t := p.FirstAttemptAt
-			firsts[i] = &t
-		}
-	}
-	var got map[string]row
-	err := s.retry(ctx, func(ctx context.Context) error {
-		got = map[string]row{}
-		rows, err := s.pool.Query(ctx, claimBatchSQL, s.now(), ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r row
-			if err := scanInto(rows, &r, &r.now); err != nil {
-				return err
-			}
-			got[scopeID(r.rec.Scope)] = r
-		}
-		return rows.Err()
-	})
-	for _, c := range calls {
-		r, ok := got[c.key]
-		switch {
-		case err != nil:
-			res, cerr := s.claimOne(c.ctx, c.p.p, c.p.nonce)
-			c.done <- result[ledger.ClaimResult]{res, cerr}
-		case !ok:
-			c.done <- result[ledger.ClaimResult]{err: ledger.Errorf(ledger.CodeInternal, "internal error")}
-		default:
-			c.done <- result[ledger.ClaimResult]{r: r.claimResult(c.p.nonce)}
-		}
-	}
-}
-
 type completeCall struct {
 	p       ledger.CompleteParams
 	outcome []byte
 }
 
-// runCompletes runs one batched complete statement and answers every call;
-// on an error each call falls back to its own statement.
-func (s *Store) runCompletes(ctx context.Context, calls []*call[completeCall, ledger.Record]) {
+// op is one batched call: a claim or a complete.
+type op struct {
+	claim    *claimCall
+	complete *completeCall
+}
+
+// opResult is the answer to an op: ClaimResult for a claim, the record for
+// a complete.
+type opResult struct {
+	claim ledger.ClaimResult
+	rec   ledger.Record
+}
+
+// opKey is an op's batch key: one claim and one complete per scope.
+func opKey(kind byte, sc ledger.Scope) string { return string(kind) + scopeID(sc) }
+
+// casRow is a row returned by a compare-and-set statement.
+type casRow struct {
+	r       row
+	updated bool
+}
+
+// runOps runs one batch: its claims and its completes go to the database in
+// one round trip, as one multi-row statement for each kind (pipelined, so
+// one implicit transaction: the claims run first, then the completes), and
+// every call gets its own answer. A lone call uses its single-row
+// statement. On an error other than a serialization failure (which the
+// retry absorbs) each call falls back to its own statement, which resolves
+// an ambiguous commit: a claim by its nonce, a complete by running again.
+func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
+	var claims, completes []*call[op, opResult]
+	for _, c := range calls {
+		if c.p.claim != nil {
+			claims = append(claims, c)
+		} else {
+			completes = append(completes, c)
+		}
+	}
 	if len(calls) == 1 {
-		c := calls[0]
-		rec, err := s.completeOne(ctx, c.p.p, c.p.outcome)
-		c.done <- result[ledger.Record]{rec, err}
+		s.runOne(ctx, calls[0])
 		return
 	}
-	sortByScope(calls)
+	sortByScope(claims)
+	sortByScope(completes)
+	var gotClaims map[string]row
+	var gotCompletes map[string]casRow
+	err := s.retry(ctx, func(ctx context.Context) error {
+		b := &pgx.Batch{}
+		if len(claims) > 0 {
+			b.Queue(claimBatchSQL, claimArgs(s.now(), claims)...)
+		}
+		if len(completes) > 0 {
+			b.Queue(completeBatchSQL, completeArgs(s.now(), completes)...)
+		}
+		br := s.pool.SendBatch(ctx, b)
+		var err error
+		if len(claims) > 0 {
+			gotClaims, err = readRows(br, func(rows pgx.Rows) (string, row, error) {
+				var r row
+				err := scanInto(rows, &r, &r.now)
+				return scopeID(r.rec.Scope), r, err
+			})
+		}
+		if err == nil && len(completes) > 0 {
+			gotCompletes, err = readRows(br, func(rows pgx.Rows) (string, casRow, error) {
+				var cr casRow
+				err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated)
+				return scopeID(cr.r.rec.Scope), cr, err
+			})
+		}
+		return errors.Join(err, br.Close())
+	})
+	if err != nil {
+		for _, c := range calls {
+			s.runOne(c.ctx, c)
+		}
+		return
+	}
+	for _, c := range claims {
+		r, ok := gotClaims[scopeID(c.p.claim.p.Scope)]
+		if !ok {
+			c.done <- result[opResult]{err: ledger.Errorf(ledger.CodeInternal, "internal error")}
+			continue
+		}
+		c.done <- result[opResult]{r: opResult{claim: r.claimResult(c.p.claim.nonce)}}
+	}
+	for _, c := range completes {
+		p := c.p.complete.p
+		var res result[opResult]
+		if cr, ok := gotCompletes[scopeID(p.Scope)]; ok {
+			res.r.rec, res.err = completeAnswer(cr.r, cr.updated, p)
+		} else {
+			res.err = leaseLost(p.Token)
+		}
+		c.done <- res
+	}
+}
+
+// runOne answers one call with its single-row statement.
+func (s *Store) runOne(ctx context.Context, c *call[op, opResult]) {
+	var res result[opResult]
+	if cl := c.p.claim; cl != nil {
+		res.r.claim, res.err = s.claimOne(ctx, cl.p, cl.nonce)
+	} else {
+		res.r.rec, res.err = s.completeOne(ctx, c.p.complete.p, c.p.complete.outcome)
+	}
+	c.done <- res
+}
+
+// readRows reads the next result of br into a map by scope.
+func readRows[R any](br pgx.BatchResults, scan func(pgx.Rows) (string, R, error)) (map[string]R, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	got := map[string]R{}
+	for rows.Next() {
+		k, r, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		got[k] = r
+	}
+	return got, rows.Err()
+}
+
+// claimArgs are the arguments of claimBatchSQL for calls.
+func claimArgs(now any, calls []*call[op, opResult]) []any {
+	n := len(calls)
+	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	leases, retentions := make([]int64, n), make([]int64, n)
+	firsts, nonces := make([]*time.Time, n), make([][]byte, n)
+	for i, c := range calls {
+		p := c.p.claim.p
+		ns[i], tenants[i], keys[i], methods[i], fps[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, p.Method, p.Fingerprint
+		leases[i], retentions[i], nonces[i] = p.Lease.Microseconds(), p.Retention.Microseconds(), c.p.claim.nonce
+		if !p.FirstAttemptAt.IsZero() {
+			t := p.FirstAttemptAt
+			firsts[i] = &t
+		}
+	}
+	return []any{now, ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces}
+}
+
+// completeArgs are the arguments of completeBatchSQL for calls.
+func completeArgs(now any, calls []*call[op, opResult]) []any {
 	n := len(calls)
 	ns, tenants, keys := make([]string, n), make([]string, n), make([]string, n)
 	tokens, outcomes := make([]int64, n), make([][]byte, n)
 	for i, c := range calls {
-		p := c.p.p
-		ns[i], tenants[i], keys[i], tokens[i], outcomes[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), c.p.outcome
+		p := c.p.complete.p
+		ns[i], tenants[i], keys[i], tokens[i], outcomes[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), c.p.complete.outcome
 	}
-	type casRow struct {
-		r       row
-		updated bool
-	}
-	var got map[string]casRow
-	err := s.retryAmbiguous(ctx, func(ctx context.Context) error {
-		got = map[string]casRow{}
-		rows, err := s.pool.Query(ctx, completeBatchSQL, s.now(), ns, tenants, keys, tokens, outcomes)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var cr casRow
-			if err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated); err != nil {
-				return err
-			}
-			got[scopeID(cr.r.rec.Scope)] = cr
-		}
-		return rows.Err()
-	})
-	for _, c := range calls {
-		cr, ok := got[c.key]
-		var res result[ledger.Record]
-		switch {
-		case err != nil:
-			res.r, res.err = s.completeOne(c.ctx, c.p.p, c.p.outcome)
-		case !ok:
-			res.err = leaseLost(c.p.p.Token)
-		default:
-			res.r, res.err = completeAnswer(cr.r, cr.updated, c.p.p)
-		}
-		c.done <- res
-	}
+	return []any{now, ns, tenants, keys, tokens, outcomes}
 }

@@ -7,6 +7,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // TestBatcherCoalescesAndRecovers: calls that arrive while a batch runs are
@@ -68,4 +75,116 @@ func TestBatcherCoalescesAndRecovers(t *testing.T) {
 	if r, err := b.do(ctx, "last", 7); err != nil || r != 70 {
 		t.Fatalf("a lone call after a canceled one = %d, %v", r, err)
 	}
+}
+
+// roundTrips is a pgx tracer that counts single statements and batches.
+type roundTrips struct{ queries, batches atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.queries.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.batches.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestMixedBatch: a batch of claims and completes is one round trip, and
+// every call gets the answer its own statement would give: fresh claims
+// win, a replay and a claim of a held key do not, a complete with the
+// holder's token completes (also when a claim of the same key shares the
+// batch: claims run first), a complete with a stale token loses.
+func TestMixedBatch(t *testing.T) {
+	ctx := t.Context()
+	pc, err := pgxpool.ParseConfig(crdbtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trips := &roundTrips{}
+	pc.ConnConfig.Tracer = trips
+	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := New(ctx, pool, Config{Batching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	scope := func(k string) ledger.Scope { return ledger.Scope{Namespace: "billing", Tenant: "acme", Key: k} }
+	claimParams := func(k string) ledger.ClaimParams {
+		return ledger.ClaimParams{Scope: scope(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method,
+			Lease: time.Minute, Retention: time.Hour}
+	}
+	claim := func(k string) ledger.ClaimResult {
+		res, err := s.claimOne(ctx, claimParams(k), []byte("setup-"+k))
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %s = %+v, %v", k, res, err)
+		}
+		return res
+	}
+	held, other, done := claim("held"), claim("other"), claim("done")
+	if _, err := s.completeOne(ctx, ledger.CompleteParams{Scope: scope("done"), Token: done.Record.Token, Outcome: ledgertest.Response("inv_done")}, mustMarshal(t, ledgertest.Response("inv_done"))); err != nil {
+		t.Fatal(err)
+	}
+
+	newClaim := func(k string) *call[op, opResult] {
+		return &call[op, opResult]{ctx: ctx, key: opKey('c', scope(k)), done: make(chan result[opResult], 1),
+			p: op{claim: &claimCall{p: claimParams(k), nonce: []byte("batch-" + k)}}}
+	}
+	newComplete := func(k string, token uint64, id string) *call[op, opResult] {
+		out := ledgertest.Response(id)
+		return &call[op, opResult]{ctx: ctx, key: opKey('u', scope(k)), done: make(chan result[opResult], 1),
+			p: op{complete: &completeCall{p: ledger.CompleteParams{Scope: scope(k), Token: token, Outcome: out}, outcome: mustMarshal(t, out)}}}
+	}
+	fresh1, fresh2, replay, heldAgain := newClaim("fresh-1"), newClaim("fresh-2"), newClaim("done"), newClaim("held")
+	complete, stale := newComplete("held", held.Record.Token, "inv_held"), newComplete("other", other.Record.Token+1, "inv_other")
+
+	queries, batches := trips.queries.Load(), trips.batches.Load()
+	s.runOps(ctx, []*call[op, opResult]{complete, fresh1, replay, stale, heldAgain, fresh2})
+	if q, b := trips.queries.Load()-queries, trips.batches.Load()-batches; q != 0 || b != 1 {
+		t.Fatalf("the batch took %d statements and %d batches, want one batch", q, b)
+	}
+
+	for _, c := range []*call[op, opResult]{fresh1, fresh2} {
+		if res := <-c.done; res.err != nil || !res.r.claim.Claimed || res.r.claim.Record.Token != 1 {
+			t.Errorf("fresh claim %s = %+v, %v; want claimed with token 1", c.key, res.r.claim, res.err)
+		}
+	}
+	if res := <-replay.done; res.err != nil || res.r.claim.Claimed || res.r.claim.Record.State != ledger.StateCompleted ||
+		!res.r.claim.Record.Outcome.Equal(ledgertest.Response("inv_done")) {
+		t.Errorf("replay = %+v, %v; want the completed record", res.r.claim, res.err)
+	}
+	if res := <-heldAgain.done; res.err != nil || res.r.claim.Claimed || res.r.claim.Record.State != ledger.StateInProgress {
+		t.Errorf("claim of a held key = %+v, %v; want the record in progress (claims run before completes)", res.r.claim, res.err)
+	}
+	if res := <-complete.done; res.err != nil || res.r.rec.State != ledger.StateCompleted || !res.r.rec.Outcome.Equal(ledgertest.Response("inv_held")) {
+		t.Errorf("complete = %+v, %v; want completed with inv_held", res.r.rec, res.err)
+	}
+	res := <-stale.done
+	ledgertest.WantCode(t, res.err, ledger.CodeLeaseLost)
+
+	if rec, err := s.Get(ctx, scope("other")); err != nil || rec.State != ledger.StateInProgress || rec.Token != other.Record.Token {
+		t.Errorf("after a stale complete the record is %+v, %v; want it unchanged", rec, err)
+	}
+	if rec, err := s.Get(ctx, scope("held")); err != nil || rec.State != ledger.StateCompleted {
+		t.Errorf("held = %+v, %v; want completed", rec, err)
+	}
+}
+
+func mustMarshal(t *testing.T, o *ledger.Outcome) []byte {
+	t.Helper()
+	b, err := o.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

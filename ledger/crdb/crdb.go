@@ -71,14 +71,15 @@ type Config struct {
 	SweepInterval time.Duration
 	// SweepBatch is how many expired rows one sweep statement deletes: 500.
 	SweepBatch int
-	// Batching coalesces concurrent Claims, and concurrent Completes, into
-	// multi-row statements (see batch.go): off by default.
+	// Batching coalesces concurrent Claims and Completes into batches of
+	// multi-row statements, one round trip a batch (see batch.go): off by
+	// default.
 	Batching bool
 	// MaxBatch caps the calls of one batched statement: 64.
 	MaxBatch int
-	// BatchInFlight caps the batched statements of each kind running at
-	// once; calls beyond wait for the next batch: 1, which measured best on
-	// PostgreSQL (see the README's benchmarks).
+	// BatchInFlight caps the batches running at once; calls beyond wait
+	// for the next batch: 1, which measured best on PostgreSQL (see the
+	// README's benchmarks).
 	BatchInFlight int
 }
 
@@ -110,11 +111,10 @@ func (c Config) withDefaults() Config {
 // Store is the SQL ledger.Store. It is safe for concurrent use, by any
 // number of processes sharing the database.
 type Store struct {
-	pool      *pgxpool.Pool
-	dialect   Dialect
-	cfg       Config
-	claims    *batcher[claimCall, ledger.ClaimResult]
-	completes *batcher[completeCall, ledger.Record]
+	pool    *pgxpool.Pool
+	dialect Dialect
+	cfg     Config
+	ops     *batcher[op, opResult]
 }
 
 var _ ledger.Store = (*Store)(nil)
@@ -169,8 +169,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		d = Cockroach
 	}
 	s := &Store{pool: pool, dialect: d, cfg: cfg.withDefaults()}
-	s.claims = &batcher[claimCall, ledger.ClaimResult]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runClaims}
-	s.completes = &batcher[completeCall, ledger.Record]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runCompletes}
+	s.ops = &batcher[op, opResult]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runOps}
 	return s, nil
 }
 
@@ -212,11 +211,11 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	nonce := make([]byte, 16)
 	_, _ = crand.Read(nonce)
 	if s.cfg.Batching {
-		res, err := s.claims.do(ctx, scopeID(p.Scope), claimCall{p: p, nonce: nonce})
+		res, err := s.ops.do(ctx, opKey('c', p.Scope), op{claim: &claimCall{p: p, nonce: nonce}})
 		if err != nil {
 			return ledger.ClaimResult{}, s.classify("claim", err)
 		}
-		return res, nil
+		return res.claim, nil
 	}
 	return s.claimOne(ctx, p, nonce)
 }
@@ -262,11 +261,11 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 		return ledger.Record{}, err
 	}
 	if s.cfg.Batching {
-		rec, err := s.completes.do(ctx, scopeID(p.Scope), completeCall{p: p, outcome: b})
+		res, err := s.ops.do(ctx, opKey('u', p.Scope), op{complete: &completeCall{p: p, outcome: b}})
 		if err != nil {
 			return ledger.Record{}, s.classify("complete", err)
 		}
-		return rec, nil
+		return res.rec, nil
 	}
 	return s.completeOne(ctx, p, b)
 }
