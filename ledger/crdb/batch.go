@@ -3,12 +3,14 @@ package crdb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemledger/idemledger/ledger"
 )
@@ -17,11 +19,11 @@ import (
 // the calls that arrive while Config.BatchInFlight batches are already
 // running wait, and the next batch takes up to Config.MaxBatch of them, one
 // claim and one complete per scope. A batch is one round trip: a multi-row
-// statement for its claims and one for its completes, pipelined (see
-// runOps). Nothing waits on a timer: a lone call runs at once, as its
-// single-row statement, and batches grow only with load. Each row gets its
-// own answer, decided by the same statement shape as the single-call path,
-// so the semantics do not change.
+// statement for its claims and one for its completes, pipelined, each its
+// own implicit transaction (see pipeline). Nothing waits on a timer: a lone
+// call runs at once, as its single-row statement, and batches grow only
+// with load. Each row gets its own answer, decided by the same statement
+// shape as the single-call path, so the semantics do not change.
 
 // batchTimeout bounds one batched statement, retries included.
 const batchTimeout = 30 * time.Second
@@ -210,13 +212,18 @@ type casRow struct {
 }
 
 // runOps runs one batch: its claims and its completes go to the database in
-// one round trip, as one multi-row statement for each kind (pipelined, so
-// one implicit transaction: the claims run first, then the completes), and
+// one round trip, a multi-row statement for each kind (see pipeline), and
 // every call gets its own answer. A lone call uses its single-row
-// statement. On an error other than a serialization failure (which the
-// retry absorbs) each call falls back to its own statement, which resolves
-// an ambiguous commit: a claim by its nonce, a complete by running again.
+// statement. A serialization failure reruns the batch's statements, which
+// is safe: a statement that did commit answers the same again (a claim
+// knows its nonce, a complete its token and outcome). On any other error
+// each call falls back to its own statement, which resolves an ambiguous
+// commit the same way.
 func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
+	if len(calls) == 1 {
+		s.runOne(ctx, calls[0])
+		return
+	}
 	var claims, completes []*call[op, opResult]
 	for _, c := range calls {
 		if c.p.claim != nil {
@@ -225,39 +232,33 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 			completes = append(completes, c)
 		}
 	}
-	if len(calls) == 1 {
-		s.runOne(ctx, calls[0])
-		return
-	}
 	sortByScope(claims)
 	sortByScope(completes)
 	var gotClaims map[string]row
 	var gotCompletes map[string]casRow
 	err := s.retry(ctx, func(ctx context.Context) error {
-		b := &pgx.Batch{}
+		var stmts []pipelined
 		if len(claims) > 0 {
-			b.Queue(claimBatchSQL, claimArgs(s.now(), claims)...)
+			stmts = append(stmts, pipelined{claimBatchSQL, claimArgs(s.now(), claims), func(rows pgx.Rows) (err error) {
+				gotClaims, err = readRows(rows, func(rows pgx.Rows) (string, row, error) {
+					var r row
+					err := scanInto(rows, &r, &r.now)
+					return scopeID(r.rec.Scope), r, err
+				})
+				return err
+			}})
 		}
 		if len(completes) > 0 {
-			b.Queue(completeBatchSQL, completeArgs(s.now(), completes)...)
+			stmts = append(stmts, pipelined{completeBatchSQL, completeArgs(s.now(), completes), func(rows pgx.Rows) (err error) {
+				gotCompletes, err = readRows(rows, func(rows pgx.Rows) (string, casRow, error) {
+					var cr casRow
+					err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated)
+					return scopeID(cr.r.rec.Scope), cr, err
+				})
+				return err
+			}})
 		}
-		br := s.pool.SendBatch(ctx, b)
-		var err error
-		if len(claims) > 0 {
-			gotClaims, err = readRows(br, func(rows pgx.Rows) (string, row, error) {
-				var r row
-				err := scanInto(rows, &r, &r.now)
-				return scopeID(r.rec.Scope), r, err
-			})
-		}
-		if err == nil && len(completes) > 0 {
-			gotCompletes, err = readRows(br, func(rows pgx.Rows) (string, casRow, error) {
-				var cr casRow
-				err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated)
-				return scopeID(cr.r.rec.Scope), cr, err
-			})
-		}
-		return errors.Join(err, br.Close())
+		return s.pipeline(ctx, stmts)
 	})
 	if err != nil {
 		for _, c := range calls {
@@ -285,6 +286,82 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 	}
 }
 
+// pipelined is a statement for pipeline: its SQL, its arguments and what
+// reads its rows.
+type pipelined struct {
+	sql  string
+	args []any
+	read func(pgx.Rows) error
+}
+
+// pipeline sends stmts on one connection in one write, each followed by a
+// Sync, and reads their results. Each statement is its own implicit
+// transaction, as when sent alone: a batch holds no row lock from one
+// statement to the next (so the batches of two ledger instances cannot
+// deadlock on each other) and the failure of one leaves the others
+// committed. It returns the errors of all of them. The statements are
+// prepared once per connection.
+func (s *Store) pipeline(ctx context.Context, stmts []pipelined) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	c := conn.Conn()
+	sds := make([]*pgconn.StatementDescription, len(stmts))
+	for i, st := range stmts {
+		if sds[i], err = c.Prepare(ctx, st.sql, st.sql); err != nil {
+			return err
+		}
+	}
+	eqbs := make([]pgx.ExtendedQueryBuilder, len(stmts))
+	for i, st := range stmts {
+		if err := eqbs[i].Build(c.TypeMap(), sds[i], st.args); err != nil {
+			return err
+		}
+	}
+	p := c.PgConn().StartPipeline(ctx)
+	for i := range stmts {
+		p.SendQueryStatement(sds[i], eqbs[i].ParamValues, eqbs[i].ParamFormats, eqbs[i].ResultFormats)
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		return errors.Join(err, p.Close())
+	}
+	var errs []error
+	for _, st := range stmts {
+		res, err := p.GetResults()
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			err = st.read(pgx.RowsFromResultReader(c.TypeMap(), rr))
+		} else if err == nil {
+			err = fmt.Errorf("crdb: pipeline: got %T, want rows", res)
+		}
+		errs = append(errs, err, awaitSync(p))
+	}
+	return errors.Join(append(errs, p.Close())...)
+}
+
+// awaitSync reads up to the next Sync of p, with the errors on the way: a
+// failed COMMIT of the statement before it comes here.
+func awaitSync(p *pgconn.Pipeline) error {
+	var errs []error
+	for {
+		res, err := p.GetResults()
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr): // the server skips to the Sync
+			errs = append(errs, err)
+		case err != nil:
+			return errors.Join(append(errs, err)...)
+		default:
+			if _, ok := res.(*pgconn.PipelineSync); !ok {
+				errs = append(errs, fmt.Errorf("crdb: pipeline: got %T, want a sync", res))
+			}
+			return errors.Join(errs...)
+		}
+	}
+}
+
 // runOne answers one call with its single-row statement.
 func (s *Store) runOne(ctx context.Context, c *call[op, opResult]) {
 	var res result[opResult]
@@ -296,12 +373,8 @@ func (s *Store) runOne(ctx context.Context, c *call[op, opResult]) {
 	c.done <- res
 }
 
-// readRows reads the next result of br into a map by scope.
-func readRows[R any](br pgx.BatchResults, scan func(pgx.Rows) (string, R, error)) (map[string]R, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
+// readRows reads rows into a map by scope.
+func readRows[R any](rows pgx.Rows, scan func(pgx.Rows) (string, R, error)) (map[string]R, error) {
 	defer rows.Close()
 	got := map[string]R{}
 	for rows.Next() {

@@ -75,7 +75,8 @@ type Config struct {
 	// multi-row statements, one round trip a batch (see batch.go): off by
 	// default.
 	Batching bool
-	// MaxBatch caps the calls of one batched statement: 64.
+	// MaxBatch caps the calls of one batch, claims and completes together:
+	// 128.
 	MaxBatch int
 	// BatchInFlight caps the batches running at once; calls beyond wait
 	// for the next batch: 1, which measured best on PostgreSQL (see the
@@ -100,7 +101,7 @@ func (c Config) withDefaults() Config {
 		c.SweepBatch = 500
 	}
 	if c.MaxBatch <= 0 {
-		c.MaxBatch = 64
+		c.MaxBatch = 128
 	}
 	if c.BatchInFlight <= 0 {
 		c.BatchInFlight = 1

@@ -175,3 +175,57 @@ func TestAmbiguousCommitIsResolved(t *testing.T) {
 		t.Fatalf("Lookup = %+v, %v", rec, err)
 	}
 }
+
+// TestMixedBatchFailures: when a statement of a batch fails with a
+// serialization failure, also at COMMIT after its rows were read, the
+// batch runs again and the statement that did commit answers the same
+// again; when the failures do not stop, every call ends in CONTENTION and
+// nothing is written.
+func TestMixedBatchFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failures int
+		deferred bool
+	}{
+		{"ClaimFailsOnce", 1, false},
+		{"ClaimCommitFailsOnce", 1, true},
+		{"AlwaysFails", 1000, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			s := newTestStore(t, Config{Batching: true, MaxRetries: 3, RetryBase: time.Millisecond})
+			held, err := s.claimOne(ctx, testClaim("held"), []byte("setup"))
+			if err != nil || !held.Claimed {
+				t.Fatalf("claim = %+v, %v", held, err)
+			}
+			// The first write of the batch is its claim's: claims run first.
+			failFirst(t, s, tc.failures, tc.deferred)
+			fresh, complete := claimOp(ctx, "fresh"), completeOp(t, ctx, "held", held.Record.Token, "inv_held")
+			s.runOps(ctx, []*call[op, opResult]{complete, fresh})
+			claimed, completed := <-fresh.done, <-complete.done
+			rec, getErr := s.Get(ctx, testScope("held"))
+
+			if tc.failures > 1 {
+				ledgertest.WantCode(t, claimed.err, ledger.CodeContention)
+				ledgertest.WantCode(t, completed.err, ledger.CodeContention)
+				if n := rowCount(t, s); n != 1 || getErr != nil || rec.State != ledger.StateInProgress {
+					t.Fatalf("%d rows, held = %+v, %v; want only held, in progress", n, rec, getErr)
+				}
+				return
+			}
+			if claimed.err != nil || !claimed.r.claim.Claimed || claimed.r.claim.Record.Token != 1 {
+				t.Fatalf("claim = %+v, %v; want claimed, token 1", claimed.r.claim, claimed.err)
+			}
+			if completed.err != nil || completed.r.rec.State != ledger.StateCompleted {
+				t.Fatalf("complete = %+v, %v; want completed", completed.r.rec, completed.err)
+			}
+			got, err := s.get(ctx, testScope("fresh"))
+			if err != nil || got.rec.State != ledger.StateInProgress || got.rec.Token != 1 || string(got.claimID) != "batch-fresh" {
+				t.Fatalf("fresh = %+v (claim id %q), %v; want the batch's claim", got.rec, got.claimID, err)
+			}
+			if getErr != nil || rec.State != ledger.StateCompleted || !rec.Outcome.Equal(ledgertest.Response("inv_held")) {
+				t.Fatalf("held = %+v, %v; want completed", rec, getErr)
+			}
+		})
+	}
+}
