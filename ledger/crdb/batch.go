@@ -3,14 +3,12 @@ package crdb
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemledger/idemledger/ledger"
 )
@@ -18,12 +16,24 @@ import (
 // Batching (Config.Batching) coalesces concurrent Claims and Completes:
 // the calls that arrive while Config.BatchInFlight batches are already
 // running wait, and the next batch takes up to Config.MaxBatch of them, one
-// claim and one complete per scope. A batch is one round trip: a multi-row
-// statement for its claims and one for its completes, pipelined, each its
-// own implicit transaction (see pipeline). Nothing waits on a timer: a lone
-// call runs at once, as its single-row statement, and batches grow only
-// with load. Each row gets its own answer, decided by the same statement
-// shape as the single-call path, so the semantics do not change.
+// claim and one complete per scope. A batch is one round trip and one
+// implicit transaction: a multi-row statement for its claims, then one for
+// its completes (see pipeline). Nothing waits on a timer: a lone call runs
+// at once, as its single-row statement, and batches grow only with load.
+// Each row gets its own answer, decided by the same statement shape as the
+// single-call path, so the semantics do not change.
+//
+// Locks. Each statement takes its row locks in scope order, and a single
+// statement locks one row, so only two batches can wait on each other, and
+// only when they run at once on different ledger instances (an instance
+// runs one batch at a time by default) with a claim and a complete of two
+// keys crossed: A claims x and completes y while B claims y and completes
+// x. The database breaks that cycle (PostgreSQL after deadlock_timeout,
+// 1 s by default, with SQLSTATE 40P01; CockroachDB at once, with a retry
+// error), and the calls of the aborted batch fall back to their own
+// statements: a pause, never a wrong answer (TestCrossedBatches). Sending
+// each statement with its own Sync would rule the cycle out, and measured
+// 10% slower at 8 and 32 clients: two commits a round trip instead of one.
 
 // batchTimeout bounds one batched statement, retries included.
 const batchTimeout = 30 * time.Second
@@ -212,13 +222,13 @@ type casRow struct {
 }
 
 // runOps runs one batch: its claims and its completes go to the database in
-// one round trip, a multi-row statement for each kind (see pipeline), and
-// every call gets its own answer. A lone call uses its single-row
-// statement. A serialization failure reruns the batch's statements, which
-// is safe: a statement that did commit answers the same again (a claim
-// knows its nonce, a complete its token and outcome). On any other error
-// each call falls back to its own statement, which resolves an ambiguous
-// commit the same way.
+// one round trip, a multi-row statement for each kind in one transaction
+// (see pipeline), and every call gets its own answer. A lone call uses its
+// single-row statement. A serialization failure, also at COMMIT, reruns the
+// batch. On
+// any other error (a deadlock, an ambiguous commit) each call falls back to
+// its own statement, which is safe: a statement that did commit answers the
+// same again (a claim knows its nonce, a complete its token and outcome).
 func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 	if len(calls) == 1 {
 		s.runOne(ctx, calls[0])
@@ -261,6 +271,9 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 		return s.pipeline(ctx, stmts)
 	})
 	if err != nil {
+		if s.batchFailed != nil {
+			s.batchFailed(err)
+		}
 		for _, c := range calls {
 			s.runOne(c.ctx, c)
 		}
@@ -286,7 +299,7 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 	}
 }
 
-// pipelined is a statement for pipeline: its SQL, its arguments and what
+// pipelined is a statement of a batch: its SQL, its arguments and what
 // reads its rows.
 type pipelined struct {
 	sql  string
@@ -294,72 +307,26 @@ type pipelined struct {
 	read func(pgx.Rows) error
 }
 
-// pipeline sends stmts on one connection in one write, each followed by a
-// Sync, and reads their results. Each statement is its own implicit
-// transaction, as when sent alone: a batch holds no row lock from one
-// statement to the next (so the batches of two ledger instances cannot
-// deadlock on each other) and the failure of one leaves the others
-// committed. It returns the errors of all of them. The statements are
-// prepared once per connection.
+// pipeline sends stmts in one round trip (pgx's Batch: one write, one Sync)
+// and reads their results. They run as one implicit transaction, in order:
+// a serialization failure of any, also at COMMIT, rolls back all.
 func (s *Store) pipeline(ctx context.Context, stmts []pipelined) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	c := conn.Conn()
-	sds := make([]*pgconn.StatementDescription, len(stmts))
-	for i, st := range stmts {
-		if sds[i], err = c.Prepare(ctx, st.sql, st.sql); err != nil {
-			return err
-		}
-	}
-	eqbs := make([]pgx.ExtendedQueryBuilder, len(stmts))
-	for i, st := range stmts {
-		if err := eqbs[i].Build(c.TypeMap(), sds[i], st.args); err != nil {
-			return err
-		}
-	}
-	p := c.PgConn().StartPipeline(ctx)
-	for i := range stmts {
-		p.SendQueryStatement(sds[i], eqbs[i].ParamValues, eqbs[i].ParamFormats, eqbs[i].ResultFormats)
-		p.SendPipelineSync()
-	}
-	if err := p.Flush(); err != nil {
-		return errors.Join(err, p.Close())
-	}
-	var errs []error
+	b := &pgx.Batch{}
 	for _, st := range stmts {
-		res, err := p.GetResults()
-		if rr, ok := res.(*pgconn.ResultReader); ok {
-			err = st.read(pgx.RowsFromResultReader(c.TypeMap(), rr))
-		} else if err == nil {
-			err = fmt.Errorf("crdb: pipeline: got %T, want rows", res)
-		}
-		errs = append(errs, err, awaitSync(p))
+		b.Queue(st.sql, st.args...)
 	}
-	return errors.Join(append(errs, p.Close())...)
-}
-
-// awaitSync reads up to the next Sync of p, with the errors on the way: a
-// failed COMMIT of the statement before it comes here.
-func awaitSync(p *pgconn.Pipeline) error {
-	var errs []error
-	for {
-		res, err := p.GetResults()
-		var pgErr *pgconn.PgError
-		switch {
-		case errors.As(err, &pgErr): // the server skips to the Sync
-			errs = append(errs, err)
-		case err != nil:
-			return errors.Join(append(errs, err)...)
-		default:
-			if _, ok := res.(*pgconn.PipelineSync); !ok {
-				errs = append(errs, fmt.Errorf("crdb: pipeline: got %T, want a sync", res))
-			}
-			return errors.Join(errs...)
+	br := s.pool.SendBatch(ctx, b)
+	var err error
+	for _, st := range stmts {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = st.read(rows)
+		}
+		if err != nil {
+			break
 		}
 	}
+	return errors.Join(err, br.Close())
 }
 
 // runOne answers one call with its single-row statement.

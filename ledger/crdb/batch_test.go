@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemledger/idemledger/ledger"
@@ -209,4 +210,106 @@ func completeOp(t *testing.T, ctx context.Context, k string, token uint64, id st
 	out := ledgertest.Response(id)
 	return &call[op, opResult]{ctx: ctx, key: opKey('u', testScope(k)), done: make(chan result[opResult], 1),
 		p: op{complete: &completeCall{p: ledger.CompleteParams{Scope: testScope(k), Token: token, Outcome: out}, outcome: mustMarshal(t, out)}}}
+}
+
+// TestCrossedBatches: the one lock cycle batches allow. Two ledger
+// instances run at once a batch each that crosses a claim and a complete of
+// two keys (A claims x and completes y; B claims y and completes x). A test
+// transaction holds y while B's claim and then A's complete queue on it,
+// so that when it lets go B locks y, then waits for x, which A holds: a
+// deadlock. PostgreSQL aborts one batch (40P01); its calls fall back to
+// their own statements, and every call gets a right answer.
+func TestCrossedBatches(t *testing.T) {
+	ctx := t.Context()
+	url := crdbtest.NewDatabase(t)
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// Break the cycle in 100 ms instead of 1 s, where the test may (superuser).
+	_, _ = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{admin.Config().Database}.Sanitize()+" SET deadlock_timeout = '100ms'")
+	instance := func() *Store {
+		s, err := Open(ctx, url, Config{Batching: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	a, b := instance(), instance()
+	if _, err := a.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	x, err := a.claimOne(ctx, testClaim("x"), []byte("holder-x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := a.claimOne(ctx, testClaim("y"), []byte("holder-y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var got int
+			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions wait on a lock, want %d", got, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	var deadlocks atomic.Int64
+	for _, s := range []*Store{a, b} {
+		s.batchFailed = func(err error) {
+			if sqlState(err) == "40P01" {
+				deadlocks.Add(1)
+			}
+		}
+	}
+
+	hold, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE idem_key = 'y' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	bCalls := []*call[op, opResult]{claimOp(ctx, "y"), completeOp(t, ctx, "x", x.Record.Token, "inv_x")}
+	aCalls := []*call[op, opResult]{claimOp(ctx, "x"), completeOp(t, ctx, "y", y.Record.Token, "inv_y")}
+	var wg sync.WaitGroup
+	wg.Go(func() { b.runOps(ctx, bCalls) })
+	waiting(1) // B's claim of y
+	wg.Go(func() { a.runOps(ctx, aCalls) })
+	waiting(2) // A's complete of y, holding x
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+
+	for _, c := range []*call[op, opResult]{aCalls[0], bCalls[0]} {
+		if res := <-c.done; res.err != nil || res.r.claim.Claimed || res.r.claim.Record.State == ledger.StateAbsent {
+			t.Errorf("claim %s = %+v, %v; want the holder's record", c.key, res.r.claim, res.err)
+		}
+	}
+	for _, c := range []*call[op, opResult]{aCalls[1], bCalls[1]} {
+		if res := <-c.done; res.err != nil || res.r.rec.State != ledger.StateCompleted {
+			t.Errorf("complete %s = %+v, %v; want completed", c.key, res.r.rec, res.err)
+		}
+	}
+	for k, id := range map[string]string{"x": "inv_x", "y": "inv_y"} {
+		if rec, err := a.Get(ctx, testScope(k)); err != nil || rec.State != ledger.StateCompleted || !rec.Outcome.Equal(ledgertest.Response(id)) {
+			t.Errorf("%s = %+v, %v; want completed with %s", k, rec, err, id)
+		}
+	}
+	if deadlocks.Load() != 1 {
+		t.Fatalf("%d batches were aborted as deadlocked, want 1: the test did not cross them", deadlocks.Load())
+	}
 }

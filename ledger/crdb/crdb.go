@@ -116,6 +116,8 @@ type Store struct {
 	dialect Dialect
 	cfg     Config
 	ops     *batcher[op, opResult]
+
+	batchFailed func(error) // tests: sees the error of a batch before its calls fall back
 }
 
 var _ ledger.Store = (*Store)(nil)

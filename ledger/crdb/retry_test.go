@@ -178,9 +178,9 @@ func TestAmbiguousCommitIsResolved(t *testing.T) {
 
 // TestMixedBatchFailures: when a statement of a batch fails with a
 // serialization failure, also at COMMIT after its rows were read, the
-// batch runs again and the statement that did commit answers the same
-// again; when the failures do not stop, every call ends in CONTENTION and
-// nothing is written.
+// batch runs again and every call gets the answer of the attempt that
+// committed; when the failures do not stop, every call ends in CONTENTION
+// and nothing is written.
 func TestMixedBatchFailures(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
