@@ -135,15 +135,22 @@ func TestNewRefusesReadCommitted(t *testing.T) {
 }
 
 // TestTwoInstancesRace runs two Ledgers on separate pools against the same
-// keys: 16 goroutines on each, for each of 300 keys.
+// keys: 16 goroutines on each, for each of 300 keys; with batching, the
+// batches of the two instances race too.
 func TestTwoInstancesRace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")
 	}
+	for _, batching := range []bool{false, true} {
+		t.Run(fmt.Sprint("batching=", batching), func(t *testing.T) { twoInstancesRace(t, batching) })
+	}
+}
+
+func twoInstancesRace(t *testing.T, batching bool) {
 	url := crdbtest.NewDatabase(t)
 	var ledgers [2]*ledger.Ledger
 	for i := range ledgers {
-		s := openURL(t, url+"&pool_max_conns=16", crdb.Config{MaxRetries: 30}, i == 0)
+		s := openURL(t, url+"&pool_max_conns=16", crdb.Config{MaxRetries: 30, Batching: batching}, i == 0)
 		ledgers[i] = ledger.New(s, ledger.Config{})
 	}
 	const keys, perInstance = 300, 16
