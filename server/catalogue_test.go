@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -58,17 +60,36 @@ var badDurations = map[string]*durationpb.Duration{
 	"NanosOver":    {Seconds: 0, Nanos: 1_000_000_000},
 }
 
-// TestBadInputCatalogue sends every RPC every bad value of every field:
-// each gets its typed error, the server keeps answering, and the records
-// that exist are unchanged, nor does any new one appear.
+// TestBadInputCatalogue sends every RPC every bad value of every field, as
+// unary calls and as calls on a Stream: each gets its typed error, the
+// server keeps answering, and the records that exist are unchanged, nor
+// does any new one appear.
 func TestBadInputCatalogue(t *testing.T) {
+	t.Run("Unary", func(t *testing.T) { badInputCatalogue(t, false) })
+	t.Run("Stream", func(t *testing.T) { badInputCatalogue(t, true) })
+}
+
+func badInputCatalogue(t *testing.T, stream bool) {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
 	srv := servertest.Start(t, func(gs *grpc.Server) {
 		ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
 	}, grpc.MaxRecvMsgSize(2<<20))
-	client := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
+	raw := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
+	client := raw
 	ctx := as(t, "refunds-token") // every tenant, so tenant checks reach validation
+	// with is a client whose calls carry md: on a stream, the stream's.
+	with := func(md metadata.MD) (ledgerv1.LedgerServiceClient, context.Context) {
+		if !stream {
+			return raw, metadata.NewOutgoingContext(t.Context(), md)
+		}
+		c := ledgerstream.New(metadata.NewOutgoingContext(t.Context(), md), raw)
+		t.Cleanup(func() { _ = c.Close() })
+		return c, t.Context()
+	}
+	if stream {
+		client = streamClient(t, srv.Dial(t), "refunds-token")
+	}
 	held, err := client.Begin(ctx, beginReq("held"))
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +233,8 @@ func TestBadInputCatalogue(t *testing.T) {
 		"TokenInWrongField": {"token": {"refunds-token"}},
 	} {
 		cases = append(cases, tc{"Auth/" + name, func() error {
-			_, err := client.Begin(metadata.NewOutgoingContext(t.Context(), md), beginReq("fresh"))
+			c, ctx := with(md)
+			_, err := c.Begin(ctx, beginReq("fresh"))
 			return err
 		}, ledger.CodeUnauthenticated})
 	}

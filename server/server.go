@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -58,6 +59,10 @@ type Config struct {
 	RateLimit *RateLimit
 	// Metrics, when not nil, counts every decision.
 	Metrics *Metrics
+	// StreamMaxAge, when positive, drains every Stream that old, so that
+	// clients move to new streams (and, after a GOAWAY, to new connections
+	// and replicas) without a call failing.
+	StreamMaxAge time.Duration
 }
 
 // Server is the LedgerService. It is safe for concurrent use.
@@ -68,6 +73,10 @@ type Server struct {
 	log     *slog.Logger
 	limit   *RateLimit
 	metrics *Metrics
+
+	streamMaxAge time.Duration
+	drain        chan struct{} // closed by Drain
+	drainOnce    sync.Once
 }
 
 var _ ledgerv1.LedgerServiceServer = (*Server)(nil)
@@ -78,8 +87,15 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, metrics: cfg.Metrics}
+	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, metrics: cfg.Metrics,
+		streamMaxAge: cfg.StreamMaxAge, drain: make(chan struct{})}
 }
+
+// Drain sends every Stream, open now or later, a drain notice: its client
+// moves its new calls to a new stream, on another connection once the
+// server has sent GOAWAY. Call it before grpc.Server.GracefulStop, which
+// waits for streams to end. Unary calls are not affected.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.drain) }) }
 
 // scope authenticates the call and builds the scope of (tenant, key):
 // UNAUTHENTICATED without a principal, PERMISSION_DENIED for a tenant the

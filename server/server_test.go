@@ -41,6 +41,7 @@ var testAuth = server.AuthenticatorFunc(func(ctx context.Context) (server.Princi
 
 type fixture struct {
 	client ledgerv1.LedgerServiceClient
+	conn   *grpc.ClientConn
 	clock  *ledgertest.Clock
 }
 
@@ -49,7 +50,7 @@ func newFixture(t *testing.T) *fixture {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
 	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth}))
-	return &fixture{client: ledgerv1.NewLedgerServiceClient(conn), clock: clock}
+	return &fixture{client: ledgerv1.NewLedgerServiceClient(conn), conn: conn, clock: clock}
 }
 
 func as(t *testing.T, token string) context.Context {

@@ -116,7 +116,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
 	)...)
 	st := newLateStore(cfg, log)
-	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, cfg.ledger), srvCfg))
+	ledgerSrv := server.New(ledger.New(st, cfg.ledger), srvCfg)
+	ledgerv1.RegisterLedgerServiceServer(gs, ledgerSrv)
 	healthSrv := health.NewServer()
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
@@ -177,6 +178,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	case serveErr = <-served:
 	}
 	healthSrv.Shutdown()
+	// Streams end once their calls are answered (GracefulStop waits for
+	// them); their clients reopen them on another instance.
+	ledgerSrv.Drain()
 	// Serve returns as soon as GracefulStop begins; the drain is over only
 	// when GracefulStop returns.
 	drained := make(chan struct{})

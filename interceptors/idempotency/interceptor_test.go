@@ -25,6 +25,7 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -60,11 +61,38 @@ func written(n int64, req *invoicev1.CreateInvoiceRequest) *invoicev1.CreateInvo
 // ledgerConn is a real LedgerService over bufconn, on the memory store.
 func ledgerConn(t *testing.T) *grpc.ClientConn { return servertest.DialLedger(t, "billing") }
 
+// ledgerAPI is how the interceptor calls the ledger: unary calls, or calls
+// on a Stream (interceptors/ledgerstream).
+type ledgerAPI string
+
+const (
+	unaryAPI  ledgerAPI = "Unary"
+	streamAPI ledgerAPI = "Stream"
+)
+
+// client is a ledger client over conn that calls the ledger as api says.
+func (api ledgerAPI) client(t *testing.T, conn *grpc.ClientConn) ledgerv1.LedgerServiceClient {
+	raw := ledgerv1.NewLedgerServiceClient(conn)
+	if api == unaryAPI {
+		return raw
+	}
+	c := ledgerstream.New(context.Background(), raw)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// forEachAPI runs test once with each ledger API.
+func forEachAPI(t *testing.T, test func(*testing.T, ledgerAPI)) {
+	for _, api := range []ledgerAPI{unaryAPI, streamAPI} {
+		t.Run(string(api), func(t *testing.T) { test(t, api) })
+	}
+}
+
 // serve runs svc behind the interceptor (with recovery outside it, as a
 // write service would) and returns a client of it.
-func serve(t *testing.T, ledgerConn *grpc.ClientConn, svc *invoices, opts ...idempotency.Option) invoicev1.InvoiceServiceClient {
+func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opts ...idempotency.Option) invoicev1.InvoiceServiceClient {
 	t.Helper()
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), opts...)
+	icpt, err := idempotency.UnaryServerInterceptor(ledger, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +134,12 @@ func marshal(t *testing.T, m proto.Message) []byte {
 }
 
 func TestDuplicateReplaysIdenticalBytes(t *testing.T) {
+	forEachAPI(t, testDuplicateReplaysIdenticalBytes)
+}
+
+func testDuplicateReplaysIdenticalBytes(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	first, err := client.CreateInvoice(t.Context(), request("k-1"))
 	if err != nil {
 		t.Fatal(err)
@@ -142,9 +174,11 @@ func TestDuplicateReplaysIdenticalBytes(t *testing.T) {
 	}
 }
 
-func TestChangedPayloadIsKeyReused(t *testing.T) {
+func TestChangedPayloadIsKeyReused(t *testing.T) { forEachAPI(t, testChangedPayloadIsKeyReused) }
+
+func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); err != nil {
 		t.Fatal(err)
 	}
@@ -160,13 +194,15 @@ func TestChangedPayloadIsKeyReused(t *testing.T) {
 	}
 }
 
-func TestParallelDuplicatesRunOnce(t *testing.T) {
+func TestParallelDuplicatesRunOnce(t *testing.T) { forEachAPI(t, testParallelDuplicatesRunOnce) }
+
+func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 	release := make(chan struct{})
 	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
 		<-release
 		return written(n, req), nil
 	}}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	var wg sync.WaitGroup
 	results := make([]*invoicev1.CreateInvoiceResponse, 50)
 	errs := make([]error, 50)
@@ -206,14 +242,16 @@ func TestParallelDuplicatesRunOnce(t *testing.T) {
 	}
 }
 
-func TestTransientErrorReleases(t *testing.T) {
+func TestTransientErrorReleases(t *testing.T) { forEachAPI(t, testTransientErrorReleases) }
+
+func testTransientErrorReleases(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
 		if n == 1 {
 			return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
 		}
 		return written(n, req), nil
 	}}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	_, err := client.CreateInvoice(t.Context(), request("k"))
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("first attempt = %v, want the handler's UNAVAILABLE", err)
@@ -224,7 +262,9 @@ func TestTransientErrorReleases(t *testing.T) {
 	}
 }
 
-func TestPermanentErrorIsReplayed(t *testing.T) {
+func TestPermanentErrorIsReplayed(t *testing.T) { forEachAPI(t, testPermanentErrorIsReplayed) }
+
+func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	declined, err := status.New(codes.FailedPrecondition, "the customer's account is closed").WithDetails(&errdetails.ErrorInfo{Reason: "ACCOUNT_CLOSED", Domain: "billing.example"})
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +272,7 @@ func TestPermanentErrorIsReplayed(t *testing.T) {
 	svc := &invoices{create: func(context.Context, int64, *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
 		return nil, declined.Err()
 	}}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	_, first := client.CreateInvoice(t.Context(), request("k"))
 	var header metadata.MD
 	_, again := client.CreateInvoice(t.Context(), request("k"), grpc.Header(&header))
@@ -247,7 +287,9 @@ func TestPermanentErrorIsReplayed(t *testing.T) {
 	}
 }
 
-func TestPanicLeavesTheLeaseToExpire(t *testing.T) {
+func TestPanicLeavesTheLeaseToExpire(t *testing.T) { forEachAPI(t, testPanicLeavesTheLeaseToExpire) }
+
+func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 	var claims []idempotency.Claim
 	var mu sync.Mutex
 	svc := &invoices{create: func(ctx context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
@@ -263,7 +305,7 @@ func TestPanicLeavesTheLeaseToExpire(t *testing.T) {
 		}
 		return written(n, req), nil
 	}}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{Lease: 300 * time.Millisecond})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{Lease: 300 * time.Millisecond})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the panicking attempt = %v", err)
 	}
@@ -279,7 +321,9 @@ func TestPanicLeavesTheLeaseToExpire(t *testing.T) {
 	}
 }
 
-func TestLedgerDownFailsClosed(t *testing.T) {
+func TestLedgerDownFailsClosed(t *testing.T) { forEachAPI(t, testLedgerDownFailsClosed) }
+
+func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -292,7 +336,7 @@ func TestLedgerDownFailsClosed(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = down.Close() })
 	svc := &invoices{}
-	client := serve(t, down, svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, down), svc, protect(idempotency.Policy{})...)
 	var trailer metadata.MD
 	_, err = client.CreateInvoice(t.Context(), request("k"), grpc.Trailer(&trailer))
 	le := wantCode(t, err, ledger.CodeUnavailable)
@@ -304,14 +348,16 @@ func TestLedgerDownFailsClosed(t *testing.T) {
 	}
 }
 
-func TestLongHandlerKeepsItsLease(t *testing.T) {
+func TestLongHandlerKeepsItsLease(t *testing.T) { forEachAPI(t, testLongHandlerKeepsItsLease) }
+
+func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	started := make(chan struct{})
 	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
 		close(started)
 		time.Sleep(700 * time.Millisecond) // well past the 200 ms lease
 		return written(n, req), nil
 	}}
-	client := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{Lease: 200 * time.Millisecond})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{Lease: 200 * time.Millisecond})...)
 	done := make(chan error, 1)
 	go func() { _, err := client.CreateInvoice(t.Context(), request("k")); done <- err }()
 	<-started
@@ -329,9 +375,11 @@ func TestLongHandlerKeepsItsLease(t *testing.T) {
 	}
 }
 
-func TestKeysAndTenants(t *testing.T) {
+func TestKeysAndTenants(t *testing.T) { forEachAPI(t, testKeysAndTenants) }
+
+func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	strict := serve(t, ledgerConn(t), svc, protect(idempotency.Policy{})...)
+	strict := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	_, err := strict.CreateInvoice(t.Context(), request(""))
 	wantCode(t, err, ledger.CodeKeyMissing)
 	_, err = strict.CreateInvoice(t.Context(), request("bad key"))
@@ -351,7 +399,7 @@ func TestKeysAndTenants(t *testing.T) {
 	}
 
 	// The tenant from a header instead of the request.
-	byHeader := serve(t, ledgerConn(t), svc, append(protect(idempotency.Policy{}), idempotency.WithTenant(idempotency.TenantFromHeader("x-tenant")))...)
+	byHeader := serve(t, api.client(t, ledgerConn(t)), svc, append(protect(idempotency.Policy{}), idempotency.WithTenant(idempotency.TenantFromHeader("x-tenant")))...)
 	_, err = byHeader.CreateInvoice(t.Context(), request("k-h"))
 	wantCode(t, err, ledger.CodeValidationFailed)
 	hctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "globex")
@@ -363,7 +411,7 @@ func TestKeysAndTenants(t *testing.T) {
 	}
 	svc.runs.Store(0)
 
-	lax := serve(t, ledgerConn(t), svc, idempotency.WithMethod(createInvoice, idempotency.Policy{KeyOptional: true}))
+	lax := serve(t, api.client(t, ledgerConn(t)), svc, idempotency.WithMethod(createInvoice, idempotency.Policy{KeyOptional: true}))
 	for range 2 {
 		if _, err := lax.CreateInvoice(t.Context(), request("")); err != nil {
 			t.Fatal(err)

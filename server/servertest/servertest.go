@@ -41,11 +41,18 @@ type Server struct {
 // register (when not nil) add services. It stops when the test ends.
 func Start(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *Server {
 	t.Helper()
-	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(opts...)
 	if register != nil {
 		register(gs)
 	}
+	return StartServer(t, gs)
+}
+
+// StartServer serves gs on an in-memory listener. It stops when the test
+// ends, unless the test stops it first.
+func StartServer(t testing.TB, gs *grpc.Server) *Server {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return &Server{lis: lis}

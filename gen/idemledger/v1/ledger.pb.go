@@ -78,6 +78,507 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{0}
 }
 
+// StreamRequest is one call on a Stream.
+type StreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the call; its response carries it. Calls in flight on one
+	// stream must have distinct ids.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// timeout bounds the call, as a unary call's deadline would. Unset means
+	// no bound but the server's own.
+	Timeout *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// call is the call.
+	//
+	// Types that are valid to be assigned to Call:
+	//
+	//	*StreamRequest_Begin
+	//	*StreamRequest_Complete
+	//	*StreamRequest_Release
+	//	*StreamRequest_Extend
+	//	*StreamRequest_Lookup
+	//	*StreamRequest_Cancel
+	Call          isStreamRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamRequest) Reset() {
+	*x = StreamRequest{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamRequest) ProtoMessage() {}
+
+func (x *StreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
+func (*StreamRequest) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StreamRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCall() isStreamRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetBegin() *BeginRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Begin); ok {
+			return x.Begin
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetComplete() *CompleteRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetExtend() *ExtendRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Extend); ok {
+			return x.Extend
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetLookup() *LookupRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Lookup); ok {
+			return x.Lookup
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetCancel() *CancelRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+type isStreamRequest_Call interface {
+	isStreamRequest_Call()
+}
+
+type StreamRequest_Begin struct {
+	// begin is a Begin call.
+	Begin *BeginRequest `protobuf:"bytes,3,opt,name=begin,proto3,oneof"`
+}
+
+type StreamRequest_Complete struct {
+	// complete is a Complete call.
+	Complete *CompleteRequest `protobuf:"bytes,4,opt,name=complete,proto3,oneof"`
+}
+
+type StreamRequest_Release struct {
+	// release is a Release call.
+	Release *ReleaseRequest `protobuf:"bytes,5,opt,name=release,proto3,oneof"`
+}
+
+type StreamRequest_Extend struct {
+	// extend is an Extend call.
+	Extend *ExtendRequest `protobuf:"bytes,6,opt,name=extend,proto3,oneof"`
+}
+
+type StreamRequest_Lookup struct {
+	// lookup is a Lookup call.
+	Lookup *LookupRequest `protobuf:"bytes,7,opt,name=lookup,proto3,oneof"`
+}
+
+type StreamRequest_Cancel struct {
+	// cancel gives up the call in flight with this id, as a canceled unary
+	// call would: its context is canceled. The call is still answered.
+	Cancel *CancelRequest `protobuf:"bytes,8,opt,name=cancel,proto3,oneof"`
+}
+
+func (*StreamRequest_Begin) isStreamRequest_Call() {}
+
+func (*StreamRequest_Complete) isStreamRequest_Call() {}
+
+func (*StreamRequest_Release) isStreamRequest_Call() {}
+
+func (*StreamRequest_Extend) isStreamRequest_Call() {}
+
+func (*StreamRequest_Lookup) isStreamRequest_Call() {}
+
+func (*StreamRequest_Cancel) isStreamRequest_Call() {}
+
+// CancelRequest gives up a call in flight on a Stream.
+type CancelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRequest) Reset() {
+	*x = CancelRequest{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRequest) ProtoMessage() {}
+
+func (x *CancelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
+func (*CancelRequest) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{1}
+}
+
+// StreamResponse is the answer to one call on a Stream.
+type StreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the id of the call.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// result is the call's response or its error.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*StreamResponse_Begin
+	//	*StreamResponse_Complete
+	//	*StreamResponse_Release
+	//	*StreamResponse_Extend
+	//	*StreamResponse_Lookup
+	//	*StreamResponse_Error
+	//	*StreamResponse_Drain
+	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StreamResponse) Reset() {
+	*x = StreamResponse{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StreamResponse) ProtoMessage() {}
+
+func (x *StreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StreamResponse.ProtoReflect.Descriptor instead.
+func (*StreamResponse) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StreamResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *StreamResponse) GetResult() isStreamResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetBegin() *BeginResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Begin); ok {
+			return x.Begin
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetComplete() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetRelease() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetExtend() *ExtendResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Extend); ok {
+			return x.Extend
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetLookup() *LookupResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Lookup); ok {
+			return x.Lookup
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetError() *CallStatus {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetDrain() *Drain {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Drain); ok {
+			return x.Drain
+		}
+	}
+	return nil
+}
+
+type isStreamResponse_Result interface {
+	isStreamResponse_Result()
+}
+
+type StreamResponse_Begin struct {
+	// begin answers a Begin call.
+	Begin *BeginResponse `protobuf:"bytes,2,opt,name=begin,proto3,oneof"`
+}
+
+type StreamResponse_Complete struct {
+	// complete answers a Complete call.
+	Complete *CompleteResponse `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type StreamResponse_Release struct {
+	// release answers a Release call.
+	Release *ReleaseResponse `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+type StreamResponse_Extend struct {
+	// extend answers an Extend call.
+	Extend *ExtendResponse `protobuf:"bytes,5,opt,name=extend,proto3,oneof"`
+}
+
+type StreamResponse_Lookup struct {
+	// lookup answers a Lookup call.
+	Lookup *LookupResponse `protobuf:"bytes,6,opt,name=lookup,proto3,oneof"`
+}
+
+type StreamResponse_Error struct {
+	// error is the status the unary call would have failed with, details
+	// included.
+	Error *CallStatus `protobuf:"bytes,7,opt,name=error,proto3,oneof"`
+}
+
+type StreamResponse_Drain struct {
+	// drain is the server's notice that it will end the stream (id is 0):
+	// send no more calls on it, close the sending side, and open a new
+	// stream for new calls. Calls already sent are answered.
+	Drain *Drain `protobuf:"bytes,8,opt,name=drain,proto3,oneof"`
+}
+
+func (*StreamResponse_Begin) isStreamResponse_Result() {}
+
+func (*StreamResponse_Complete) isStreamResponse_Result() {}
+
+func (*StreamResponse_Release) isStreamResponse_Result() {}
+
+func (*StreamResponse_Extend) isStreamResponse_Result() {}
+
+func (*StreamResponse_Lookup) isStreamResponse_Result() {}
+
+func (*StreamResponse_Error) isStreamResponse_Result() {}
+
+func (*StreamResponse_Drain) isStreamResponse_Result() {}
+
+// Drain asks the client to move to a new Stream.
+type Drain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drain) Reset() {
+	*x = Drain{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drain) ProtoMessage() {}
+
+func (x *Drain) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drain.ProtoReflect.Descriptor instead.
+func (*Drain) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{3}
+}
+
+// CallStatus is a call's error status: a google.rpc.Status, field for field
+// (code, message, details), so it decodes as one.
+type CallStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is the gRPC status code.
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// message is the status message.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// details are the status details: idemledger.v1.ErrorDetail,
+	// google.rpc.ErrorInfo and, when retryable with a delay,
+	// google.rpc.RetryInfo.
+	Details       []*anypb.Any `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStatus) Reset() {
+	*x = CallStatus{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStatus) ProtoMessage() {}
+
+func (x *CallStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStatus.ProtoReflect.Descriptor instead.
+func (*CallStatus) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CallStatus) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *CallStatus) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *CallStatus) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
 // BeginRequest asks to claim a scope before a write.
 type BeginRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -107,7 +608,7 @@ type BeginRequest struct {
 
 func (x *BeginRequest) Reset() {
 	*x = BeginRequest{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[0]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -119,7 +620,7 @@ func (x *BeginRequest) String() string {
 func (*BeginRequest) ProtoMessage() {}
 
 func (x *BeginRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[0]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -132,7 +633,7 @@ func (x *BeginRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginRequest.ProtoReflect.Descriptor instead.
 func (*BeginRequest) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{0}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BeginRequest) GetTenant() string {
@@ -201,7 +702,7 @@ type BeginResponse struct {
 
 func (x *BeginResponse) Reset() {
 	*x = BeginResponse{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[1]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -213,7 +714,7 @@ func (x *BeginResponse) String() string {
 func (*BeginResponse) ProtoMessage() {}
 
 func (x *BeginResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[1]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -226,7 +727,7 @@ func (x *BeginResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginResponse.ProtoReflect.Descriptor instead.
 func (*BeginResponse) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{1}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BeginResponse) GetResult() isBeginResponse_Result {
@@ -289,7 +790,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[2]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +802,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[2]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +815,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{2}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Claim) GetToken() uint64 {
@@ -353,7 +854,7 @@ type Replay struct {
 
 func (x *Replay) Reset() {
 	*x = Replay{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[3]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +866,7 @@ func (x *Replay) String() string {
 func (*Replay) ProtoMessage() {}
 
 func (x *Replay) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[3]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +879,7 @@ func (x *Replay) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replay.ProtoReflect.Descriptor instead.
 func (*Replay) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{3}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Replay) GetOutcome() *Outcome {
@@ -418,7 +919,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[4]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +931,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[4]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +944,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{4}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Outcome) GetResult() isOutcome_Result {
@@ -504,7 +1005,7 @@ type StoredStatus struct {
 
 func (x *StoredStatus) Reset() {
 	*x = StoredStatus{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[5]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +1017,7 @@ func (x *StoredStatus) String() string {
 func (*StoredStatus) ProtoMessage() {}
 
 func (x *StoredStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[5]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +1030,7 @@ func (x *StoredStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredStatus.ProtoReflect.Descriptor instead.
 func (*StoredStatus) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{5}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StoredStatus) GetCode() int32 {
@@ -570,7 +1071,7 @@ type CompleteRequest struct {
 
 func (x *CompleteRequest) Reset() {
 	*x = CompleteRequest{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[6]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +1083,7 @@ func (x *CompleteRequest) String() string {
 func (*CompleteRequest) ProtoMessage() {}
 
 func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[6]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +1096,7 @@ func (x *CompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteRequest.ProtoReflect.Descriptor instead.
 func (*CompleteRequest) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{6}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CompleteRequest) GetTenant() string {
@@ -639,7 +1140,7 @@ type CompleteResponse struct {
 
 func (x *CompleteResponse) Reset() {
 	*x = CompleteResponse{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[7]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +1152,7 @@ func (x *CompleteResponse) String() string {
 func (*CompleteResponse) ProtoMessage() {}
 
 func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[7]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1165,7 @@ func (x *CompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteResponse.ProtoReflect.Descriptor instead.
 func (*CompleteResponse) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{7}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CompleteResponse) GetCompletedAt() *timestamppb.Timestamp {
@@ -696,7 +1197,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[8]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +1209,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[8]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +1222,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{8}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRequest) GetTenant() string {
@@ -754,7 +1255,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[9]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +1267,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[9]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +1280,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{9}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{14}
 }
 
 // ExtendRequest renews a lease.
@@ -800,7 +1301,7 @@ type ExtendRequest struct {
 
 func (x *ExtendRequest) Reset() {
 	*x = ExtendRequest{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[10]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +1313,7 @@ func (x *ExtendRequest) String() string {
 func (*ExtendRequest) ProtoMessage() {}
 
 func (x *ExtendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[10]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +1326,7 @@ func (x *ExtendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendRequest.ProtoReflect.Descriptor instead.
 func (*ExtendRequest) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{10}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExtendRequest) GetTenant() string {
@@ -867,7 +1368,7 @@ type ExtendResponse struct {
 
 func (x *ExtendResponse) Reset() {
 	*x = ExtendResponse{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[11]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +1380,7 @@ func (x *ExtendResponse) String() string {
 func (*ExtendResponse) ProtoMessage() {}
 
 func (x *ExtendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[11]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +1393,7 @@ func (x *ExtendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendResponse.ProtoReflect.Descriptor instead.
 func (*ExtendResponse) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{11}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExtendResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -918,7 +1419,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[12]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1431,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[12]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1444,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{12}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LookupRequest) GetTenant() string {
@@ -978,7 +1479,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[13]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1491,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[13]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1504,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{13}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LookupResponse) GetRecord() *Record {
@@ -1040,7 +1541,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[14]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1553,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_idemledger_v1_ledger_proto_msgTypes[14]
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1566,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{14}
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Record) GetState() State {
@@ -1135,7 +1636,34 @@ var File_idemledger_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\n" +
-	"\x1aidemledger/v1/ledger.proto\x12\ridemledger.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x02\n" +
+	"\x1aidemledger/v1/ledger.proto\x12\ridemledger.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x03\n" +
+	"\rStreamRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x123\n" +
+	"\x05begin\x18\x03 \x01(\v2\x1b.idemledger.v1.BeginRequestH\x00R\x05begin\x12<\n" +
+	"\bcomplete\x18\x04 \x01(\v2\x1e.idemledger.v1.CompleteRequestH\x00R\bcomplete\x129\n" +
+	"\arelease\x18\x05 \x01(\v2\x1d.idemledger.v1.ReleaseRequestH\x00R\arelease\x126\n" +
+	"\x06extend\x18\x06 \x01(\v2\x1c.idemledger.v1.ExtendRequestH\x00R\x06extend\x126\n" +
+	"\x06lookup\x18\a \x01(\v2\x1c.idemledger.v1.LookupRequestH\x00R\x06lookup\x126\n" +
+	"\x06cancel\x18\b \x01(\v2\x1c.idemledger.v1.CancelRequestH\x00R\x06cancelB\x06\n" +
+	"\x04call\"\x0f\n" +
+	"\rCancelRequest\"\xae\x03\n" +
+	"\x0eStreamResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
+	"\x05begin\x18\x02 \x01(\v2\x1c.idemledger.v1.BeginResponseH\x00R\x05begin\x12=\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x1f.idemledger.v1.CompleteResponseH\x00R\bcomplete\x12:\n" +
+	"\arelease\x18\x04 \x01(\v2\x1e.idemledger.v1.ReleaseResponseH\x00R\arelease\x127\n" +
+	"\x06extend\x18\x05 \x01(\v2\x1d.idemledger.v1.ExtendResponseH\x00R\x06extend\x127\n" +
+	"\x06lookup\x18\x06 \x01(\v2\x1d.idemledger.v1.LookupResponseH\x00R\x06lookup\x121\n" +
+	"\x05error\x18\a \x01(\v2\x19.idemledger.v1.CallStatusH\x00R\x05error\x12,\n" +
+	"\x05drain\x18\b \x01(\v2\x14.idemledger.v1.DrainH\x00R\x05drainB\b\n" +
+	"\x06result\"\a\n" +
+	"\x05Drain\"j\n" +
+	"\n" +
+	"CallStatus\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xa2\x02\n" +
 	"\fBeginRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
@@ -1206,13 +1734,14 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
-	"\x0fSTATE_COMPLETED\x10\x022\xfd\x02\n" +
+	"\x0fSTATE_COMPLETED\x10\x022\xc8\x03\n" +
 	"\rLedgerService\x12B\n" +
 	"\x05Begin\x12\x1b.idemledger.v1.BeginRequest\x1a\x1c.idemledger.v1.BeginResponse\x12K\n" +
 	"\bComplete\x12\x1e.idemledger.v1.CompleteRequest\x1a\x1f.idemledger.v1.CompleteResponse\x12H\n" +
 	"\aRelease\x12\x1d.idemledger.v1.ReleaseRequest\x1a\x1e.idemledger.v1.ReleaseResponse\x12E\n" +
 	"\x06Extend\x12\x1c.idemledger.v1.ExtendRequest\x1a\x1d.idemledger.v1.ExtendResponse\x12J\n" +
-	"\x06Lookup\x12\x1c.idemledger.v1.LookupRequest\x1a\x1d.idemledger.v1.LookupResponse\"\x03\x90\x02\x01B=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
+	"\x06Lookup\x12\x1c.idemledger.v1.LookupRequest\x1a\x1d.idemledger.v1.LookupResponse\"\x03\x90\x02\x01\x12I\n" +
+	"\x06Stream\x12\x1c.idemledger.v1.StreamRequest\x1a\x1d.idemledger.v1.StreamResponse(\x010\x01B=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_idemledger_v1_ledger_proto_rawDescOnce sync.Once
@@ -1227,68 +1756,90 @@ func file_idemledger_v1_ledger_proto_rawDescGZIP() []byte {
 }
 
 var file_idemledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_idemledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_idemledger_v1_ledger_proto_goTypes = []any{
 	(State)(0),                    // 0: idemledger.v1.State
-	(*BeginRequest)(nil),          // 1: idemledger.v1.BeginRequest
-	(*BeginResponse)(nil),         // 2: idemledger.v1.BeginResponse
-	(*Claim)(nil),                 // 3: idemledger.v1.Claim
-	(*Replay)(nil),                // 4: idemledger.v1.Replay
-	(*Outcome)(nil),               // 5: idemledger.v1.Outcome
-	(*StoredStatus)(nil),          // 6: idemledger.v1.StoredStatus
-	(*CompleteRequest)(nil),       // 7: idemledger.v1.CompleteRequest
-	(*CompleteResponse)(nil),      // 8: idemledger.v1.CompleteResponse
-	(*ReleaseRequest)(nil),        // 9: idemledger.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 10: idemledger.v1.ReleaseResponse
-	(*ExtendRequest)(nil),         // 11: idemledger.v1.ExtendRequest
-	(*ExtendResponse)(nil),        // 12: idemledger.v1.ExtendResponse
-	(*LookupRequest)(nil),         // 13: idemledger.v1.LookupRequest
-	(*LookupResponse)(nil),        // 14: idemledger.v1.LookupResponse
-	(*Record)(nil),                // 15: idemledger.v1.Record
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
-	(*anypb.Any)(nil),             // 18: google.protobuf.Any
+	(*StreamRequest)(nil),         // 1: idemledger.v1.StreamRequest
+	(*CancelRequest)(nil),         // 2: idemledger.v1.CancelRequest
+	(*StreamResponse)(nil),        // 3: idemledger.v1.StreamResponse
+	(*Drain)(nil),                 // 4: idemledger.v1.Drain
+	(*CallStatus)(nil),            // 5: idemledger.v1.CallStatus
+	(*BeginRequest)(nil),          // 6: idemledger.v1.BeginRequest
+	(*BeginResponse)(nil),         // 7: idemledger.v1.BeginResponse
+	(*Claim)(nil),                 // 8: idemledger.v1.Claim
+	(*Replay)(nil),                // 9: idemledger.v1.Replay
+	(*Outcome)(nil),               // 10: idemledger.v1.Outcome
+	(*StoredStatus)(nil),          // 11: idemledger.v1.StoredStatus
+	(*CompleteRequest)(nil),       // 12: idemledger.v1.CompleteRequest
+	(*CompleteResponse)(nil),      // 13: idemledger.v1.CompleteResponse
+	(*ReleaseRequest)(nil),        // 14: idemledger.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 15: idemledger.v1.ReleaseResponse
+	(*ExtendRequest)(nil),         // 16: idemledger.v1.ExtendRequest
+	(*ExtendResponse)(nil),        // 17: idemledger.v1.ExtendResponse
+	(*LookupRequest)(nil),         // 18: idemledger.v1.LookupRequest
+	(*LookupResponse)(nil),        // 19: idemledger.v1.LookupResponse
+	(*Record)(nil),                // 20: idemledger.v1.Record
+	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 22: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_idemledger_v1_ledger_proto_depIdxs = []int32{
-	16, // 0: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	16, // 1: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	17, // 2: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
-	3,  // 3: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
-	4,  // 4: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
-	17, // 5: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 6: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
-	17, // 7: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
-	18, // 8: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
-	6,  // 9: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
-	18, // 10: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
-	5,  // 11: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
-	17, // 12: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	17, // 13: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 14: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
-	17, // 15: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	16, // 16: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
-	15, // 17: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
-	0,  // 18: idemledger.v1.Record.state:type_name -> idemledger.v1.State
-	17, // 19: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
-	17, // 20: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	17, // 21: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	17, // 22: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
-	5,  // 23: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
-	1,  // 24: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
-	7,  // 25: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
-	9,  // 26: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
-	11, // 27: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
-	13, // 28: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
-	2,  // 29: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
-	8,  // 30: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
-	10, // 31: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
-	12, // 32: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
-	14, // 33: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
-	29, // [29:34] is the sub-list for method output_type
-	24, // [24:29] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	21, // 0: idemledger.v1.StreamRequest.timeout:type_name -> google.protobuf.Duration
+	6,  // 1: idemledger.v1.StreamRequest.begin:type_name -> idemledger.v1.BeginRequest
+	12, // 2: idemledger.v1.StreamRequest.complete:type_name -> idemledger.v1.CompleteRequest
+	14, // 3: idemledger.v1.StreamRequest.release:type_name -> idemledger.v1.ReleaseRequest
+	16, // 4: idemledger.v1.StreamRequest.extend:type_name -> idemledger.v1.ExtendRequest
+	18, // 5: idemledger.v1.StreamRequest.lookup:type_name -> idemledger.v1.LookupRequest
+	2,  // 6: idemledger.v1.StreamRequest.cancel:type_name -> idemledger.v1.CancelRequest
+	7,  // 7: idemledger.v1.StreamResponse.begin:type_name -> idemledger.v1.BeginResponse
+	13, // 8: idemledger.v1.StreamResponse.complete:type_name -> idemledger.v1.CompleteResponse
+	15, // 9: idemledger.v1.StreamResponse.release:type_name -> idemledger.v1.ReleaseResponse
+	17, // 10: idemledger.v1.StreamResponse.extend:type_name -> idemledger.v1.ExtendResponse
+	19, // 11: idemledger.v1.StreamResponse.lookup:type_name -> idemledger.v1.LookupResponse
+	5,  // 12: idemledger.v1.StreamResponse.error:type_name -> idemledger.v1.CallStatus
+	4,  // 13: idemledger.v1.StreamResponse.drain:type_name -> idemledger.v1.Drain
+	22, // 14: idemledger.v1.CallStatus.details:type_name -> google.protobuf.Any
+	21, // 15: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	21, // 16: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	23, // 17: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
+	8,  // 18: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
+	9,  // 19: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
+	23, // 20: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
+	10, // 21: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
+	23, // 22: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
+	22, // 23: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
+	11, // 24: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
+	22, // 25: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
+	10, // 26: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
+	23, // 27: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	23, // 28: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 29: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
+	23, // 30: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 31: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
+	20, // 32: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
+	0,  // 33: idemledger.v1.Record.state:type_name -> idemledger.v1.State
+	23, // 34: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
+	23, // 35: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 36: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	23, // 37: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 38: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
+	6,  // 39: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
+	12, // 40: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
+	14, // 41: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
+	16, // 42: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
+	18, // 43: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
+	1,  // 44: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
+	7,  // 45: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
+	13, // 46: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
+	15, // 47: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
+	17, // 48: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
+	19, // 49: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
+	3,  // 50: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
+	45, // [45:51] is the sub-list for method output_type
+	39, // [39:45] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_idemledger_v1_ledger_proto_init() }
@@ -1296,11 +1847,28 @@ func file_idemledger_v1_ledger_proto_init() {
 	if File_idemledger_v1_ledger_proto != nil {
 		return
 	}
-	file_idemledger_v1_ledger_proto_msgTypes[1].OneofWrappers = []any{
+	file_idemledger_v1_ledger_proto_msgTypes[0].OneofWrappers = []any{
+		(*StreamRequest_Begin)(nil),
+		(*StreamRequest_Complete)(nil),
+		(*StreamRequest_Release)(nil),
+		(*StreamRequest_Extend)(nil),
+		(*StreamRequest_Lookup)(nil),
+		(*StreamRequest_Cancel)(nil),
+	}
+	file_idemledger_v1_ledger_proto_msgTypes[2].OneofWrappers = []any{
+		(*StreamResponse_Begin)(nil),
+		(*StreamResponse_Complete)(nil),
+		(*StreamResponse_Release)(nil),
+		(*StreamResponse_Extend)(nil),
+		(*StreamResponse_Lookup)(nil),
+		(*StreamResponse_Error)(nil),
+		(*StreamResponse_Drain)(nil),
+	}
+	file_idemledger_v1_ledger_proto_msgTypes[6].OneofWrappers = []any{
 		(*BeginResponse_Claim)(nil),
 		(*BeginResponse_Replay)(nil),
 	}
-	file_idemledger_v1_ledger_proto_msgTypes[4].OneofWrappers = []any{
+	file_idemledger_v1_ledger_proto_msgTypes[9].OneofWrappers = []any{
 		(*Outcome_Response)(nil),
 		(*Outcome_Status)(nil),
 	}
@@ -1310,7 +1878,7 @@ func file_idemledger_v1_ledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemledger_v1_ledger_proto_rawDesc), len(file_idemledger_v1_ledger_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

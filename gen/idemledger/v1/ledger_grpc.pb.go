@@ -24,6 +24,7 @@ const (
 	LedgerService_Release_FullMethodName  = "/idemledger.v1.LedgerService/Release"
 	LedgerService_Extend_FullMethodName   = "/idemledger.v1.LedgerService/Extend"
 	LedgerService_Lookup_FullMethodName   = "/idemledger.v1.LedgerService/Lookup"
+	LedgerService_Stream_FullMethodName   = "/idemledger.v1.LedgerService/Stream"
 )
 
 // LedgerServiceClient is the client API for LedgerService service.
@@ -56,6 +57,16 @@ type LedgerServiceClient interface {
 	// Lookup reads the record of a scope. With a wait, it blocks until the
 	// record is terminal or the wait runs out. Errors: NOT_FOUND.
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
+	// Stream carries Begin, Complete, Release, Extend and Lookup calls over
+	// one long-lived stream, for write services that make many: each call
+	// costs a message each way instead of a unary RPC. Every call is
+	// authenticated, rate limited, validated and answered as its unary
+	// counterpart would be, with its id; answers come in any order. When the
+	// server wants the stream to end (it is shutting down, or the stream is
+	// old), it sends a drain notice: the client sends no more calls on it,
+	// closes its side, and opens a new stream; every call sent is answered,
+	// then the server ends the stream with OK.
+	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error)
 }
 
 type ledgerServiceClient struct {
@@ -116,6 +127,19 @@ func (c *ledgerServiceClient) Lookup(ctx context.Context, in *LookupRequest, opt
 	return out, nil
 }
 
+func (c *ledgerServiceClient) Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LedgerService_ServiceDesc.Streams[0], LedgerService_Stream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StreamRequest, StreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LedgerService_StreamClient = grpc.BidiStreamingClient[StreamRequest, StreamResponse]
+
 // LedgerServiceServer is the server API for LedgerService service.
 // All implementations must embed UnimplementedLedgerServiceServer
 // for forward compatibility.
@@ -146,6 +170,16 @@ type LedgerServiceServer interface {
 	// Lookup reads the record of a scope. With a wait, it blocks until the
 	// record is terminal or the wait runs out. Errors: NOT_FOUND.
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
+	// Stream carries Begin, Complete, Release, Extend and Lookup calls over
+	// one long-lived stream, for write services that make many: each call
+	// costs a message each way instead of a unary RPC. Every call is
+	// authenticated, rate limited, validated and answered as its unary
+	// counterpart would be, with its id; answers come in any order. When the
+	// server wants the stream to end (it is shutting down, or the stream is
+	// old), it sends a drain notice: the client sends no more calls on it,
+	// closes its side, and opens a new stream; every call sent is answered,
+	// then the server ends the stream with OK.
+	Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error
 	mustEmbedUnimplementedLedgerServiceServer()
 }
 
@@ -170,6 +204,9 @@ func (UnimplementedLedgerServiceServer) Extend(context.Context, *ExtendRequest) 
 }
 func (UnimplementedLedgerServiceServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedLedgerServiceServer) Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method Stream not implemented")
 }
 func (UnimplementedLedgerServiceServer) mustEmbedUnimplementedLedgerServiceServer() {}
 func (UnimplementedLedgerServiceServer) testEmbeddedByValue()                       {}
@@ -282,6 +319,13 @@ func _LedgerService_Lookup_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LedgerService_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LedgerServiceServer).Stream(&grpc.GenericServerStream[StreamRequest, StreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LedgerService_StreamServer = grpc.BidiStreamingServer[StreamRequest, StreamResponse]
+
 // LedgerService_ServiceDesc is the grpc.ServiceDesc for LedgerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -310,6 +354,13 @@ var LedgerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _LedgerService_Lookup_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Stream",
+			Handler:       _LedgerService_Stream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "idemledger/v1/ledger.proto",
 }

@@ -1,0 +1,233 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// MaxStreamCalls bounds the calls in flight on one Stream. Past it the
+// server stops reading the stream until a call ends, and HTTP/2 flow
+// control holds the client back.
+const MaxStreamCalls = 1024
+
+// Stream implements LedgerService.Stream. Each call runs on its own
+// goroutine as its unary counterpart (the same authentication, rate limit,
+// validation, metrics and typed errors), under the stream's credentials and
+// the call's timeout, and is answered with its id.
+//
+// The stream ends when the client closes its side and every call is
+// answered (OK), or when it breaks (the calls in flight are canceled). When
+// the server drains (Drain) or the stream is older than
+// Config.StreamMaxAge, it sends a drain notice and goes on answering until
+// the client closes its side; a client that has not done so after
+// DrainGrace gets no new call started, and the stream ends once the calls
+// started are answered.
+func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
+	// A call on a stream has no trailers of its own: its retry-after
+	// travels in its status details only.
+	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
+	ctx, cancelAll := context.WithCancel(ctx)
+	defer cancelAll()
+
+	reqs := make(chan *ledgerv1.StreamRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	var sendMu sync.Mutex
+	send := func(res *ledgerv1.StreamResponse) {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		// A failed Send breaks the stream; Recv reports it.
+		_ = stream.Send(res)
+	}
+	done := make(chan uint64, MaxStreamCalls)
+	inFlight := map[uint64]context.CancelFunc{}
+	// answered waits until every call started is answered.
+	answered := func() {
+		for len(inFlight) > 0 {
+			delete(inFlight, <-done)
+		}
+	}
+
+	drainC := s.drain
+	var ageC, graceC <-chan time.Time
+	if s.streamMaxAge > 0 {
+		t := time.NewTimer(s.streamMaxAge)
+		defer t.Stop()
+		ageC = t.C
+	}
+	var grace *time.Timer
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
+	startDrain := func() {
+		drainC, ageC = nil, nil
+		send(&ledgerv1.StreamResponse{Result: &ledgerv1.StreamResponse_Drain{Drain: &ledgerv1.Drain{}}})
+		grace = time.NewTimer(DrainGrace)
+		graceC = grace.C
+	}
+	for {
+		var in chan *ledgerv1.StreamRequest
+		if len(inFlight) < MaxStreamCalls {
+			in = reqs
+		}
+		select {
+		case req := <-in:
+			switch {
+			case req.GetCancel() != nil:
+				if cancel, ok := inFlight[req.GetId()]; ok {
+					cancel()
+				}
+			case inFlight[req.GetId()] != nil:
+				send(streamError(req.GetId(), ledger.Errorf(ledger.CodeValidationFailed, "call %d is already in flight on this stream", req.GetId())))
+			default:
+				callCtx, cancel, err := callContext(ctx, req)
+				if err != nil {
+					send(streamError(req.GetId(), err))
+					continue
+				}
+				inFlight[req.GetId()] = cancel
+				go func() {
+					res := s.streamCall(callCtx, req)
+					cancel()
+					send(res)
+					done <- req.GetId()
+				}()
+			}
+		case id := <-done:
+			delete(inFlight, id)
+		case err := <-recvErr:
+			if !errors.Is(err, io.EOF) {
+				cancelAll() // the stream is broken: nobody hears the answers
+			}
+			answered()
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-drainC:
+			startDrain()
+		case <-ageC:
+			startDrain()
+		case <-graceC:
+			// The client did not close its side: start nothing more. The
+			// calls it sends from now on get no answer, and its client
+			// knows them not run when the stream ends with OK.
+			answered()
+			return nil
+		}
+	}
+}
+
+// DrainGrace is how long a stream waits, after its drain notice, for the
+// client to close its side.
+const DrainGrace = 10 * time.Second
+
+// callContext is the context of one call: the stream's, with the call's
+// timeout.
+func callContext(ctx context.Context, req *ledgerv1.StreamRequest) (context.Context, context.CancelFunc, error) {
+	timeout, err := optionalDuration("timeout", req.GetTimeout())
+	if err != nil {
+		return nil, nil, err
+	}
+	if timeout > 0 {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		return ctx, cancel, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return ctx, cancel, nil
+}
+
+// streamCall runs one call as its unary counterpart. A panic becomes a
+// typed INTERNAL answer, as the recovery interceptor makes it on a unary
+// call.
+func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (res *ledgerv1.StreamResponse) {
+	res = &ledgerv1.StreamResponse{Id: req.GetId()}
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.ErrorContext(ctx, "stream call panicked", "panic", fmt.Sprint(p))
+			res = streamError(req.GetId(), ledger.Errorf(ledger.CodeInternal, "internal error"))
+		}
+	}()
+	var err error
+	switch c := req.GetCall().(type) {
+	case *ledgerv1.StreamRequest_Begin:
+		var r *ledgerv1.BeginResponse
+		if r, err = s.Begin(ctx, c.Begin); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Begin{Begin: r}
+		}
+	case *ledgerv1.StreamRequest_Complete:
+		var r *ledgerv1.CompleteResponse
+		if r, err = s.Complete(ctx, c.Complete); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Complete{Complete: r}
+		}
+	case *ledgerv1.StreamRequest_Release:
+		var r *ledgerv1.ReleaseResponse
+		if r, err = s.Release(ctx, c.Release); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Release{Release: r}
+		}
+	case *ledgerv1.StreamRequest_Extend:
+		var r *ledgerv1.ExtendResponse
+		if r, err = s.Extend(ctx, c.Extend); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Extend{Extend: r}
+		}
+	case *ledgerv1.StreamRequest_Lookup:
+		var r *ledgerv1.LookupResponse
+		if r, err = s.Lookup(ctx, c.Lookup); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r}
+		}
+	default:
+		err = ledgerstatus.Err(ledger.Errorf(ledger.CodeValidationFailed, "the call is missing"))
+	}
+	if err != nil {
+		return &ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}}
+	}
+	return res
+}
+
+// streamError is the answer to call id that failed with a ledger error.
+func streamError(id uint64, err error) *ledgerv1.StreamResponse {
+	return &ledgerv1.StreamResponse{Id: id, Result: &ledgerv1.StreamResponse_Error{Error: callStatus(ledgerstatus.Err(ledger.AsError(err)))}}
+}
+
+// callStatus is the status of err, as a unary call would fail with it.
+func callStatus(err error) *ledgerv1.CallStatus {
+	st := status.Convert(err).Proto()
+	return &ledgerv1.CallStatus{Code: st.GetCode(), Message: st.GetMessage(), Details: st.GetDetails()}
+}
+
+// noTrailers is the transport stream of a call on a Stream: it has no
+// headers or trailers of its own.
+type noTrailers struct{}
+
+func (noTrailers) Method() string               { return ledgerv1.LedgerService_Stream_FullMethodName }
+func (noTrailers) SetHeader(metadata.MD) error  { return nil }
+func (noTrailers) SendHeader(metadata.MD) error { return nil }
+func (noTrailers) SetTrailer(metadata.MD) error { return nil }

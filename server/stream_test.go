@@ -1,0 +1,298 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// streamClient is a ledgerstream client whose streams carry token.
+func streamClient(t *testing.T, conn grpc.ClientConnInterface, token string) *ledgerstream.Client {
+	c := ledgerstream.New(as(t, token), ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestStreamAnswersAsUnary runs one script of calls against two identical
+// ledgers, one over unary calls and one over a Stream, and compares every
+// answer: responses field for field, errors as whole statuses (code,
+// message, details).
+func TestStreamAnswersAsUnary(t *testing.T) {
+	type answer struct {
+		Res, Status proto.Message // one of them
+	}
+	run := func(stream bool) []answer {
+		f := newFixture(t)
+		client := f.client
+		other := f.client // another caller: refunds, every tenant
+		ctx, otherCtx := as(t, "billing-token"), as(t, "refunds-token")
+		if stream {
+			client, other = streamClient(t, f.conn, "billing-token"), streamClient(t, f.conn, "refunds-token")
+		}
+		var answers []answer
+		record := func(res proto.Message, err error) {
+			a := answer{Res: res}
+			if err != nil {
+				a.Res, a.Status = nil, status.Convert(err).Proto()
+			}
+			answers = append(answers, a)
+		}
+		out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: []byte{7}}}}
+		begin, err := client.Begin(ctx, beginReq("k"))
+		record(begin, err)
+		token := begin.GetClaim().GetToken()
+		record(client.Begin(ctx, beginReq("k"))) // IN_PROGRESS
+		reused := beginReq("k")
+		reused.Fingerprint = ledgertest.Fingerprint("other")
+		record(client.Begin(ctx, reused)) // KEY_REUSED
+		f.clock.Advance(time.Second)
+		record(client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "k", Token: token, Lease: durationpb.New(time.Minute)}))
+		record(client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: token + 1, Outcome: out})) // LEASE_LOST
+		record(client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: token, Outcome: out}))
+		record(client.Begin(ctx, beginReq("k"))) // replay
+		record(client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}))
+		record(client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "absent"})) // NOT_FOUND
+		record(client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: "bad key"}))  // KEY_INVALID
+		record(client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "initech", Key: "k"}))     // PERMISSION_DENIED
+		record(other.Lookup(otherCtx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}))  // another namespace: NOT_FOUND
+		released, err := client.Begin(ctx, beginReq("r"))
+		record(released, err)
+		record(client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "r", Token: released.GetClaim().GetToken()}))
+		record(client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "r", Token: 99})) // LEASE_LOST
+		return answers
+	}
+	unary, stream := run(false), run(true)
+	if d := cmp.Diff(unary, stream, protocmp.Transform()); d != "" {
+		t.Fatalf("stream answers differ from unary answers (-unary +stream):\n%s", d)
+	}
+	errs := 0
+	for _, a := range unary {
+		if a.Status != nil {
+			errs++
+		}
+	}
+	if errs != 8 {
+		t.Fatalf("%d of %d calls failed, want 8: the script did not run as written", errs, len(unary))
+	}
+}
+
+// rawStream opens a Stream as billing.
+func rawStream(t *testing.T, conn grpc.ClientConnInterface) ledgerv1.LedgerService_StreamClient {
+	t.Helper()
+	s, err := ledgerv1.NewLedgerServiceClient(conn).Stream(as(t, "billing-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code ledger.Code) {
+	t.Helper()
+	if res.GetId() != id {
+		t.Fatalf("answer for call %d, want %d", res.GetId(), id)
+	}
+	e := res.GetError()
+	if e == nil {
+		t.Fatalf("call %d = %v, want %s", id, res, code)
+	}
+	le := ledgerstatus.FromError(status.ErrorProto(statusProto(e)))
+	if le.Code != code {
+		t.Fatalf("call %d failed with %s (%s), want %s", id, le.Code, le.Message, code)
+	}
+}
+
+// TestStreamProtocol: bad calls on a stream get typed errors and the
+// stream goes on; a call's timeout bounds it on the server; a cancel
+// cancels it there.
+func TestStreamProtocol(t *testing.T) {
+	f := newFixture(t)
+	s := rawStream(t, f.conn)
+	send := func(req *ledgerv1.StreamRequest) {
+		t.Helper()
+		if err := s.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv := func() *ledgerv1.StreamResponse {
+		t.Helper()
+		res, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if _, err := f.client.Begin(as(t, "billing-token"), beginReq("held")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(id uint64, timeout *durationpb.Duration) *ledgerv1.StreamRequest {
+		return &ledgerv1.StreamRequest{Id: id, Timeout: timeout, Call: &ledgerv1.StreamRequest_Lookup{
+			Lookup: &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)}}}
+	}
+
+	send(&ledgerv1.StreamRequest{Id: 1})
+	wantStreamCode(t, recv(), 1, ledger.CodeValidationFailed) // no call
+	send(&ledgerv1.StreamRequest{Id: 2, Timeout: durationpb.New(-time.Second), Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("x")}})
+	wantStreamCode(t, recv(), 2, ledger.CodeValidationFailed)                                                     // bad timeout
+	send(&ledgerv1.StreamRequest{Id: 3, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}}) // nothing to cancel: no answer
+
+	// A lookup that would wait a minute, bounded by its timeout on the
+	// server (the fixture's clock is fake: only the context can end it).
+	start := time.Now()
+	send(waitFor(4, durationpb.New(100*time.Millisecond)))
+	// The same id again while it is in flight.
+	send(waitFor(4, nil))
+	wantStreamCode(t, recv(), 4, ledger.CodeValidationFailed)
+	wantStreamCode(t, recv(), 4, ledger.CodeUpstreamTimeout)
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the call's timeout took %s", d)
+	}
+
+	// A cancel ends a call in flight.
+	send(waitFor(5, nil))
+	time.Sleep(20 * time.Millisecond)
+	send(&ledgerv1.StreamRequest{Id: 5, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
+	wantStreamCode(t, recv(), 5, ledger.CodeUpstreamTimeout)
+
+	// The stream still works, and ends with OK when the client closes it.
+	send(&ledgerv1.StreamRequest{Id: 6, Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("fresh")}})
+	if res := recv(); res.GetId() != 6 || res.GetBegin().GetClaim().GetToken() != 1 {
+		t.Fatalf("call 6 = %v", res)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after close: %v, %v; want the stream to end with OK", res, err)
+	}
+}
+
+// TestStreamDrainLosesNoCall: streams drained by age (every 20 ms) and by
+// Drain, under 8 concurrent callers: every call is answered, none fails,
+// and the callers moved to new streams.
+func TestStreamDrainLosesNoCall(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	srv := server.New(l, server.Config{Auth: testAuth, StreamMaxAge: 20 * time.Millisecond})
+	var streams atomic.Int64
+	conn := servertest.Dial(t, srv, grpc.StreamInterceptor(func(s any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		streams.Add(1)
+		return h(s, ss)
+	}))
+	client := streamClient(t, conn, "billing-token")
+	ctx := t.Context()
+	pairs := func(worker, n int) {
+		for i := range n {
+			key := fmt.Sprintf("w%d-%d", worker, i)
+			res, err := client.Begin(ctx, beginReq(key))
+			if err != nil {
+				t.Errorf("Begin %s: %v", key, err)
+				return
+			}
+			out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}
+			if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: key, Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
+				t.Errorf("Complete %s: %v", key, err)
+				return
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() { pairs(w, 300) })
+	}
+	wg.Wait()
+	if streams.Load() < 3 {
+		t.Fatalf("%d streams for 4,800 calls drained every 20 ms", streams.Load())
+	}
+	t.Logf("%d streams", streams.Load())
+
+	// Drain (as at shutdown): calls still get answers, on fresh streams
+	// that are drained in turn.
+	srv.Drain()
+	for w := range 4 {
+		wg.Go(func() { pairs(100+w, 50) })
+	}
+	wg.Wait()
+}
+
+// TestStreamBreakIsUnavailable: calls in flight when the connection breaks
+// fail UNAVAILABLE, retryable, and the client fails fast after.
+func TestStreamBreakIsUnavailable(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
+	srv := servertest.StartServer(t, gs)
+	client := streamClient(t, srv.Dial(t), "billing-token")
+	ctx := t.Context()
+	if _, err := client.Begin(ctx, beginReq("held")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	gs.Stop()
+	select {
+	case err := <-errc:
+		if le := wantCode(t, err, ledger.CodeUnavailable); !le.Retryable() {
+			t.Fatal("UNAVAILABLE must be retryable")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call in flight was not failed when the connection broke")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := client.Begin(cctx, beginReq("after"))
+	if code := ledgerstatus.FromError(err).Code; code != ledger.CodeUnavailable && code != ledger.CodeUpstreamTimeout {
+		t.Fatalf("a call with the server gone = %v, want UNAVAILABLE or a timeout", err)
+	}
+}
+
+// panicky is a store that panics when a claim's key is "boom".
+type panicky struct{ ledger.Store }
+
+func (p panicky) Claim(ctx context.Context, c ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if c.Scope.Key == "boom" {
+		panic("boom")
+	}
+	return p.Store.Claim(ctx, c)
+}
+
+// TestStreamCallPanicIsInternal: a panic in one call answers it INTERNAL;
+// the stream and the server go on.
+func TestStreamCallPanicIsInternal(t *testing.T) {
+	l := ledger.New(panicky{memory.New(memory.Config{})}, ledger.Config{})
+	client := streamClient(t, servertest.Dial(t, server.New(l, server.Config{Auth: testAuth})), "billing-token")
+	_, err := client.Begin(t.Context(), beginReq("boom"))
+	wantCode(t, err, ledger.CodeInternal)
+	if res, err := client.Begin(t.Context(), beginReq("fine")); err != nil || res.GetClaim().GetToken() != 1 {
+		t.Fatalf("after a panic: %v, %v", res, err)
+	}
+}
+
+func statusProto(e *ledgerv1.CallStatus) *spb.Status {
+	return &spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()}
+}
