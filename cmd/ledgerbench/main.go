@@ -17,10 +17,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +36,7 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/internal/bench"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
@@ -46,6 +49,7 @@ import (
 type config struct {
 	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
 	clients                                                        []int
+	apis                                                           []string
 	duration                                                       time.Duration
 	pool, batchInFlight                                            int
 	interceptor, durable                                           bool
@@ -54,7 +58,7 @@ type config struct {
 
 func main() {
 	var cfg config
-	var clients string
+	var clients, apis string
 	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres")
 	flag.StringVar(&cfg.workloads, "workloads", "fresh,replay,hot", "workloads: fresh, replay, hot")
 	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
@@ -65,6 +69,7 @@ func main() {
 	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
+	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (interceptors/ledgerstream), or both")
 	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
 	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batches in flight at once; 0 is the store's default")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
@@ -85,6 +90,13 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.clients = append(cfg.clients, n)
+	}
+	for _, a := range strings.Split(apis, ",") {
+		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -api %q\n", apis)
+			os.Exit(2)
+		}
+		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -134,11 +146,21 @@ func run(ctx context.Context, cfg config) error {
 			return err
 		}
 		defer conn.Close()
-		work, err := ledgerWork(ledgerv1.NewLedgerServiceClient(conn), "remote")
-		if err != nil {
-			return err
+		for _, api := range cfg.apis {
+			var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
+			target := "ledgerd/" + cfg.addr
+			if api == "stream" {
+				// The stream carries the token of the context it opens with.
+				sc := ledgerstream.New(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token), client)
+				defer sc.Close()
+				client, target = sc, target+" (stream)"
+			}
+			work, err := ledgerWork(client, "remote"+api)
+			if err != nil {
+				return err
+			}
+			sweep(target, work)
 		}
-		sweep("ledgerd/"+cfg.addr, work)
 		return output(cfg, results)
 	}
 
@@ -146,7 +168,6 @@ func run(ctx context.Context, cfg config) error {
 	for _, s := range strings.Split(cfg.stores, ",") {
 		stores = append(stores, strings.TrimSpace(s))
 	}
-	var interceptorLedger ledgerv1.LedgerServiceClient
 	for _, name := range stores {
 		variants := []bool{false}
 		if name == "postgres" {
@@ -171,11 +192,19 @@ func run(ctx context.Context, cfg config) error {
 				closeStore()
 				return err
 			}
-			work, err := ledgerWork(client, name+fmt.Sprint(batching))
-			if err != nil {
-				return err
+			var streamClient *ledgerstream.Client
+			for _, api := range cfg.apis {
+				c, t := client, target
+				if api == "stream" {
+					streamClient = ledgerstream.New(ctx, client)
+					c, t = streamClient, target+" (stream)"
+				}
+				work, err := ledgerWork(c, name+fmt.Sprint(batching)+api)
+				if err != nil {
+					return err
+				}
+				sweep(t, work)
 			}
-			sweep(target, work)
 			if pool != nil && (!batching || cfg.batching == "only") {
 				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
 				if err := sql.PrepareReplays(ctx); err != nil {
@@ -184,10 +213,19 @@ func run(ctx context.Context, cfg config) error {
 				sweep("sql/postgres (pgx)", map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()})
 			}
 			if cfg.interceptor && name == "embedded" {
-				interceptorLedger = client
-				if err := measureInterceptor(ctx, cfg, interceptorLedger, prefix, emit); err != nil {
+				ledgers := map[string]ledgerv1.LedgerServiceClient{}
+				for _, api := range cfg.apis {
+					ledgers[api] = client
+					if api == "stream" {
+						ledgers[api] = streamClient
+					}
+				}
+				if err := measureInterceptor(ctx, cfg, ledgers, prefix, emit); err != nil {
 					return err
 				}
+			}
+			if streamClient != nil {
+				_ = streamClient.Close()
 			}
 			stopServer()
 			closeStore()
@@ -295,19 +333,28 @@ func (fixedInvoices) CreateInvoice(_ context.Context, req *invoicev1.CreateInvoi
 }
 
 // measureInterceptor measures CreateInvoice unprotected, then protected by
-// the interceptor against the given ledger.
-func measureInterceptor(ctx context.Context, cfg config, ledgerClient ledgerv1.LedgerServiceClient, prefix string, emit func(bench.Result)) error {
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
-		idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
-		idempotency.WithKeyField("request_id"))
-	if err != nil {
-		return err
+// the interceptor against each of the given ledger clients (by API).
+func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledgerv1.LedgerServiceClient, prefix string, emit func(bench.Result)) error {
+	targets := map[string]grpc.UnaryServerInterceptor{"rpc/unprotected": nil}
+	for api, client := range ledgers {
+		icpt, err := idempotency.UnaryServerInterceptor(client,
+			idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
+			idempotency.WithKeyField("request_id"))
+		if err != nil {
+			return err
+		}
+		target := "rpc/protected (embedded ledger)"
+		if api == "stream" {
+			target = "rpc/protected (embedded ledger, stream)"
+		}
+		targets[target] = icpt
 	}
-	for _, protected := range []bool{false, true} {
+	names := slices.Sorted(maps.Keys(targets))
+	slices.Reverse(names) // unprotected first
+	for i, target := range names {
 		var opts []grpc.ServerOption
-		target := "rpc/unprotected"
-		if protected {
-			opts, target = append(opts, grpc.UnaryInterceptor(icpt)), "rpc/protected (embedded ledger)"
+		if icpt := targets[target]; icpt != nil {
+			opts = append(opts, grpc.UnaryInterceptor(icpt))
 		}
 		gs := grpc.NewServer(opts...)
 		invoicev1.RegisterInvoiceServiceServer(gs, fixedInvoices{})
@@ -321,7 +368,7 @@ func measureInterceptor(ctx context.Context, cfg config, ledgerClient ledgerv1.L
 			gs.Stop()
 			return err
 		}
-		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: fmt.Sprint(prefix, "-inv-", protected)}
+		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: fmt.Sprint(prefix, "-inv-", i)}
 		for _, c := range cfg.clients {
 			emit(bench.Measure(ctx, target, "write", c, cfg.duration, w.Write()))
 		}

@@ -35,6 +35,7 @@ func main() {
 	flag.StringVar(&storeName, "store", "embedded", "embedded, or postgres (a throwaway cluster, restarted as a fault)")
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "use this database instead of a throwaway one (not restarted)")
 	flag.StringVar(&ledgerd, "ledgerd", "", "ledgerd binary; empty builds ./cmd/ledgerd")
+	flag.BoolVar(&cfg.LedgerStream, "ledger-stream", false, "the write service calls the ledger over a Stream (interceptors/ledgerstream)")
 	flag.Parse()
 	if err := run(cfg, storeName, ledgerd); err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerchaos:", err)

@@ -38,6 +38,7 @@ type config struct {
 	rateBurst     int
 	maxRecvBytes  int
 	drainTimeout  time.Duration
+	streamMaxAge  time.Duration
 	sweepInterval time.Duration
 	logLevel      string
 	logFormat     string
@@ -72,6 +73,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
 	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means --max-outcome-bytes plus 64 KiB")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
+	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
@@ -105,6 +107,8 @@ func (c config) check() error {
 		return errors.New("--migrate and --migrate-only need --database-url")
 	case c.maxRecvBytes < c.ledger.MaxOutcomeBytes:
 		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
+	case c.streamMaxAge <= 0:
+		return errors.New("--stream-max-age must be positive")
 	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0:
 		return errors.New("--rate-limit, --drain-timeout and --sweep-interval must not be negative")
 	case c.logFormat != "json" && c.logFormat != "text":

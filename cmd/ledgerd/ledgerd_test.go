@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -265,12 +266,24 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 }
 
 // TestSIGTERMDrainsInFlightCalls: a Lookup waiting on an IN_PROGRESS key
-// when SIGTERM arrives still gets its answer, and then ledgerd exits 0.
+// when SIGTERM arrives still gets its answer, and then ledgerd exits 0; on
+// a Stream too, which ledgerd drains rather than waiting out
+// --drain-timeout for it.
 func TestSIGTERMDrainsInFlightCalls(t *testing.T) {
+	t.Run("Unary", func(t *testing.T) { sigtermDrains(t, false) })
+	t.Run("Stream", func(t *testing.T) { sigtermDrains(t, true) })
+}
+
+func sigtermDrains(t *testing.T, stream bool) {
 	p := start(t, "--data-dir", t.TempDir())
 	conn := p.dial(t)
 	p.waitServing(t, conn)
-	client := ledgerv1.NewLedgerServiceClient(conn)
+	var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
+	if stream {
+		sc := ledgerstream.New(context.Background(), client)
+		defer sc.Close()
+		client = sc
+	}
 	if _, err := client.Begin(t.Context(), begin("slow")); err != nil {
 		t.Fatal(err)
 	}
@@ -284,6 +297,7 @@ func TestSIGTERMDrainsInFlightCalls(t *testing.T) {
 		done <- answer{res, err}
 	}()
 	time.Sleep(300 * time.Millisecond) // let the Lookup reach the server
+	signaled := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +307,9 @@ func TestSIGTERMDrainsInFlightCalls(t *testing.T) {
 	}
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if d := time.Since(signaled); d > 6*time.Second {
+		t.Fatalf("ledgerd took %s to drain, want the Lookup's 2 s and little more (the test's --drain-timeout is 10 s)", d)
 	}
 	if !strings.Contains(p.logs(), "ledgerd draining") {
 		t.Fatal("ledgerd did not say it was draining")

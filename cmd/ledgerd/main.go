@@ -96,7 +96,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	decisions := server.NewMetrics()
 	reg.MustRegister(grpcMetrics, decisions)
 
-	srvCfg := server.Config{Auth: auth, Logger: log, Metrics: decisions}
+	srvCfg := server.Config{Auth: auth, Logger: log, Metrics: decisions, StreamMaxAge: cfg.streamMaxAge}
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
@@ -106,9 +106,11 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
 		grpc.MaxConcurrentStreams(1024),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle:     15 * time.Minute,
-			MaxConnectionAge:      30 * time.Minute,                             // spread clients over new replicas
-			MaxConnectionAgeGrace: ledger.DefaultMaxLookupWait + 10*time.Second, // let a long Lookup finish
+			MaxConnectionIdle: 15 * time.Minute,
+			MaxConnectionAge:  30 * time.Minute, // spread clients over new replicas
+			// Let a long Lookup finish, and a Stream opened just before the
+			// GOAWAY reach its age, drain and finish its calls.
+			MaxConnectionAgeGrace: cfg.streamMaxAge + ledger.DefaultMaxLookupWait + server.DrainGrace + 10*time.Second,
 			Time:                  time.Minute,
 			Timeout:               20 * time.Second,
 		}),

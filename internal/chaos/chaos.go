@@ -40,6 +40,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/internal/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -64,6 +65,9 @@ type Config struct {
 	Pace time.Duration
 	// Progress, when set, hears a line now and then.
 	Progress io.Writer
+	// LedgerStream has the write service call the ledger over a Stream
+	// (interceptors/ledgerstream) instead of unary calls.
+	LedgerStream bool
 }
 
 // Report is what Run counted.
@@ -199,7 +203,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	// The write service.
 	store := invoice.NewStore()
 	var storm atomic.Bool
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn),
+	var ledgerClient ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(ledgerConn)
+	if cfg.LedgerStream {
+		sc := ledgerstream.New(context.Background(), ledgerClient)
+		defer sc.Close()
+		ledgerClient = sc
+	}
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
 		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 2 * time.Second}),
 		idempotency.WithKeyField("request_id"),
 		idempotency.WithCompletion(2*time.Second, 12))

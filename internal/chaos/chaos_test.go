@@ -58,6 +58,19 @@ func TestEmbeddedStoreUnderFaults(t *testing.T) {
 	check(t, rep)
 }
 
+// TestLedgerStreamUnderFaults: the same, with the write service calling
+// the ledger over a Stream, which the faults cut and ledgerd's kills break.
+func TestLedgerStreamUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ledgerd under faults for several seconds")
+	}
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 3, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, LedgerStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, rep)
+}
+
 func TestPostgreSQLUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ledgerd and PostgreSQL under faults for several seconds")
