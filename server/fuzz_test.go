@@ -3,9 +3,11 @@ package server_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -17,6 +19,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // FuzzServerRequests decodes arbitrary bytes as each RPC's request, as the
@@ -96,6 +99,84 @@ func FuzzServerRequests(f *testing.F) {
 			t.Fatalf("untyped error %v", err)
 		}
 		after, err := srv.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "done"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(done, after, protocmp.Transform()); d != "" {
+			t.Fatalf("the completed record changed (-before +after):\n%s", d)
+		}
+	})
+}
+
+// FuzzStreamRequests sends arbitrary bytes, decoded as a StreamRequest, on
+// one real Stream: every call is answered with its id (but a cancel,
+// which has no answer), every error is typed, the stream goes on, and the
+// completed record of another key never changes.
+func FuzzStreamRequests(f *testing.F) {
+	for _, m := range []*ledgerv1.StreamRequest{
+		{Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("k")}},
+		{Timeout: durationpb.New(-1), Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("k")}},
+		{Timeout: durationpb.New(time.Second), Call: &ledgerv1.StreamRequest_Complete{Complete: &ledgerv1.CompleteRequest{Tenant: "acme", Key: "done", Token: 1}}},
+		{Call: &ledgerv1.StreamRequest_Release{Release: &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "done", Token: 1}}},
+		{Call: &ledgerv1.StreamRequest_Extend{Extend: &ledgerv1.ExtendRequest{Tenant: "acme", Key: "k", Lease: durationpb.New(1e9)}}},
+		{Call: &ledgerv1.StreamRequest_Lookup{Lookup: &ledgerv1.LookupRequest{Tenant: "acme", Key: "done"}}},
+		{Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}},
+		{},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	l := ledger.New(memory.New(memory.Config{Now: ledgertest.NewClock(ledgertest.Start).Now}), ledger.Config{})
+	conn := servertest.Dial(f, server.New(l, server.Config{Auth: testAuth}))
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer refunds-token")
+	res, err := client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: "done", Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	if err != nil {
+		f.Fatal(err)
+	}
+	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: []byte("inv_1")}}}
+	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "done", Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
+		f.Fatal(err)
+	}
+	done, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "done"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	stream, err := client.Stream(ctx)
+	if err != nil {
+		f.Fatal(err)
+	}
+	var id uint64
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &ledgerv1.StreamRequest{}
+		if proto.Unmarshal(b, req) != nil {
+			return
+		}
+		if req.GetLookup().GetWait() != nil {
+			req.GetLookup().Wait = nil // a fuzzer must not sleep on a clock that stands still
+		}
+		if req.GetCancel() != nil {
+			return // no answer to wait for
+		}
+		id++
+		req.Id = id
+		if err := stream.Send(req); err != nil {
+			t.Fatalf("the stream broke: %v", err)
+		}
+		res, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the stream broke: %v", err)
+		}
+		if res.GetId() != id {
+			t.Fatalf("answer for %d, want %d", res.GetId(), id)
+		}
+		if e := res.GetError(); e != nil && !ledgerstatus.IsTyped(status.ErrorProto(statusProto(e))) {
+			t.Fatalf("untyped error %v", e)
+		}
+		after, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "done"})
 		if err != nil {
 			t.Fatal(err)
 		}

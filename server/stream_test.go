@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -295,4 +298,39 @@ func TestStreamCallPanicIsInternal(t *testing.T) {
 
 func statusProto(e *ledgerv1.CallStatus) *spb.Status {
 	return &spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()}
+}
+
+// TestStreamCallsAreLimitedAndCounted: each call on a stream takes a token
+// of its namespace's rate limit and counts its decision, as a unary call
+// does; RATE_LIMITED carries its retry-after in its details.
+func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
+	metrics := server.NewMetrics()
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Metrics: metrics}))
+	client := streamClient(t, conn, "billing-token")
+	ctx := t.Context()
+	if _, err := client.Begin(ctx, beginReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := client.Begin(ctx, beginReq("a"))
+	wantCode(t, err, ledger.CodeInProgress)
+	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.Begin(ctx, beginReq("b"))
+	if le := wantCode(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
+		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
+	}
+	want := `
+# HELP idemledger_decisions_total Ledger decisions by namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, completed, released, extended, lease_lost, rate_limited.
+# TYPE idemledger_decisions_total counter
+idemledger_decisions_total{decision="claimed",namespace="billing"} 1
+idemledger_decisions_total{decision="in_progress",namespace="billing"} 1
+idemledger_decisions_total{decision="rate_limited",namespace="billing"} 1
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Fatal(err)
+	}
 }
