@@ -27,6 +27,7 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -36,30 +37,38 @@ func main() {
 	tokenFile := flag.String("ledger-token-file", os.Getenv("INVOICE_LEDGER_TOKEN_FILE"), "file holding the bearer token for ledgerd (INVOICE_LEDGER_TOKEN_FILE); empty for dev mode")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*listen, *ledgerAddr, *tokenFile, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	lis, err := net.Listen("tcp", *listen)
+	if err == nil {
+		err = run(ctx, lis, *ledgerAddr, *tokenFile, log)
+	}
+	if err != nil {
 		log.Error("invoice-server stopped", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, ledgerAddr, tokenFile string, log *slog.Logger) error {
-	opts := append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+// run serves on lis until ctx ends.
+func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, log *slog.Logger) error {
+	// The ledger's calls go on a Stream (interceptors/ledgerstream), which
+	// carries the token of the context it opens with.
+	ledgerCtx := context.Background()
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
 			return fmt.Errorf("ledger token: %w", err)
 		}
-		token := strings.TrimSpace(string(b))
-		opts = append(opts, grpc.WithUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, o ...grpc.CallOption) error {
-			return inv(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), m, req, reply, cc, o...)
-		}))
+		ledgerCtx = metadata.AppendToOutgoingContext(ledgerCtx, "authorization", "Bearer "+strings.TrimSpace(string(b)))
 	}
-	conn, err := grpc.NewClient(ledgerAddr, opts...)
+	conn, err := grpc.NewClient(ledgerAddr, append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(conn),
+	ledgerClient := ledgerstream.New(ledgerCtx, ledgerv1.NewLedgerServiceClient(conn))
+	defer ledgerClient.Close()
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
 		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
 		idempotency.WithKeyField("request_id"),
 		idempotency.WithLogger(log))
@@ -70,12 +79,6 @@ func run(listen, ledgerAddr, tokenFile string, log *slog.Logger) error {
 	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: invoice.NewStore()})
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(gs, h)
-	lis, err := net.Listen("tcp", listen)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	go func() {
 		<-ctx.Done()
 		h.Shutdown()
