@@ -75,6 +75,7 @@ func main() {
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	from := flag.String("from", "", "measure nothing: read the results of an earlier -json run from this file, and print and plot them")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -97,6 +98,22 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
+	}
+	if *from != "" {
+		var results []bench.Result
+		b, err := os.ReadFile(*from)
+		if err == nil {
+			err = json.Unmarshal(b, &results)
+		}
+		if err == nil {
+			cfg.jsonPath = "" // it is the input
+			err = output(cfg, results)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"sort"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -34,16 +35,29 @@ func Plot(rs []Result, workload, title, path string) error {
 		targets = append(targets, t)
 	}
 	sort.Strings(targets)
-	for i, t := range targets {
+	// A target and its " (stream)" variant share a color and a shape; the
+	// variant's line is dashed.
+	bases := map[string]int{}
+	for _, t := range targets {
+		base := strings.TrimSuffix(t, " (stream)")
+		if _, ok := bases[base]; !ok {
+			bases[base] = len(bases)
+		}
+	}
+	for _, t := range targets {
 		pts := byTarget[t]
 		sort.Slice(pts, func(a, b int) bool { return pts[a].X < pts[b].X })
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return err
 		}
+		i := bases[strings.TrimSuffix(t, " (stream)")]
 		c := plotutil.Color(i)
 		line.Color, points.Color = c, c
 		line.Width = vg.Points(1.5)
+		if strings.HasSuffix(t, " (stream)") {
+			line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+		}
 		points.Shape = plotutil.Shape(i)
 		p.Add(line, points)
 		p.Legend.Add(t, line, points)
