@@ -116,6 +116,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
+		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...),
 	)...)
 	st := newLateStore(cfg, log)
 	ledgerSrv := server.New(ledger.New(st, cfg.ledger), srvCfg)
@@ -214,11 +215,29 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 func unaryInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc.UnaryServerInterceptor {
 	return []grpc.UnaryServerInterceptor{
 		metrics.UnaryServerInterceptor(),
-		logging.UnaryServerInterceptor(slogAdapter(log), logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)),
-		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-			log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
-			return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
-		})),
+		logging.UnaryServerInterceptor(slogAdapter(log), logOptions...),
+		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recovered(log))),
+	}
+}
+
+// streamInterceptors are the same for streams (LedgerService.Stream): a
+// stream is counted and logged once, when it ends; each call on it is
+// counted by the decision counters and answered like a unary call.
+func streamInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc.StreamServerInterceptor {
+	return []grpc.StreamServerInterceptor{
+		metrics.StreamServerInterceptor(),
+		logging.StreamServerInterceptor(slogAdapter(log), logOptions...),
+		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recovered(log))),
+	}
+}
+
+var logOptions = []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)}
+
+// recovered logs a panic with its stack and answers INTERNAL.
+func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
+	return func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
+		return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
 	}
 }
 
