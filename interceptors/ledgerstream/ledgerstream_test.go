@@ -167,12 +167,10 @@ func TestCallsGoOnTheStream(t *testing.T) {
 	}
 }
 
-// TestServerRestart: a call in flight when the server goes away fails
-// UNAVAILABLE (retryable); once a server is back, calls go through on a new
-// stream.
-func TestServerRestart(t *testing.T) {
-	gs, addr, _ := start(t, "")
-	c := dial(t, addr)
+// waiting holds a key and starts a Lookup that waits a minute on it: its
+// error comes on the channel.
+func waiting(t *testing.T, c *ledgerstream.Client) <-chan error {
+	t.Helper()
 	if _, err := c.Begin(t.Context(), begin("held")); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +179,17 @@ func TestServerRestart(t *testing.T) {
 		_, err := c.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
 		errc <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // let it reach the server
+	return errc
+}
+
+// TestServerRestart: a call in flight when the server goes away fails
+// UNAVAILABLE (retryable); once a server is back, calls go through on a new
+// stream.
+func TestServerRestart(t *testing.T) {
+	gs, addr, _ := start(t, "")
+	c := dial(t, addr)
+	errc := waiting(t, c)
 	gs.Stop()
 	if le := wantCode(t, <-errc, ledger.CodeUnavailable); !le.Retryable() {
 		t.Fatal("UNAVAILABLE must be retryable")
@@ -214,15 +222,7 @@ func TestServerRestart(t *testing.T) {
 func TestClose(t *testing.T) {
 	_, addr, _ := start(t, "")
 	c := dial(t, addr)
-	if _, err := c.Begin(t.Context(), begin("held")); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
-		errc <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
+	errc := waiting(t, c)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
