@@ -83,7 +83,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 		if !stream {
 			return raw, metadata.NewOutgoingContext(t.Context(), md)
 		}
-		c := ledgerstream.New(metadata.NewOutgoingContext(t.Context(), md), raw)
+		c := ledgerstream.New(raw, ledgerstream.WithMetadata(md))
 		t.Cleanup(func() { _ = c.Close() })
 		return c, t.Context()
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -34,7 +35,7 @@ import (
 
 // streamClient is a ledgerstream client whose streams carry token.
 func streamClient(t *testing.T, conn grpc.ClientConnInterface, token string) *ledgerstream.Client {
-	c := ledgerstream.New(as(t, token), ledgerv1.NewLedgerServiceClient(conn))
+	c := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn), ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+token)))
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -85,6 +86,13 @@ func TestStreamAnswersAsUnary(t *testing.T) {
 		record(released, err)
 		record(client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "r", Token: released.GetClaim().GetToken()}))
 		record(client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "r", Token: 99})) // LEASE_LOST
+		// A large outcome: the stream client sends it as a unary call,
+		// with the stream's credentials.
+		big, err := client.Begin(ctx, beginReq("big"))
+		record(big, err)
+		large := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, 100<<10)}}}
+		record(client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: big.GetClaim().GetToken(), Outcome: large}))
+		record(client.Begin(ctx, beginReq("big"))) // its replay
 		return answers
 	}
 	unary, stream := run(false), run(true)

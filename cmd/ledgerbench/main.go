@@ -167,8 +167,8 @@ func run(ctx context.Context, cfg config) error {
 			var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
 			target := "ledgerd/" + cfg.addr
 			if api == "stream" {
-				// The stream carries the token of the context it opens with.
-				sc := ledgerstream.New(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token), client)
+				// The stream carries the token.
+				sc := ledgerstream.New(client, ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+cfg.token)))
 				defer sc.Close()
 				client, target = sc, target+" (stream)"
 			}
@@ -213,7 +213,7 @@ func run(ctx context.Context, cfg config) error {
 			for _, api := range cfg.apis {
 				c, t := client, target
 				if api == "stream" {
-					streamClient = ledgerstream.New(ctx, client)
+					streamClient = ledgerstream.New(client)
 					c, t = streamClient, target+" (stream)"
 				}
 				work, err := ledgerWork(c, name+fmt.Sprint(batching)+api)

@@ -280,7 +280,7 @@ func sigtermDrains(t *testing.T, stream bool) {
 	p.waitServing(t, conn)
 	var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
 	if stream {
-		sc := ledgerstream.New(context.Background(), client)
+		sc := ledgerstream.New(client)
 		defer sc.Close()
 		client = sc
 	}

@@ -76,7 +76,7 @@ func (api ledgerAPI) client(t *testing.T, conn *grpc.ClientConn) ledgerv1.Ledger
 	if api == unaryAPI {
 		return raw
 	}
-	c := ledgerstream.New(context.Background(), raw)
+	c := ledgerstream.New(raw)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

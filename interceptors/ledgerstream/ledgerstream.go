@@ -5,7 +5,7 @@
 // latency on both sides, which is what a write service that makes many
 // calls wants (measured in the README's Performance section).
 //
-//	client := ledgerstream.New(context.Background(), ledgerv1.NewLedgerServiceClient(conn))
+//	client := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn))
 //	defer client.Close()
 //	icpt, err := idempotency.UnaryServerInterceptor(client, ...)
 //
@@ -14,8 +14,8 @@
 //   - The call's deadline travels as the call's timeout; canceling the
 //     call's context cancels it on the server.
 //   - Credentials and metadata are the stream's: put credentials on the
-//     connection (grpc.WithPerRPCCredentials) or in the context given to
-//     New. Per-call grpc.CallOptions are ignored.
+//     connection (grpc.WithPerRPCCredentials) or give them to New with
+//     WithMetadata. Per-call metadata and grpc.CallOptions are ignored.
 //   - A request over MaxStreamedBytes (a large outcome) goes as a unary
 //     call, so that a message over the server's limit fails alone.
 //   - When the stream ends with calls in flight, they fail UNAVAILABLE
@@ -48,33 +48,46 @@ import (
 // Client is a ledgerv1.LedgerServiceClient over LedgerService.Stream. It is
 // safe for concurrent use.
 type Client struct {
-	raw    ledgerv1.LedgerServiceClient
-	ctx    context.Context // of the streams
-	cancel context.CancelFunc
-	ids    atomic.Uint64
+	raw ledgerv1.LedgerServiceClient
+	md  metadata.MD // of every stream
+	ids atomic.Uint64
 
-	mu   sync.Mutex
-	cur  *session // nil when no stream is open or opening
-	done bool     // Close was called
+	mu     sync.Mutex
+	cur    *session              // nil when no stream is open or opening
+	live   map[*session]struct{} // streams not ended: cur, and retired ones finishing
+	closed bool
 }
 
 var _ ledgerv1.LedgerServiceClient = (*Client)(nil)
 
-// New returns a Client that opens its streams with raw. ctx is the context
-// of every stream it opens: its outgoing metadata goes with each, and
-// canceling it ends them, as Close does.
-func New(ctx context.Context, raw ledgerv1.LedgerServiceClient) *Client {
-	ctx, cancel := context.WithCancel(ctx)
-	return &Client{raw: raw, ctx: ctx, cancel: cancel}
+// Option configures a Client.
+type Option func(*Client)
+
+// WithMetadata sends md with every stream the client opens, and with the
+// unary calls it makes for large requests: the credentials, when they are
+// not on the connection.
+func WithMetadata(md metadata.MD) Option {
+	return func(c *Client) { c.md = metadata.Join(c.md, md) }
 }
 
-// Close ends the stream; calls in flight fail UNAVAILABLE, and later calls
-// fail at once.
+// New returns a Client that opens its streams with raw.
+func New(raw ledgerv1.LedgerServiceClient, opts ...Option) *Client {
+	c := &Client{raw: raw, md: metadata.MD{}, live: map[*session]struct{}{}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Close ends the client's streams; calls in flight fail UNAVAILABLE, and
+// later calls fail at once.
 func (c *Client) Close() error {
 	c.mu.Lock()
-	c.done = true
-	c.mu.Unlock()
-	c.cancel()
+	defer c.mu.Unlock()
+	c.closed = true
+	for s := range c.live {
+		s.cancel()
+	}
 	return nil
 }
 
@@ -129,12 +142,11 @@ func (c *Client) Lookup(ctx context.Context, req *ledgerv1.LookupRequest, opts .
 // call fails alone.
 const MaxStreamedBytes = 64 << 10
 
-// unaryContext is ctx with the outgoing metadata of the streams' context
-// added, for a call sent as a unary call.
+// unaryContext is ctx with the streams' metadata added, for a call sent as
+// a unary call.
 func (c *Client) unaryContext(ctx context.Context) context.Context {
-	base, _ := metadata.FromOutgoingContext(c.ctx)
 	own, _ := metadata.FromOutgoingContext(ctx)
-	return metadata.NewOutgoingContext(ctx, metadata.Join(base, own))
+	return metadata.NewOutgoingContext(ctx, metadata.Join(c.md, own))
 }
 
 // Stream opens a stream of its own: it is the raw client's.
@@ -231,15 +243,17 @@ func (c *Client) callOn(ctx context.Context, s *session, req *ledgerv1.StreamReq
 // connection at most as long as ctx lets it.
 func (c *Client) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
-	if c.done {
+	if c.closed {
 		c.mu.Unlock()
 		return nil, unavailable("the ledger client is closed")
 	}
 	s := c.cur
 	if s == nil || s.isEnded() {
-		s = &session{ready: make(chan struct{}), ended: make(chan struct{}), pending: map[uint64]chan *ledgerv1.StreamResponse{}}
+		sctx, cancel := context.WithCancel(metadata.NewOutgoingContext(context.Background(), c.md))
+		s = &session{ready: make(chan struct{}), ended: make(chan struct{}), cancel: cancel, pending: map[uint64]chan *ledgerv1.StreamResponse{}}
 		c.cur = s
-		go c.open(s)
+		c.live[s] = struct{}{}
+		go c.open(sctx, s)
 	}
 	c.mu.Unlock()
 	select {
@@ -253,9 +267,15 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// open opens s's stream and reads its answers until it ends.
-func (c *Client) open(s *session) {
-	stream, err := c.raw.Stream(c.ctx)
+// open opens s's stream on ctx and reads its answers until it ends.
+func (c *Client) open(ctx context.Context, s *session) {
+	defer func() {
+		s.cancel()
+		c.mu.Lock()
+		delete(c.live, s)
+		c.mu.Unlock()
+	}()
+	stream, err := c.raw.Stream(ctx)
 	if err != nil {
 		s.end(err)
 		if errors.Is(s.err, errNotRun) {
@@ -303,6 +323,7 @@ func (c *Client) retire(s *session) {
 // session is one stream and its calls in flight.
 type session struct {
 	ready   chan struct{} // closed when stream is open, or failed to open
+	cancel  context.CancelFunc
 	stream  ledgerv1.LedgerService_StreamClient
 	sendMu  sync.Mutex
 	retired atomic.Bool // the server asked for a new stream: send nothing more

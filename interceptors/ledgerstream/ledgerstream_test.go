@@ -94,7 +94,7 @@ func dial(t *testing.T, addr string) *ledgerstream.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := ledgerstream.New(context.Background(), ledgerv1.NewLedgerServiceClient(conn))
+	c := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn))
 	t.Cleanup(func() {
 		_ = c.Close()
 		_ = conn.Close()

@@ -205,7 +205,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	var storm atomic.Bool
 	var ledgerClient ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(ledgerConn)
 	if cfg.LedgerStream {
-		sc := ledgerstream.New(context.Background(), ledgerClient)
+		sc := ledgerstream.New(ledgerClient)
 		defer sc.Close()
 		ledgerClient = sc
 	}

@@ -52,21 +52,21 @@ func main() {
 // run serves on lis until ctx ends.
 func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, log *slog.Logger) error {
 	// The ledger's calls go on a Stream (interceptors/ledgerstream), which
-	// carries the token of the context it opens with.
-	ledgerCtx := context.Background()
+	// carries the token.
+	var opts []ledgerstream.Option
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
 			return fmt.Errorf("ledger token: %w", err)
 		}
-		ledgerCtx = metadata.AppendToOutgoingContext(ledgerCtx, "authorization", "Bearer "+strings.TrimSpace(string(b)))
+		opts = append(opts, ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+strings.TrimSpace(string(b)))))
 	}
 	conn, err := grpc.NewClient(ledgerAddr, append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ledgerClient := ledgerstream.New(ledgerCtx, ledgerv1.NewLedgerServiceClient(conn))
+	ledgerClient := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledgerClient.Close()
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
 		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
