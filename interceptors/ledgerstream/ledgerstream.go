@@ -278,8 +278,8 @@ func (c *Client) open(ctx context.Context, s *session) {
 	stream, err := c.raw.Stream(ctx)
 	if err != nil {
 		s.end(err)
-		if errors.Is(s.err, errNotRun) {
-			s.err = unavailable("cannot open a stream to the ledger")
+		if ctx.Err() == nil { // not closed: the ledger cannot be reached
+			s.err = unavailable("cannot open a stream to the ledger; the call did not run")
 		}
 		close(s.ready)
 		return
