@@ -111,14 +111,7 @@ type BeginResponse struct {
 // no record is left, VALIDATION_FAILED, KEY_MISSING or KEY_INVALID for bad
 // input, and the store's UNAVAILABLE or CONTENTION.
 func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, error) {
-	p := ClaimParams{
-		Scope:          req.Scope,
-		Fingerprint:    req.Fingerprint,
-		Method:         req.Method,
-		Lease:          req.Lease,
-		Retention:      req.Retention,
-		FirstAttemptAt: req.FirstAttemptAt,
-	}
+	p := ClaimParams(req)
 	if err := l.validateClaim(&p); err != nil {
 		return BeginResponse{}, err
 	}

@@ -9,12 +9,12 @@ import "google.golang.org/grpc"
 const windowSize = 4 << 20
 
 // TransportOptions are the server's transport settings for LedgerService:
-// fixed flow-control windows and a shared write buffer. ledgerd uses them.
+// fixed flow-control windows (gRPC shares write buffers by default). ledgerd
+// uses them.
 func TransportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(windowSize),
 		grpc.InitialConnWindowSize(windowSize),
-		grpc.SharedWriteBuffer(true),
 	}
 }
 
@@ -24,6 +24,5 @@ func ClientTransportOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(windowSize),
-		grpc.WithSharedWriteBuffer(true),
 	}
 }

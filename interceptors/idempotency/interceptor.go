@@ -37,12 +37,16 @@ type interceptor struct {
 	ledger  ledgerv1.LedgerServiceClient
 	opts    options
 	methods map[string]*method
+	skip    []protoreflect.Name // left out of the fingerprint: the key field
 }
 
 // method is a protected method, resolved at build time.
 type method struct {
 	policy Policy
 	output protoreflect.MessageType
+	// lease and retention are the policy's, as sent to the ledger (nil
+	// for the ledger's default). Read only.
+	lease, retention *durationpb.Duration
 }
 
 // UnaryServerInterceptor returns the interceptor that protects the methods
@@ -67,12 +71,15 @@ func UnaryServerInterceptor(client ledgerv1.LedgerServiceClient, opts ...Option)
 		return nil, err
 	}
 	i := &interceptor{ledger: client, opts: o, methods: map[string]*method{}}
+	if o.keyField != "" {
+		i.skip = []protoreflect.Name{o.keyField}
+	}
 	for name, p := range o.methods {
 		out, err := o.resolve(name)
 		if err != nil {
 			return nil, err
 		}
-		i.methods[name] = &method{policy: p, output: out}
+		i.methods[name] = &method{policy: p, output: out, lease: optionalDuration(p.Lease), retention: optionalDuration(p.Retention)}
 	}
 	return i.intercept, nil
 }
@@ -132,17 +139,13 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if err != nil {
 		return nil, i.fail(ctx, err)
 	}
-	var skip []protoreflect.Name
-	if i.opts.keyField != "" {
-		skip = []protoreflect.Name{i.opts.keyField}
-	}
 	res, err := i.ledger.Begin(ctx, &ledgerv1.BeginRequest{
 		Tenant:         tenant,
 		Key:            key,
-		Fingerprint:    Fingerprint(info.FullMethod, msg, skip...),
+		Fingerprint:    Fingerprint(info.FullMethod, msg, i.skip...),
 		Method:         info.FullMethod,
-		Lease:          optionalDuration(m.policy.Lease),
-		Retention:      optionalDuration(m.policy.Retention),
+		Lease:          m.lease,
+		Retention:      m.retention,
 		FirstAttemptAt: first,
 	})
 	if err != nil {
@@ -332,7 +335,7 @@ func (i *interceptor) keepAlive(ctx context.Context, cancel context.CancelCauseF
 			case <-t.C:
 			}
 			ectx, cancelCall := context.WithTimeout(ctx, max(lease/2, time.Second))
-			_, err := i.ledger.Extend(ectx, &ledgerv1.ExtendRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Lease: optionalDuration(m.policy.Lease)})
+			_, err := i.ledger.Extend(ectx, &ledgerv1.ExtendRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Lease: m.lease})
 			cancelCall()
 			if err == nil {
 				continue
