@@ -242,7 +242,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.call()
-			le := wantCode(t, err, c.want)
+			le := ledgertest.WantStatus(t, err, c.want)
 			if !ledgerstatus.IsTyped(err) || le.Retryable() {
 				t.Fatalf("%v: want a typed, permanent error", err)
 			}

@@ -14,6 +14,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -88,7 +89,7 @@ func TestMutualTLS(t *testing.T) {
 		{"UnknownCertificateThenToken", issue(servertest.Leaf{CommonName: "intruder"}), "s3cret", "acme", ledger.CodeNotFound},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantCode(t, call(t, tt.cert, tt.token, tt.tenant), tt.want) })
+		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, call(t, tt.cert, tt.token, tt.tenant), tt.want) })
 	}
 	t.Run("CertificateOfAnotherCA", func(t *testing.T) {
 		c := stranger.Issue(t, servertest.Leaf{CommonName: "ops"})

@@ -12,6 +12,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -98,7 +99,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 		}, ledger.CodeValidationFailed},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(), tt.want) })
+		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, tt.call(), tt.want) })
 	}
 	// None of it touched the held record.
 	look, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"})
@@ -140,7 +141,7 @@ func TestStoreUnavailable(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := call()
-			le := wantCode(t, err, ledger.CodeUnavailable)
+			le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
 			if !le.Retryable() || strings.Contains(err.Error(), "bolt") || strings.Contains(err.Error(), "database not open") {
 				t.Fatalf("UNAVAILABLE retryable=%v, message %q leaks the cause", le.Retryable(), err)
 			}

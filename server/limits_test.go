@@ -31,7 +31,7 @@ func TestRateLimitPerNamespace(t *testing.T) {
 	}
 	var trailer metadata.MD
 	_, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.Trailer(&trailer))
-	le := wantCode(t, err, ledger.CodeRateLimited)
+	le := ledgertest.WantStatus(t, err, ledger.CodeRateLimited)
 	if !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}

@@ -61,15 +61,6 @@ func beginReq(key string) *ledgerv1.BeginRequest {
 	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
 }
 
-func wantCode(t *testing.T, err error, code ledger.Code) *ledger.Error {
-	t.Helper()
-	le := ledgerstatus.FromError(err)
-	if le == nil || le.Code != code {
-		t.Fatalf("error = %v, want %s", err, code)
-	}
-	return le
-}
-
 func TestLifecycleOverTheWire(t *testing.T) {
 	f := newFixture(t)
 	ctx := as(t, "billing-token")
@@ -119,9 +110,9 @@ func TestLifecycleOverTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k3"})
-	wantCode(t, err, ledger.CodeNotFound)
+	ledgertest.WantStatus(t, err, ledger.CodeNotFound)
 	_, err = f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "k3", Token: res.GetClaim().GetToken()})
-	wantCode(t, err, ledger.CodeLeaseLost)
+	ledgertest.WantStatus(t, err, ledger.CodeLeaseLost)
 }
 
 func TestTypedErrorsOverTheWire(t *testing.T) {
@@ -132,7 +123,7 @@ func TestTypedErrorsOverTheWire(t *testing.T) {
 	}
 	var trailer metadata.MD
 	_, err := f.client.Begin(ctx, beginReq("k"), grpc.Trailer(&trailer))
-	if le := wantCode(t, err, ledger.CodeInProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
+	if le := ledgertest.WantStatus(t, err, ledger.CodeInProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
 		t.Fatalf("retry after = %s", le.RetryAfter)
 	}
 	if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != "2000" {
@@ -141,7 +132,7 @@ func TestTypedErrorsOverTheWire(t *testing.T) {
 	req := beginReq("k")
 	req.Fingerprint = ledgertest.Fingerprint("other")
 	_, err = f.client.Begin(ctx, req, grpc.Trailer(&trailer))
-	if le := wantCode(t, err, ledger.CodeKeyReused); le.Metadata["method"] != ledgertest.Method {
+	if le := ledgertest.WantStatus(t, err, ledger.CodeKeyReused); le.Metadata["method"] != ledgertest.Method {
 		t.Fatalf("metadata = %v", le.Metadata)
 	}
 	if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != "-1" {
@@ -187,7 +178,7 @@ func TestAuthentication(t *testing.T) {
 		}, ledger.CodeLeaseLost},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantCode(t, tt.call(tt.ctx), tt.want) })
+		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, tt.call(tt.ctx), tt.want) })
 	}
 	look, err := f.client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
@@ -216,11 +207,11 @@ func TestRequestValidation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := f.client.Begin(ctx, tt.req)
-			wantCode(t, err, tt.want)
+			ledgertest.WantStatus(t, err, tt.want)
 		})
 	}
 	_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
-	wantCode(t, err, ledger.CodeNotFound)
+	ledgertest.WantStatus(t, err, ledger.CodeNotFound)
 	_, err = f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: 1})
-	wantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 }

@@ -268,7 +268,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 	gs.Stop()
 	select {
 	case err := <-errc:
-		if le := wantCode(t, err, ledger.CodeUnavailable); !le.Retryable() {
+		if le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable); !le.Retryable() {
 			t.Fatal("UNAVAILABLE must be retryable")
 		}
 	case <-time.After(10 * time.Second):
@@ -298,7 +298,7 @@ func TestStreamCallPanicIsInternal(t *testing.T) {
 	l := ledger.New(panicky{memory.New(memory.Config{})}, ledger.Config{})
 	client := streamClient(t, servertest.Dial(t, server.New(l, server.Config{Auth: testAuth})), "billing-token")
 	_, err := client.Begin(t.Context(), beginReq("boom"))
-	wantCode(t, err, ledger.CodeInternal)
+	ledgertest.WantStatus(t, err, ledger.CodeInternal)
 	if res, err := client.Begin(t.Context(), beginReq("fine")); err != nil || res.GetClaim().GetToken() != 1 {
 		t.Fatalf("after a panic: %v, %v", res, err)
 	}
@@ -321,12 +321,12 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := client.Begin(ctx, beginReq("a"))
-	wantCode(t, err, ledger.CodeInProgress)
+	ledgertest.WantStatus(t, err, ledger.CodeInProgress)
 	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = client.Begin(ctx, beginReq("b"))
-	if le := wantCode(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
+	if le := ledgertest.WantStatus(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}
 	want := `

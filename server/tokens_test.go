@@ -10,6 +10,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -50,7 +51,7 @@ func TestBearerTokens(t *testing.T) {
 		{"Wildcard", "Bearer s3cret-ops", "initech", ledger.CodeNotFound},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) { wantCode(t, call(tt.auth, tt.tenant), tt.want) })
+		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, call(tt.auth, tt.tenant), tt.want) })
 	}
 	for _, bad := range []string{"sha256:abc billing acme", "md5:00 billing acme", server.HashToken("x") + " billing", server.HashToken("x") + " bad\x01ns acme"} {
 		if _, err := server.ParseTokens(strings.NewReader(bad)); err == nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -115,15 +116,6 @@ func request(key string) *invoicev1.CreateInvoiceRequest {
 	}
 }
 
-func wantCode(t *testing.T, err error, code ledger.Code) *ledger.Error {
-	t.Helper()
-	le := ledgerstatus.FromError(err)
-	if le == nil || le.Code != code || !ledgerstatus.IsTyped(err) {
-		t.Fatalf("error = %v, want a typed %s", err, code)
-	}
-	return le
-}
-
 func marshal(t *testing.T, m proto.Message) []byte {
 	t.Helper()
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
@@ -185,7 +177,7 @@ func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	changed := request("k")
 	changed.LineItems[0].Quantity = 4
 	_, err := client.CreateInvoice(t.Context(), changed)
-	le := wantCode(t, err, ledger.CodeKeyReused)
+	le := ledgertest.WantStatus(t, err, ledger.CodeKeyReused)
 	if le.Metadata["method"] != createInvoice || le.Retryable() {
 		t.Fatalf("KEY_REUSED metadata %v retryable %v", le.Metadata, le.Retryable())
 	}
@@ -310,7 +302,7 @@ func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 		t.Fatalf("the panicking attempt = %v", err)
 	}
 	_, err := client.CreateInvoice(t.Context(), request("k"))
-	wantCode(t, err, ledger.CodeInProgress)
+	ledgertest.WantStatus(t, err, ledger.CodeInProgress)
 	time.Sleep(400 * time.Millisecond)
 	res, err := client.CreateInvoice(t.Context(), request("k"))
 	if err != nil || res.GetInvoice().GetNumber() != 2 {
@@ -339,7 +331,7 @@ func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	client := serve(t, api.client(t, down), svc, protect(idempotency.Policy{})...)
 	var trailer metadata.MD
 	_, err = client.CreateInvoice(t.Context(), request("k"), grpc.Trailer(&trailer))
-	le := wantCode(t, err, ledger.CodeUnavailable)
+	le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
 	if !le.Retryable() || le.RetryAfter <= 0 || len(trailer.Get(ledgerstatus.PushbackTrailer)) != 1 {
 		t.Fatalf("UNAVAILABLE retryable=%v retry-after=%v trailer=%v", le.Retryable(), le.RetryAfter, trailer)
 	}
@@ -364,7 +356,7 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	for range 3 {
 		time.Sleep(200 * time.Millisecond)
 		_, err := client.CreateInvoice(t.Context(), request("k"))
-		wantCode(t, err, ledger.CodeInProgress)
+		ledgertest.WantStatus(t, err, ledger.CodeInProgress)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -381,19 +373,19 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
 	strict := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	_, err := strict.CreateInvoice(t.Context(), request(""))
-	wantCode(t, err, ledger.CodeKeyMissing)
+	ledgertest.WantStatus(t, err, ledger.CodeKeyMissing)
 	_, err = strict.CreateInvoice(t.Context(), request("bad key"))
-	wantCode(t, err, ledger.CodeKeyInvalid)
+	ledgertest.WantStatus(t, err, ledger.CodeKeyInvalid)
 	noTenant := request("k")
 	noTenant.Tenant = ""
 	_, err = strict.CreateInvoice(t.Context(), noTenant)
-	wantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 	old := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, time.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
 	_, err = strict.CreateInvoice(old, request("k-old"))
-	wantCode(t, err, ledger.CodeRetryTooLate)
+	ledgertest.WantStatus(t, err, ledger.CodeRetryTooLate)
 	bad := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, "yesterday")
 	_, err = strict.CreateInvoice(bad, request("k-bad"))
-	wantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 	if svc.runs.Load() != 0 {
 		t.Fatalf("the handler ran %d times on refused calls", svc.runs.Load())
 	}
@@ -401,7 +393,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	// The tenant from a header instead of the request.
 	byHeader := serve(t, api.client(t, ledgerConn(t)), svc, append(protect(idempotency.Policy{}), idempotency.WithTenant(idempotency.TenantFromHeader("x-tenant")))...)
 	_, err = byHeader.CreateInvoice(t.Context(), request("k-h"))
-	wantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 	hctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "globex")
 	if _, err := byHeader.CreateInvoice(hctx, request("k-h")); err != nil || svc.runs.Load() != 1 {
 		t.Fatalf("tenant from the header: %v, %d runs", err, svc.runs.Load())

@@ -106,15 +106,6 @@ func begin(key string) *ledgerv1.BeginRequest {
 	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
 }
 
-func wantCode(t *testing.T, err error, code ledger.Code) *ledger.Error {
-	t.Helper()
-	le := ledgerstatus.FromError(err)
-	if le == nil || le.Code != code || !ledgerstatus.IsTyped(err) {
-		t.Fatalf("error = %v, want a typed %s", err, code)
-	}
-	return le
-}
-
 // TestCallsGoOnTheStream: calls travel as messages on one stream with their
 // deadline as their timeout; a cancel follows a call its caller gave up
 // on; a request over MaxStreamedBytes goes as a unary call.
@@ -191,7 +182,7 @@ func TestServerRestart(t *testing.T) {
 	c := dial(t, addr)
 	errc := waiting(t, c)
 	gs.Stop()
-	if le := wantCode(t, <-errc, ledger.CodeUnavailable); !le.Retryable() {
+	if le := ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable); !le.Retryable() {
 		t.Fatal("UNAVAILABLE must be retryable")
 	}
 
@@ -226,7 +217,7 @@ func TestClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, <-errc, ledger.CodeUnavailable)
+	ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable)
 	_, err := c.Begin(t.Context(), begin("later"))
-	wantCode(t, err, ledger.CodeUnavailable)
+	ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
 }

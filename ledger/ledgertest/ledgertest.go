@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
 // NewStore returns a store whose clock is now. Run calls it once per
@@ -114,6 +115,18 @@ func WantCode(t testing.TB, err error, code ledger.Code) *ledger.Error {
 	var le *ledger.Error
 	if !errors.As(err, &le) || le.Code != code {
 		t.Fatalf("error = %v, want code %s", err, code)
+	}
+	return le
+}
+
+// WantStatus fails t unless err is a typed status (ledgerstatus) with
+// code: what a caller of the ledger or of a protected method must get. It
+// returns the decoded error.
+func WantStatus(t testing.TB, err error, code ledger.Code) *ledger.Error {
+	t.Helper()
+	le := ledgerstatus.FromError(err)
+	if le == nil || le.Code != code || !ledgerstatus.IsTyped(err) {
+		t.Fatalf("error = %v, want a typed %s", err, code)
 	}
 	return le
 }
