@@ -18,7 +18,7 @@ import (
 // running wait, and the next batch takes up to Config.MaxBatch of them, one
 // claim and one complete per scope. A batch is one round trip and one
 // implicit transaction: a multi-row statement for its claims, then one for
-// its completes (see pipeline). Nothing waits on a timer: a lone call runs
+// its completes (see runOps). Nothing waits on a timer: a lone call runs
 // at once, as its single-row statement, and batches grow only with load.
 // Each row gets its own answer, decided by the same statement shape as the
 // single-call path, so the semantics do not change.
@@ -222,8 +222,8 @@ type casRow struct {
 }
 
 // runOps runs one batch: its claims and its completes go to the database in
-// one round trip, a multi-row statement for each kind in one transaction
-// (see pipeline), and every call gets its own answer. A lone call uses its
+// one round trip and one transaction, a multi-row statement for each kind,
+// claims first, and every call gets its own answer. A lone call uses its
 // single-row statement. A serialization failure, also at COMMIT, reruns the
 // batch. On
 // any other error (a deadlock, an ambiguous commit) each call falls back to
@@ -246,29 +246,27 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 	sortByScope(completes)
 	var gotClaims map[string]row
 	var gotCompletes map[string]casRow
-	err := s.retry(ctx, func(ctx context.Context) error {
-		var stmts []pipelined
+	err := s.retry(ctx, func(ctx context.Context) (err error) {
+		b := &pgx.Batch{}
 		if len(claims) > 0 {
-			stmts = append(stmts, pipelined{claimBatchSQL, claimArgs(s.now(), claims), func(rows pgx.Rows) (err error) {
-				gotClaims, err = readRows(rows, func(rows pgx.Rows) (string, row, error) {
-					var r row
-					err := scanInto(rows, &r, &r.now)
-					return scopeID(r.rec.Scope), r, err
-				})
-				return err
-			}})
+			b.Queue(claimBatchSQL, claimArgs(s.now(), claims)...)
 		}
 		if len(completes) > 0 {
-			stmts = append(stmts, pipelined{completeBatchSQL, completeArgs(s.now(), completes), func(rows pgx.Rows) (err error) {
-				gotCompletes, err = readRows(rows, func(rows pgx.Rows) (string, casRow, error) {
-					var cr casRow
-					err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated)
-					return scopeID(cr.r.rec.Scope), cr, err
-				})
-				return err
-			}})
+			b.Queue(completeBatchSQL, completeArgs(s.now(), completes)...)
 		}
-		return s.pipeline(ctx, stmts)
+		// One write, one Sync: one implicit transaction. Close reads the
+		// COMMIT's outcome, which may be a serialization failure.
+		br := s.pool.SendBatch(ctx, b)
+		defer func() { err = errors.Join(err, br.Close()) }()
+		if len(claims) > 0 {
+			if gotClaims, err = readRows(br, scanClaimRow); err != nil {
+				return err
+			}
+		}
+		if len(completes) > 0 {
+			gotCompletes, err = readRows(br, scanCASRow)
+		}
+		return err
 	})
 	if err != nil {
 		if s.batchFailed != nil {
@@ -299,36 +297,6 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 	}
 }
 
-// pipelined is a statement of a batch: its SQL, its arguments and what
-// reads its rows.
-type pipelined struct {
-	sql  string
-	args []any
-	read func(pgx.Rows) error
-}
-
-// pipeline sends stmts in one round trip (pgx's Batch: one write, one Sync)
-// and reads their results. They run as one implicit transaction, in order:
-// a serialization failure of any, also at COMMIT, rolls back all.
-func (s *Store) pipeline(ctx context.Context, stmts []pipelined) error {
-	b := &pgx.Batch{}
-	for _, st := range stmts {
-		b.Queue(st.sql, st.args...)
-	}
-	br := s.pool.SendBatch(ctx, b)
-	var err error
-	for _, st := range stmts {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			err = st.read(rows)
-		}
-		if err != nil {
-			break
-		}
-	}
-	return errors.Join(err, br.Close())
-}
-
 // runOne answers one call with its single-row statement.
 func (s *Store) runOne(ctx context.Context, c *call[op, opResult]) {
 	var res result[opResult]
@@ -340,18 +308,34 @@ func (s *Store) runOne(ctx context.Context, c *call[op, opResult]) {
 	c.done <- res
 }
 
-// readRows reads rows into a map by scope.
-func readRows[R any](rows pgx.Rows, scan func(pgx.Rows) (string, R, error)) (map[string]R, error) {
+// readRows reads the next result of br into a map by scope.
+func readRows[R any](br pgx.BatchResults, scan func(pgx.Rows) (R, ledger.Scope, error)) (map[string]R, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
 	got := map[string]R{}
 	for rows.Next() {
-		k, r, err := scan(rows)
+		r, sc, err := scan(rows)
 		if err != nil {
 			return nil, err
 		}
-		got[k] = r
+		got[scopeID(sc)] = r
 	}
 	return got, rows.Err()
+}
+
+func scanClaimRow(rows pgx.Rows) (row, ledger.Scope, error) {
+	var r row
+	err := scanInto(rows, &r, &r.now)
+	return r, r.rec.Scope, err
+}
+
+func scanCASRow(rows pgx.Rows) (casRow, ledger.Scope, error) {
+	var cr casRow
+	err := scanInto(rows, &cr.r, &cr.r.now, &cr.updated)
+	return cr, cr.r.rec.Scope, err
 }
 
 // claimArgs are the arguments of claimBatchSQL for calls.
