@@ -48,6 +48,7 @@ import (
 
 type config struct {
 	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
+	dbCPUs                                                         string
 	clients                                                        []int
 	apis                                                           []string
 	duration                                                       time.Duration
@@ -67,6 +68,7 @@ func main() {
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
 	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
+	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (interceptors/ledgerstream), or both")
@@ -98,6 +100,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
+	}
+	if cfg.dbCPUs != "" && (cfg.databaseURL != "" || cfg.addr != "") {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -db-cpus places the throwaway cluster; it does not go with -database-url or -addr")
+		os.Exit(2)
 	}
 	if *from != "" {
 		var results []bench.Result
@@ -296,6 +302,12 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 				return nil, nil, nil, err
 			}
 			url, stop = pg.URL, pg.Stop
+			if cfg.dbCPUs != "" {
+				if err := placeCluster(pg, cfg.dbCPUs); err != nil {
+					stop()
+					return nil, nil, nil, err
+				}
+			}
 		}
 		sep := "?"
 		if strings.Contains(url, "?") {
@@ -315,6 +327,21 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 		return s, func() { s.Close(); stop() }, s.Pool(), nil
 	}
 	return nil, nil, nil, fmt.Errorf("unknown store %q", name)
+}
+
+// placeCluster pins pg to the CPUs in the list cpus and this process to the
+// others.
+func placeCluster(pg *crdbtest.Cluster, cpus string) error {
+	pid, err := pg.PID()
+	if err != nil {
+		return err
+	}
+	db, rest, err := bench.Place(pid, cpus)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "PostgreSQL on CPUs %s; this process (clients and ledgerd) on CPUs %s\n", db, rest)
+	return nil
 }
 
 // serveLedger serves the LedgerService over loopback gRPC, as ledgerd does

@@ -189,6 +189,17 @@ func start(durable bool) (*Cluster, error) {
 	return c, nil
 }
 
+// PID is the process id of the cluster's postmaster, the parent of its
+// other processes.
+func (c *Cluster) PID() (int, error) {
+	b, err := os.ReadFile(filepath.Join(c.data, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := bytes.Cut(b, []byte("\n"))
+	return strconv.Atoi(string(bytes.TrimSpace(first)))
+}
+
 // Restart stops the cluster (fast: open connections are cut) and starts it
 // again.
 func (c *Cluster) Restart() error {
