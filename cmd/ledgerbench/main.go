@@ -134,18 +134,37 @@ func run(ctx context.Context, cfg config) error {
 	var results []bench.Result
 	emit := func(r bench.Result) {
 		results = append(results, r)
-		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  errors %d %s\n",
-			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.Errors, r.FirstError)
+		batches := ""
+		if r.BatchCalls > 0 {
+			batches = fmt.Sprintf("  batches of %.1f calls, in flight %.0f%% ", r.BatchCalls, 100*r.BatchBusy)
+		}
+		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op%s  errors %d %s\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
-	sweep := func(target string, workloads map[string]bench.Op) {
+	// sweep measures target's workloads; batches, when not nil, are the
+	// batch counters of the store behind it.
+	sweep := func(target string, workloads map[string]bench.Op, batches func() crdb.BatchStats) {
 		for _, w := range strings.Split(cfg.workloads, ",") {
 			op, ok := workloads[w]
 			if !ok {
 				continue
 			}
 			for _, c := range cfg.clients {
-				emit(bench.Measure(ctx, target, w, c, cfg.duration, op))
+				var before crdb.BatchStats
+				if batches != nil {
+					before = batches()
+				}
+				start := time.Now()
+				r := bench.Measure(ctx, target, w, c, cfg.duration, op)
+				if batches != nil {
+					after := batches()
+					if n := after.Batches - before.Batches; n > 0 {
+						r.BatchCalls = float64(after.Calls-before.Calls) / float64(n)
+						r.BatchBusy = (after.Busy - before.Busy).Seconds() / time.Since(start).Seconds() / float64(max(cfg.batchInFlight, 1))
+					}
+				}
+				emit(r)
 			}
 		}
 	}
@@ -182,7 +201,7 @@ func run(ctx context.Context, cfg config) error {
 			if err != nil {
 				return err
 			}
-			sweep(target, work)
+			sweep(target, work, nil)
 		}
 		return output(cfg, results)
 	}
@@ -226,14 +245,18 @@ func run(ctx context.Context, cfg config) error {
 				if err != nil {
 					return err
 				}
-				sweep(t, work)
+				var batches func() crdb.BatchStats
+				if s, ok := st.(*crdb.Store); ok && batching {
+					batches = s.BatchStats
+				}
+				sweep(t, work, batches)
 			}
 			if pool != nil && (!batching || cfg.batching == "only") {
 				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
 				if err := sql.PrepareReplays(ctx); err != nil {
 					return err
 				}
-				sweep("sql/postgres (pgx)", map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()})
+				sweep("sql/postgres (pgx)", map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}, nil)
 			}
 			if cfg.interceptor && name == "embedded" {
 				ledgers := map[string]ledgerv1.LedgerServiceClient{}

@@ -238,6 +238,9 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+	if strings.Contains(m, "idemledger_sql_") {
+		t.Error("the embedded store's ledgerd exports SQL batch metrics")
+	}
 
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -420,6 +423,14 @@ func TestPostgreSQLStore(t *testing.T) {
 	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
 		t.Fatal(err)
 	}
+	// Batching is on by default: each call was a batch of one.
+	m := p.metrics(t)
+	for _, want := range []string{"idemledger_sql_batches_total 2", "idemledger_sql_batched_calls_total 2", "idemledger_sql_batch_busy_seconds_total "} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
 	q := start(t, "--database-url", url)
 	conn = q.dial(t)
 	q.waitServing(t, conn)

@@ -119,6 +119,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...),
 	)...)
 	st := newLateStore(cfg, log)
+	if cfg.databaseURL != "" && cfg.sqlBatching {
+		reg.MustRegister(st.batchMetrics()...)
+	}
 	ledgerSrv := server.New(ledger.New(st, cfg.ledger), srvCfg)
 	ledgerv1.RegisterLedgerServiceServer(gs, ledgerSrv)
 	healthSrv := health.NewServer()

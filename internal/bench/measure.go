@@ -40,6 +40,12 @@ type Result struct {
 	CPUus      float64 `json:"cpu_us_per_op"`    // this process, user+system
 	DBCPUus    float64 `json:"db_cpu_us_per_op"` // every other process: the database, on a quiet machine
 	FirstError string  `json:"first_error,omitempty"`
+
+	// On a batching SQL store, over the point's run (its warm-up
+	// included): the mean calls per batch, and the share of the time a
+	// batch was in flight.
+	BatchCalls float64 `json:"batch_calls,omitempty"`
+	BatchBusy  float64 `json:"batch_busy,omitempty"`
 }
 
 // Measure runs op from clients goroutines for d (after a warm-up of d/5)

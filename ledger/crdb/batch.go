@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,27 @@ type batcher[P any, R any] struct {
 	mu       sync.Mutex
 	pending  []*call[P, R]
 	inFlight int
+
+	batches, calls atomic.Uint64
+	busy           atomic.Int64 // nanoseconds
+}
+
+// BatchStats are the batcher's counters since the Store opened, for
+// metrics: Calls/Batches is the mean batch size, and the rate of Busy over
+// Config.BatchInFlight is how busy the batches keep the database's round
+// trips.
+type BatchStats struct {
+	Batches uint64        // batches run, lone calls' included
+	Calls   uint64        // calls they carried
+	Busy    time.Duration // time spent running them, summed over batches
+}
+
+// BatchStats returns the batcher's counters; zero without Config.Batching.
+func (s *Store) BatchStats() BatchStats {
+	if s.ops == nil {
+		return BatchStats{}
+	}
+	return BatchStats{Batches: s.ops.batches.Load(), Calls: s.ops.calls.Load(), Busy: time.Duration(s.ops.busy.Load())}
 }
 
 // do submits p and waits for its answer.
@@ -91,7 +113,11 @@ func (b *batcher[P, R]) do(ctx context.Context, key string, p P) (R, error) {
 // execute runs batch, then hands what is pending to a goroutine of its own.
 func (b *batcher[P, R]) execute(ctx context.Context, batch []*call[P, R]) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	start := time.Now()
 	b.run(bctx, batch)
+	b.busy.Add(int64(time.Since(start)))
+	b.batches.Add(1)
+	b.calls.Add(uint64(len(batch)))
 	cancel()
 	b.mu.Lock()
 	next := b.take()

@@ -313,3 +313,90 @@ func TestCrossedBatches(t *testing.T) {
 		t.Fatalf("%d batches were aborted as deadlocked, want 1: the test did not cross them", deadlocks.Load())
 	}
 }
+
+// TestBatchStats: the counters see every batch and every call, and calls
+// that queue behind a running batch are counted as one batch. A test
+// transaction holds the row of a first claim so that ten more claims queue
+// behind it.
+func TestBatchStats(t *testing.T) {
+	ctx := t.Context()
+	url := crdbtest.NewDatabase(t)
+	s, err := Open(ctx, url, Config{Batching: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.BatchStats(); got != (BatchStats{}) {
+		t.Fatalf("BatchStats of a new store = %+v, want zero", got)
+	}
+	if _, err := s.Claim(ctx, testClaim("held")); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.BatchStats(); got.Batches != 1 || got.Calls != 1 || got.Busy <= 0 {
+		t.Fatalf("BatchStats after one claim = %+v, want 1 batch of 1 call", got)
+	}
+
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	hold, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE idem_key = 'held' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := s.Claim(ctx, testClaim("held")); err != nil {
+			t.Error(err)
+		}
+	})
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			s.ops.mu.Lock()
+			ok := cond()
+			s.ops.mu.Unlock()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waited in vain for %s", what)
+			}
+		}
+	}
+	waitFor("the claim of the held row to run", func() bool { return s.ops.inFlight == 1 })
+	for i := range 10 {
+		wg.Go(func() {
+			if _, err := s.Claim(ctx, testClaim(fmt.Sprint("queued-", i))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	waitFor("ten claims to queue", func() bool { return len(s.ops.pending) == 10 })
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if got := s.BatchStats(); got.Batches != 3 || got.Calls != 12 {
+		t.Fatalf("BatchStats = %+v, want 3 batches of 12 calls: the first claim, the held one, then the ten queued behind it", got)
+	}
+
+	off, err := Open(ctx, url, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(off.Close)
+	if _, err := off.Claim(ctx, testClaim("unbatched")); err != nil {
+		t.Fatal(err)
+	}
+	if got := off.BatchStats(); got != (BatchStats{}) {
+		t.Fatalf("BatchStats without batching = %+v, want zero", got)
+	}
+}
