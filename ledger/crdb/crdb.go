@@ -132,16 +132,7 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("crdb: parse url: %w", err)
 	}
 	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
-	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		// On PostgreSQL, plan the store's few statements once per
-		// connection: their custom plans cost more to make than to run.
-		// CockroachDB (which reports crdb_version) caches plans itself.
-		if c.PgConn().ParameterStatus("crdb_version") != "" {
-			return nil
-		}
-		_, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
-		return err
-	}
+	pc.AfterConnect = ConfigureConn
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("crdb: connect: %w", err)
@@ -154,8 +145,31 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// ConfigureConn sets up a new connection's session for the store: Open
+// makes it the pool's AfterConnect; do the same for a pool passed to New.
+//
+// On PostgreSQL it plans the store's few statements once per connection
+// (plan_cache_mode = force_generic_plan): their custom plans cost more to
+// make than to run. Such a plan is made at a statement's first run and kept
+// until the table's statistics change, so one made while the table is small
+// (a new ledger) must still find rows by key as the table grows: every
+// statement finds its rows through an index, so scans and hash or merge
+// joins are turned off for the session (TestPlansUseIndexes). Without
+// that, a new ledger's batched completes scanned the table and throughput
+// fell from 3,400 to 250 pairs/s within 15 seconds, until autovacuum
+// analyzed the table a minute later. CockroachDB (which reports
+// crdb_version) caches plans itself and is left as it is.
+func ConfigureConn(ctx context.Context, c *pgx.Conn) error {
+	if c.PgConn().ParameterStatus("crdb_version") != "" {
+		return nil
+	}
+	_, err := c.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off")
+	return err
+}
+
 // New returns a Store over pool. It detects the dialect (SELECT version())
-// and refuses a pool whose connections do not default to SERIALIZABLE.
+// and refuses a pool whose connections do not default to SERIALIZABLE. Give
+// the pool ConfigureConn as its AfterConnect.
 func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	var version, isolation string
 	if err := pool.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
