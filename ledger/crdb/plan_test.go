@@ -2,8 +2,8 @@ package crdb
 
 import (
 	"encoding/json"
-	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -55,14 +55,14 @@ func TestPlansUseIndexes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := 0
 			for _, m := range params.FindAllStringSubmatch(tc.sql, -1) {
-				var i int
-				fmt.Sscan(m[1], &i)
+				i, _ := strconv.Atoi(m[1]) // \d+
 				n = max(n, i)
 			}
 			name := "plan_" + strings.ReplaceAll(tc.name, " ", "_")
 			if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+tc.sql); err != nil {
 				t.Fatal(err)
 			}
+			defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE "+name) }()
 			nulls := strings.TrimSuffix(strings.Repeat("NULL, ", n), ", ")
 			var out string
 			if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE "+name+"("+nulls+")").Scan(&out); err != nil {
