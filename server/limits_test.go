@@ -85,9 +85,7 @@ func TestDecisionMetrics(t *testing.T) {
 	// extended
 	_, _ = client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "c", Token: c2.GetToken()})
 
-	want := `
-# HELP idemledger_decisions_total Ledger decisions by namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, completed, released, extended, lease_lost, rate_limited.
-# TYPE idemledger_decisions_total counter
+	wantDecisions(t, metrics, `
 idemledger_decisions_total{decision="claimed",namespace="billing"} 3
 idemledger_decisions_total{decision="completed",namespace="billing"} 1
 idemledger_decisions_total{decision="extended",namespace="billing"} 1
@@ -97,7 +95,17 @@ idemledger_decisions_total{decision="lease_lost",namespace="billing"} 1
 idemledger_decisions_total{decision="released",namespace="billing"} 1
 idemledger_decisions_total{decision="replayed",namespace="billing"} 1
 idemledger_decisions_total{decision="taken_over",namespace="billing"} 1
-`
+`)
+}
+
+// wantDecisions fails t unless metrics holds exactly these
+// idemledger_decisions_total samples (lines in the text exposition format).
+func wantDecisions(t *testing.T, metrics *server.Metrics, samples string) {
+	t.Helper()
+	want := `
+# HELP idemledger_decisions_total Ledger decisions by namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, completed, released, extended, lease_lost, rate_limited.
+# TYPE idemledger_decisions_total counter
+` + strings.TrimPrefix(samples, "\n")
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(metrics)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
