@@ -52,9 +52,17 @@ type config struct {
 	clients                                                        []int
 	apis                                                           []string
 	duration                                                       time.Duration
-	pool, batchInFlight                                            int
+	pool, batchInFlight, rounds                                    int
 	interceptor, durable                                           bool
 	batching                                                       string
+}
+
+// target is a target's workloads; batches, when not nil, reads the batch
+// counters of the store behind it.
+type target struct {
+	name      string
+	workloads map[string]bench.Op
+	batches   func() bench.BatchStats
 }
 
 func main() {
@@ -63,7 +71,8 @@ func main() {
 	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres")
 	flag.StringVar(&cfg.workloads, "workloads", "fresh,replay,hot", "workloads: fresh, replay, hot")
 	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
-	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each point (plus a fifth to warm up)")
+	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each target at each point (plus a fifth to warm up)")
+	flag.IntVar(&cfg.rounds, "rounds", 5, "the targets of a point run in turns, this many each, so that the machine's drift slows them alike")
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
@@ -142,29 +151,24 @@ func run(ctx context.Context, cfg config) error {
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
-	// sweep measures target's workloads; batches, when not nil, are the
-	// batch counters of the store behind it.
-	sweep := func(target string, workloads map[string]bench.Op, batches func() crdb.BatchStats) {
+	// sweep measures the targets' workloads, each point (workload and
+	// clients) with the targets in turns (bench.Interleave).
+	sweep := func(targets ...target) {
 		for _, w := range strings.Split(cfg.workloads, ",") {
-			op, ok := workloads[w]
-			if !ok {
-				continue
-			}
 			for _, c := range cfg.clients {
-				var before crdb.BatchStats
-				if batches != nil {
-					before = batches()
-				}
-				start := time.Now()
-				r := bench.Measure(ctx, target, w, c, cfg.duration, op)
-				if batches != nil {
-					after := batches()
-					if n := after.Batches - before.Batches; n > 0 {
-						r.BatchCalls = float64(after.Calls-before.Calls) / float64(n)
-						r.BatchBusy = (after.Busy - before.Busy).Seconds() / time.Since(start).Seconds() / float64(max(cfg.batchInFlight, 1))
+				var subjects []bench.Subject
+				for _, t := range targets {
+					if op, ok := t.workloads[w]; ok {
+						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches})
 					}
 				}
-				emit(r)
+				if len(subjects) == 0 {
+					continue
+				}
+				for _, r := range bench.Interleave(ctx, w, c, cfg.duration, cfg.rounds, subjects...) {
+					r.BatchBusy /= float64(max(cfg.batchInFlight, 1))
+					emit(r)
+				}
 			}
 		}
 	}
@@ -193,21 +197,23 @@ func run(ctx context.Context, cfg config) error {
 			return err
 		}
 		defer conn.Close()
+		var targets []target
 		for _, api := range cfg.apis {
 			var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
-			target := "ledgerd/" + cfg.addr
+			name := "ledgerd/" + cfg.addr
 			if api == "stream" {
 				// The stream carries the token.
 				sc := ledgerstream.New(client, ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+cfg.token)))
 				defer sc.Close()
-				client, target = sc, target+" (stream)"
+				client, name = sc, name+" (stream)"
 			}
 			work, err := ledgerWork(client, "remote"+api)
 			if err != nil {
 				return err
 			}
-			sweep(target, work, nil)
+			targets = append(targets, target{name: name, workloads: work})
 		}
+		sweep(targets...)
 		return output(cfg, results)
 	}
 
@@ -230,9 +236,9 @@ func run(ctx context.Context, cfg config) error {
 			if err != nil {
 				return err
 			}
-			target := "ledgerd/" + name
+			ledgerd := "ledgerd/" + name
 			if batching {
-				target += "+batching"
+				ledgerd += "+batching"
 			}
 			client, stopServer, err := serveLedger(st)
 			if err != nil {
@@ -240,31 +246,39 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			var streamClient *ledgerstream.Client
+			var targets []target
 			for _, api := range cfg.apis {
-				c, t := client, target
+				c, t := client, ledgerd
 				if api == "stream" {
 					streamClient = ledgerstream.New(client)
-					c, t = streamClient, target+" (stream)"
+					c, t = streamClient, ledgerd+" (stream)"
 				}
 				work, err := ledgerWork(c, name+fmt.Sprint(batching)+api)
 				if err != nil {
 					return err
 				}
-				var batches func() crdb.BatchStats
+				var batches func() bench.BatchStats
 				if s, ok := st.(*crdb.Store); ok && batching {
-					batches = s.BatchStats
+					batches = func() bench.BatchStats {
+						b := s.BatchStats()
+						return bench.BatchStats{Batches: b.Batches, Calls: b.Calls, Busy: b.Busy}
+					}
 				}
-				sweep(t, work, batches)
+				targets = append(targets, target{name: t, workloads: work, batches: batches})
 			}
-			if pool != nil && (!batching || cfg.batching == "only") {
+			// Direct SQL runs in turns with the targets it is compared
+			// with: the batching store's (the default), or the store
+			// without batching when that is all that is measured.
+			if pool != nil && (batching || cfg.batching == "off") {
 				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
 				if replays {
 					if err := sql.PrepareReplays(ctx); err != nil {
 						return err
 					}
 				}
-				sweep("sql/postgres (pgx)", map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}, nil)
+				targets = append(targets, target{name: "sql/postgres (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}})
 			}
+			sweep(targets...)
 			if cfg.interceptor && name == "embedded" {
 				ledgers := map[string]ledgerv1.LedgerServiceClient{}
 				for _, api := range cfg.apis {
@@ -425,6 +439,7 @@ func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledg
 	}
 	names := slices.Sorted(maps.Keys(targets))
 	slices.Reverse(names) // unprotected first
+	var subjects []bench.Subject
 	for i, target := range names {
 		var opts []grpc.ServerOption
 		if icpt := targets[target]; icpt != nil {
@@ -437,17 +452,19 @@ func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledg
 			return err
 		}
 		go func() { _ = gs.Serve(lis) }()
+		defer gs.Stop()
 		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			gs.Stop()
 			return err
 		}
+		defer conn.Close()
 		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: fmt.Sprint(prefix, "-inv-", i)}
-		for _, c := range cfg.clients {
-			emit(bench.Measure(ctx, target, "write", c, cfg.duration, w.Write()))
+		subjects = append(subjects, bench.Subject{Target: target, Op: w.Write()})
+	}
+	for _, c := range cfg.clients {
+		for _, r := range bench.Interleave(ctx, "write", c, cfg.duration, cfg.rounds, subjects...) {
+			emit(r)
 		}
-		_ = conn.Close()
-		gs.Stop()
 	}
 	return nil
 }

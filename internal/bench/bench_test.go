@@ -6,7 +6,9 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -49,6 +51,53 @@ func TestMeasure(t *testing.T) {
 	}
 	if r.P50ms < 1 || r.P99ms < r.P50ms || r.P999ms < r.P99ms {
 		t.Fatalf("percentiles p50 %.2f p99 %.2f p99.9 %.2f", r.P50ms, r.P99ms, r.P999ms)
+	}
+}
+
+// TestInterleave: two subjects run in turns, each for its share of the
+// time, and each result counts only its own turns.
+func TestInterleave(t *testing.T) {
+	var mu sync.Mutex
+	var turns []string // the subject of each operation, run-length encoded
+	var batches, calls atomic.Uint64
+	op := func(name string, sleep time.Duration, batch bool) bench.Op {
+		return func(ctx context.Context, c int, n int64) error {
+			mu.Lock()
+			if len(turns) == 0 || turns[len(turns)-1] != name {
+				turns = append(turns, name)
+			}
+			mu.Unlock()
+			if batch {
+				batches.Add(1)
+				calls.Add(3)
+			}
+			time.Sleep(sleep)
+			return nil
+		}
+	}
+	stats := func() bench.BatchStats { return bench.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
+	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
+		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false)},
+		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats})
+	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
+		t.Fatalf("turns %v, want %v", turns, want)
+	}
+	fast, slow := rs[0], rs[1]
+	if fast.Target != "fast" || slow.Target != "slow" || fast.Workload != "sleep" || fast.Clients != 2 {
+		t.Fatalf("results %+v %+v", fast, slow)
+	}
+	// Each ran 3 turns of 200 ms; its warm-ups are not counted.
+	for _, r := range rs {
+		if r.Seconds < 0.55 || r.Seconds > 0.7 {
+			t.Fatalf("%s measured for %.2f s, want about 0.6", r.Target, r.Seconds)
+		}
+	}
+	// 2 clients sleeping 1 ms, against 4 ms: about 4 times the rate.
+	if q := fast.PerSecond / slow.PerSecond; q < 2.5 || q > 5 {
+		t.Fatalf("fast %.0f ops/s, slow %.0f: ratio %.1f, want about 4", fast.PerSecond, slow.PerSecond, q)
+	}
+	if fast.BatchCalls != 0 || slow.BatchCalls != 3 {
+		t.Fatalf("batch sizes fast %.1f slow %.1f, want 0 and 3", fast.BatchCalls, slow.BatchCalls)
 	}
 }
 
