@@ -4,7 +4,9 @@
 // keys; contention on a few hot keys), on each store. On PostgreSQL it does
 // the same work in the same run with the store's SQL sent straight through
 // pgx, so the service's cost shows as a ratio. It also measures a write RPC
-// with and without the idempotency interceptor.
+// with and without the idempotency interceptor. The targets compared at a
+// point (a workload and a number of clients) run in turns, so that the
+// machine's drift during the run slows them alike (-rounds).
 //
 // By default it starts ledgerd's service in process, on loopback gRPC, and a
 // throwaway PostgreSQL; -addr drives a running ledgerd instead.
