@@ -54,17 +54,19 @@ type config struct {
 	clients                                                        []int
 	apis                                                           []string
 	duration                                                       time.Duration
-	pool, batchInFlight, rounds                                    int
+	pool, batchInFlight, rounds, ledgerdProcs                      int
 	interceptor, durable                                           bool
 	batching                                                       string
 }
 
 // target is a target's workloads; batches, when not nil, reads the batch
-// counters of the store behind it.
+// counters of the store behind it; procs, when above 0, is GOMAXPROCS
+// during its turns.
 type target struct {
 	name      string
 	workloads map[string]bench.Op
 	batches   func() bench.BatchStats
+	procs     int
 }
 
 func main() {
@@ -75,6 +77,7 @@ func main() {
 	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each target at each point (plus a fifth to warm up)")
 	flag.IntVar(&cfg.rounds, "rounds", 5, "the targets of a point run in turns, this many each, so that the machine's drift slows them alike")
+	flag.IntVar(&cfg.ledgerdProcs, "ledgerd-procs", 0, "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets; 0 leaves every core")
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
@@ -111,6 +114,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
+	}
+	if cfg.ledgerdProcs > 0 && cfg.addr != "" {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
+		os.Exit(2)
 	}
 	if cfg.dbCPUs != "" && (cfg.databaseURL != "" || cfg.addr != "") {
 		fmt.Fprintln(os.Stderr, "ledgerbench: -db-cpus places the throwaway cluster; it does not go with -database-url or -addr")
@@ -161,7 +168,7 @@ func run(ctx context.Context, cfg config) error {
 				var subjects []bench.Subject
 				for _, t := range targets {
 					if op, ok := t.workloads[w]; ok {
-						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches})
+						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, Procs: t.procs})
 					}
 				}
 				if len(subjects) == 0 {
@@ -242,6 +249,9 @@ func run(ctx context.Context, cfg config) error {
 			if batching {
 				ledgerd += "+batching"
 			}
+			if cfg.ledgerdProcs > 0 {
+				ledgerd += fmt.Sprintf(" GOMAXPROCS=%d", cfg.ledgerdProcs)
+			}
 			client, stopServer, err := serveLedger(st)
 			if err != nil {
 				closeStore()
@@ -266,7 +276,7 @@ func run(ctx context.Context, cfg config) error {
 						return bench.BatchStats{Batches: b.Batches, Calls: b.Calls, Busy: b.Busy}
 					}
 				}
-				targets = append(targets, target{name: t, workloads: work, batches: batches})
+				targets = append(targets, target{name: t, workloads: work, batches: batches, procs: cfg.ledgerdProcs})
 			}
 			// Direct SQL runs in turns with the targets it is compared
 			// with: the batching store's (the default), or the store

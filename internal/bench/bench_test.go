@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -60,12 +61,14 @@ func TestInterleave(t *testing.T) {
 	var mu sync.Mutex
 	var turns []string // the subject of each operation, run-length encoded
 	var batches, calls atomic.Uint64
+	procs := map[string]map[int]bool{"fast": {}, "slow": {}} // GOMAXPROCS seen in each subject's turns
 	op := func(name string, sleep time.Duration, batch bool) bench.Op {
 		return func(ctx context.Context, c int, n int64) error {
 			mu.Lock()
 			if len(turns) == 0 || turns[len(turns)-1] != name {
 				turns = append(turns, name)
 			}
+			procs[name][runtime.GOMAXPROCS(0)] = true
 			mu.Unlock()
 			if batch {
 				batches.Add(1)
@@ -76,11 +79,17 @@ func TestInterleave(t *testing.T) {
 		}
 	}
 	stats := func() bench.BatchStats { return bench.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
+	before := runtime.GOMAXPROCS(0)
 	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
 		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false)},
-		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats})
+		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, Procs: before + 1})
 	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
 		t.Fatalf("turns %v, want %v", turns, want)
+	}
+	if after := runtime.GOMAXPROCS(0); after != before || len(procs["fast"]) != 1 || !procs["fast"][before] ||
+		len(procs["slow"]) != 1 || !procs["slow"][before+1] {
+		t.Fatalf("GOMAXPROCS %d before, %d after; seen in the turns %v, want %d in fast's and %d in slow's",
+			before, after, procs, before, before+1)
 	}
 	fast, slow := rs[0], rs[1]
 	if fast.Target != "fast" || slow.Target != "slow" || fast.Workload != "sleep" || fast.Clients != 2 {

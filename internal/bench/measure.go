@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,6 +56,10 @@ type Subject struct {
 	// Batches, when not nil, reads the batch counters of the store behind
 	// the target, for Result.BatchCalls and BatchBusy.
 	Batches func() BatchStats
+	// Procs, when above 0, is GOMAXPROCS during the target's turns: the
+	// cores of a service sized to fewer than the machine has (the clients
+	// of an in-process service run under the same limit).
+	Procs int
 }
 
 // BatchStats are a batching store's counters (crdb.BatchStats).
@@ -80,8 +85,15 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 	rounds = max(rounds, 1)
 	turn := d / time.Duration(rounds)
 	ms := make([]meter, len(subjects))
+	procs := runtime.GOMAXPROCS(0)
+	defer runtime.GOMAXPROCS(procs)
 	for range rounds {
 		for i, sub := range subjects {
+			if sub.Procs > 0 {
+				runtime.GOMAXPROCS(sub.Procs)
+			} else {
+				runtime.GOMAXPROCS(procs)
+			}
 			var before BatchStats
 			if sub.Batches != nil {
 				before = sub.Batches()
