@@ -76,11 +76,10 @@ func Measure(ctx context.Context, target, workload string, clients int, d time.D
 
 // Interleave measures subjects in turns, for d each in all: in each of
 // rounds rounds every subject runs for d/rounds, after a warm-up of a fifth
-// of that. The machine's speed drifts from second to second (here direct
-// SQL at 8 clients ran anywhere from 4,700 to 8,000 pairs/s within an
-// hour), so two targets measured one after the other can differ by the
-// drift alone; measured in turns, the drift slows them alike and their
-// ratio holds.
+// of that. The machine's speed drifts during a run (here direct SQL at 8
+// clients ran anywhere from 4,700 to 8,000 pairs/s within an hour), so two
+// targets measured one after the other can differ by the drift alone;
+// measured in turns, the drift slows them alike and their ratio holds.
 func Interleave(ctx context.Context, workload string, clients int, d time.Duration, rounds int, subjects ...Subject) []Result {
 	rounds = max(rounds, 1)
 	turn := d / time.Duration(rounds)
