@@ -80,7 +80,7 @@ func main() {
 	flag.IntVar(&cfg.ledgerdProcs, "ledgerd-procs", 0, "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets; 0 leaves every core")
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
-	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store; empty starts a throwaway cluster")
+	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
 	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
@@ -222,6 +222,16 @@ func run(ctx context.Context, cfg config) error {
 			}
 			targets = append(targets, target{name: name, workloads: work})
 		}
+		// With the database too, direct SQL on it runs in turns with the
+		// running ledgerd.
+		if cfg.databaseURL != "" {
+			sql, closeSQL, err := directSQL(ctx, cfg, prefix, replays)
+			if err != nil {
+				return err
+			}
+			defer closeSQL()
+			targets = append(targets, sql)
+		}
 		sweep(targets...)
 		return output(cfg, results)
 	}
@@ -282,13 +292,11 @@ func run(ctx context.Context, cfg config) error {
 			// with: the batching store's (the default), or the store
 			// without batching when that is all that is measured.
 			if pool != nil && (batching || cfg.batching == "off") {
-				sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
-				if replays {
-					if err := sql.PrepareReplays(ctx); err != nil {
-						return err
-					}
+				sql, err := sqlTarget(ctx, pool, prefix, replays)
+				if err != nil {
+					return err
 				}
-				targets = append(targets, target{name: "sql/postgres (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}})
+				targets = append(targets, sql)
 			}
 			sweep(targets...)
 			if cfg.interceptor && name == "embedded" {
@@ -328,6 +336,41 @@ func output(cfg config, results []bench.Result) error {
 		return bench.Plot(results, "fresh", "Begin+Complete on fresh keys (ledgerd over loopback gRPC vs direct SQL)", cfg.pngPath)
 	}
 	return nil
+}
+
+// sqlTarget is the store's statements sent straight through pool.
+func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix string, replays bool) (target, error) {
+	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
+	if replays {
+		if err := sql.PrepareReplays(ctx); err != nil {
+			return target{}, err
+		}
+	}
+	return target{name: "sql/postgres (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+}
+
+// directSQL is sqlTarget on the database at -database-url (the one a
+// running ledgerd uses, with its schema), over a pool set up as the store's.
+func directSQL(ctx context.Context, cfg config, prefix string, replays bool) (target, func(), error) {
+	url := cfg.databaseURL
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	s, err := crdb.Open(ctx, url+sep+"pool_max_conns="+strconv.Itoa(cfg.pool), crdb.Config{})
+	if err != nil {
+		return target{}, nil, err
+	}
+	if _, err := s.Migrate(ctx); err != nil {
+		s.Close()
+		return target{}, nil, err
+	}
+	t, err := sqlTarget(ctx, s.Pool(), prefix, replays)
+	if err != nil {
+		s.Close()
+		return target{}, nil, err
+	}
+	return t, s.Close, nil
 }
 
 // openStore opens a store in process; for postgres it also returns a pool
