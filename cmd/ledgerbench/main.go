@@ -65,7 +65,7 @@ type config struct {
 type target struct {
 	name      string
 	workloads map[string]bench.Op
-	batches   func() bench.BatchStats
+	batches   func() crdb.BatchStats
 	procs     int
 }
 
@@ -225,11 +225,15 @@ func run(ctx context.Context, cfg config) error {
 		// With the database too, direct SQL on it runs in turns with the
 		// running ledgerd.
 		if cfg.databaseURL != "" {
-			sql, closeSQL, err := directSQL(ctx, cfg, prefix, replays)
+			_, closeStore, pool, err := openStore(ctx, cfg, "postgres", false)
 			if err != nil {
 				return err
 			}
-			defer closeSQL()
+			defer closeStore()
+			sql, err := sqlTarget(ctx, pool, prefix, replays)
+			if err != nil {
+				return err
+			}
 			targets = append(targets, sql)
 		}
 		sweep(targets...)
@@ -279,12 +283,9 @@ func run(ctx context.Context, cfg config) error {
 				if err != nil {
 					return err
 				}
-				var batches func() bench.BatchStats
+				var batches func() crdb.BatchStats
 				if s, ok := st.(*crdb.Store); ok && batching {
-					batches = func() bench.BatchStats {
-						b := s.BatchStats()
-						return bench.BatchStats{Batches: b.Batches, Calls: b.Calls, Busy: b.Busy}
-					}
+					batches = s.BatchStats
 				}
 				targets = append(targets, target{name: t, workloads: work, batches: batches, procs: cfg.ledgerdProcs})
 			}
@@ -347,30 +348,6 @@ func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix string, replays b
 		}
 	}
 	return target{name: "sql/postgres (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
-}
-
-// directSQL is sqlTarget on the database at -database-url (the one a
-// running ledgerd uses, with its schema), over a pool set up as the store's.
-func directSQL(ctx context.Context, cfg config, prefix string, replays bool) (target, func(), error) {
-	url := cfg.databaseURL
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	s, err := crdb.Open(ctx, url+sep+"pool_max_conns="+strconv.Itoa(cfg.pool), crdb.Config{})
-	if err != nil {
-		return target{}, nil, err
-	}
-	if _, err := s.Migrate(ctx); err != nil {
-		s.Close()
-		return target{}, nil, err
-	}
-	t, err := sqlTarget(ctx, s.Pool(), prefix, replays)
-	if err != nil {
-		s.Close()
-		return target{}, nil, err
-	}
-	return t, s.Close, nil
 }
 
 // openStore opens a store in process; for postgres it also returns a pool

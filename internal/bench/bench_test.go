@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/internal/bench"
+	"github.com/idemledger/idemledger/ledger/crdb"
 )
 
 func TestMeasure(t *testing.T) {
@@ -22,7 +23,7 @@ func TestMeasure(t *testing.T) {
 	seen := map[int64]bool{}
 	var dup atomic.Bool
 	ch := make(chan int64, 1<<16)
-	r := bench.Measure(t.Context(), "fake", "sleep", 4, 200*time.Millisecond, func(ctx context.Context, c int, n int64) error {
+	r := bench.Interleave(t.Context(), "sleep", 4, 200*time.Millisecond, 1, bench.Subject{Target: "fake", Op: func(ctx context.Context, c int, n int64) error {
 		select {
 		case ch <- n:
 		default:
@@ -32,7 +33,7 @@ func TestMeasure(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 		return nil
-	})
+	}})[0]
 	close(ch)
 	for n := range ch {
 		if seen[n] {
@@ -78,7 +79,7 @@ func TestInterleave(t *testing.T) {
 			return nil
 		}
 	}
-	stats := func() bench.BatchStats { return bench.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
+	stats := func() crdb.BatchStats { return crdb.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
 	before := runtime.GOMAXPROCS(0)
 	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
 		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false)},

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/crdb"
 )
 
 // Op is one operation of a workload, run by client c; n is unique in the
@@ -55,23 +57,11 @@ type Subject struct {
 	Op     Op
 	// Batches, when not nil, reads the batch counters of the store behind
 	// the target, for Result.BatchCalls and BatchBusy.
-	Batches func() BatchStats
+	Batches func() crdb.BatchStats
 	// Procs, when above 0, is GOMAXPROCS during the target's turns: the
 	// cores of a service sized to fewer than the machine has (the clients
 	// of an in-process service run under the same limit).
 	Procs int
-}
-
-// BatchStats are a batching store's counters (crdb.BatchStats).
-type BatchStats struct {
-	Batches, Calls uint64
-	Busy           time.Duration
-}
-
-// Measure runs op from clients goroutines for d (after a warm-up of d/5)
-// and returns what it measured.
-func Measure(ctx context.Context, target, workload string, clients int, d time.Duration, op Op) Result {
-	return Interleave(ctx, workload, clients, d, 1, Subject{Target: target, Op: op})[0]
 }
 
 // Interleave measures subjects in turns, for d each in all: in each of
@@ -93,7 +83,7 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 			} else {
 				runtime.GOMAXPROCS(procs)
 			}
-			var before BatchStats
+			var before crdb.BatchStats
 			if sub.Batches != nil {
 				before = sub.Batches()
 			}
