@@ -9,7 +9,9 @@
 // machine's drift during the run slows them alike (-rounds).
 //
 // By default it starts ledgerd's service in process, on loopback gRPC, and a
-// throwaway PostgreSQL; -addr drives a running ledgerd instead.
+// throwaway PostgreSQL with PostgreSQL's durability settings, as a ledger's
+// database runs in production (-durable=false turns fsync off); -addr drives
+// a running ledgerd instead.
 //
 //	go run ./cmd/ledgerbench -json bench.json -png docs/bench.png
 package main
@@ -81,7 +83,7 @@ func main() {
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
-	flag.BoolVar(&cfg.durable, "durable", false, "start the throwaway cluster with fsync and synchronous_commit on")
+	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
@@ -230,7 +232,7 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			defer closeStore()
-			sql, err := sqlTarget(ctx, pool, prefix, replays)
+			sql, err := sqlTarget(ctx, pool, prefix, "", replays)
 			if err != nil {
 				return err
 			}
@@ -263,6 +265,9 @@ func run(ctx context.Context, cfg config) error {
 			if batching {
 				ledgerd += "+batching"
 			}
+			if pool != nil {
+				ledgerd += cfg.dbTag()
+			}
 			if cfg.ledgerdProcs > 0 {
 				ledgerd += fmt.Sprintf(" GOMAXPROCS=%d", cfg.ledgerdProcs)
 			}
@@ -293,7 +298,7 @@ func run(ctx context.Context, cfg config) error {
 			// with: the batching store's (the default), or the store
 			// without batching when that is all that is measured.
 			if pool != nil && (batching || cfg.batching == "off") {
-				sql, err := sqlTarget(ctx, pool, prefix, replays)
+				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays)
 				if err != nil {
 					return err
 				}
@@ -339,15 +344,27 @@ func output(cfg config, results []bench.Result) error {
 	return nil
 }
 
-// sqlTarget is the store's statements sent straight through pool.
-func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix string, replays bool) (target, error) {
+// sqlTarget is the store's statements sent straight through pool; tag
+// qualifies its name (dbTag).
+func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool) (target, error) {
 	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
 	if replays {
 		if err := sql.PrepareReplays(ctx); err != nil {
 			return target{}, err
 		}
 	}
-	return target{name: "sql/postgres (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+	return target{name: "sql/postgres" + tag + " (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+}
+
+// dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when
+// the throwaway cluster runs without durability (-durable=false). Of a
+// database given by -database-url the command knows nothing, and says
+// nothing.
+func (cfg config) dbTag() string {
+	if cfg.durable || cfg.databaseURL != "" {
+		return ""
+	}
+	return " fsync=off"
 }
 
 // openStore opens a store in process; for postgres it also returns a pool

@@ -59,3 +59,22 @@ func TestTurnsOnPostgres(t *testing.T) {
 		t.Fatalf("%d targets, want 3: %v", len(got), got)
 	}
 }
+
+// TestDBTag: the PostgreSQL targets say when the throwaway cluster runs
+// without durability, and say nothing of a database they did not start.
+func TestDBTag(t *testing.T) {
+	for _, tc := range []struct {
+		durable bool
+		url     string
+		want    string
+	}{
+		{durable: true, want: ""},
+		{durable: false, want: " fsync=off"},
+		{durable: false, url: "postgres://db", want: ""},
+		{durable: true, url: "postgres://db", want: ""},
+	} {
+		if got := (config{durable: tc.durable, databaseURL: tc.url}).dbTag(); got != tc.want {
+			t.Errorf("durable %v, url %q: dbTag %q, want %q", tc.durable, tc.url, got, tc.want)
+		}
+	}
+}
