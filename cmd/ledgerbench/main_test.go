@@ -64,17 +64,20 @@ func TestTurnsOnPostgres(t *testing.T) {
 // without durability, and say nothing of a database they did not start.
 func TestDBTag(t *testing.T) {
 	for _, tc := range []struct {
+		name    string
 		durable bool
 		url     string
 		want    string
 	}{
-		{durable: true, want: ""},
-		{durable: false, want: " fsync=off"},
-		{durable: false, url: "postgres://db", want: ""},
-		{durable: true, url: "postgres://db", want: ""},
+		{name: "durable cluster", durable: true, want: ""},
+		{name: "cluster without durability", durable: false, want: " fsync=off"},
+		{name: "given database, -durable=false", durable: false, url: "postgres://db", want: ""},
+		{name: "given database", durable: true, url: "postgres://db", want: ""},
 	} {
-		if got := (config{durable: tc.durable, databaseURL: tc.url}).dbTag(); got != tc.want {
-			t.Errorf("durable %v, url %q: dbTag %q, want %q", tc.durable, tc.url, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			if got := (config{durable: tc.durable, databaseURL: tc.url}).dbTag(); got != tc.want {
+				t.Errorf("dbTag() = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
