@@ -1,41 +1,46 @@
 # idemledger: `make help` lists the targets.
 SHELL := /usr/bin/env bash
 BUF := bin/buf
-PKGS := ./...
+GOLANGCI := bin/golangci-lint
+# Every package of every module of the workspace (go.work).
+PKGS := github.com/idemledger/idemledger/...
+# The modules, tools excluded.
+MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test test-short lint breaking generate checkgenerate fuzz bench buf
+.PHONY: help build run test test-short lint breaking generate checkgenerate fuzz bench buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## Build every package and command.
+build: ## Build every package and command of every module.
 	go build $(PKGS)
 
-run: ## Start ledgerd on its embedded default store (dev mode, loopback).
+run: ## Start ledgerd on its embedded store (dev mode, loopback, ./ledgerd-data).
 	go run ./cmd/ledgerd
 
-test: ## Run every test with the race detector (starts a throwaway PostgreSQL when it can), and the deploy/ manifests' tests.
+test: ## Run every test of every module with the race detector (starts a throwaway PostgreSQL).
 	go test -race -count=1 $(PKGS)
-	cd deploy/test && go test -count=1 ./...
 
-test-short: ## Run the tests that need no PostgreSQL.
+test-short: ## Run the tests that need no PostgreSQL and no module proxy.
 	go test -race -short $(PKGS)
 
-lint: buf ## gofmt, go mod tidy -diff, go vet and buf lint.
-	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	go mod tidy -diff
+lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module, go vet, buf lint.
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/\|/gen/\|^internal/testpb/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@set -e; for m in $(MODULES) tools/buf tools/lint; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
 	go vet $(PKGS)
-	cd deploy/test && go mod tidy -diff && go vet ./...
+	@set -e; for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(CURDIR)/$(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...); done
 	$(BUF) lint
 
-breaking: buf ## Check proto/ for breaking changes against main.
-	$(BUF) breaking --against '.git#branch=main'
+breaking: buf ## Check proto/ for breaking changes against BASE (default: the previous commit).
+	$(BUF) breaking proto --against '.git#ref=$(or $(BASE),HEAD~1),subdir=proto'
 
-generate: buf ## Regenerate gen/ from proto/ with buf and the pinned local plugins.
+generate: buf ## Regenerate gen/, examples/gen/ and internal/testpb from the protos (buf with the pinned local plugins).
 	$(BUF) generate
+	$(BUF) generate --template examples/buf.gen.yaml
+	$(BUF) generate --template internal/testpb/buf.gen.yaml
 
-checkgenerate: generate ## Regenerate and fail if gen/ differs from what is committed.
-	@if [ -n "$$(git status --porcelain -- gen)" ]; then git status --porcelain -- gen; git diff -- gen | head -40; echo "gen/ is stale: run make generate and commit"; exit 1; fi
+checkgenerate: generate ## Regenerate and fail if generated code differs from what is committed.
+	@if [ -n "$$(git status --porcelain -- gen examples/gen internal/testpb)" ]; then git status --porcelain -- gen examples/gen internal/testpb; git diff -- gen examples/gen internal/testpb | head -40; echo "generated code is stale: run make generate and commit"; exit 1; fi
 
 fuzz: ## Run each fuzz target for FUZZTIME (default 20s).
 	@set -e; for pkg in $$(go list $(PKGS)); do \
@@ -48,4 +53,8 @@ bench: ## Run the benchmarks (compare runs with benchstat).
 
 buf: $(BUF)
 $(BUF): tools/buf/go.mod tools/buf/go.sum
-	cd tools/buf && go build -o ../../$(BUF) github.com/bufbuild/buf/cmd/buf
+	cd tools/buf && GOWORK=off go build -o ../../$(BUF) github.com/bufbuild/buf/cmd/buf
+
+golangci: $(GOLANGCI)
+$(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
+	cd tools/lint && GOWORK=off go build -o ../../$(GOLANGCI) github.com/golangci/golangci-lint/v2/cmd/golangci-lint

@@ -21,8 +21,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
@@ -83,7 +83,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 		if !stream {
 			return raw, metadata.NewOutgoingContext(t.Context(), md)
 		}
-		c := ledgerstream.New(raw, ledgerstream.WithMetadata(md))
+		c := ledgerclient.New(raw, ledgerclient.WithMetadata(md))
 		t.Cleanup(func() { _ = c.Close() })
 		return c, t.Context()
 	}

@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +13,6 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -111,12 +112,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 // TestStoreUnavailable: a store that cannot answer gives UNAVAILABLE,
 // retryable, on every RPC, and its cause stays out of the message.
 func TestStoreUnavailable(t *testing.T) {
-	s, err := bolt.Open(t.TempDir(), bolt.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = s.Close()
-	conn := servertest.Dial(t, server.New(ledger.New(s, ledger.Config{}), server.Config{Auth: testAuth}))
+	conn := servertest.Dial(t, server.New(ledger.New(downStore{}, ledger.Config{}), server.Config{Auth: testAuth}))
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	ctx := as(t, "billing-token")
 	small := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}
@@ -147,4 +143,25 @@ func TestStoreUnavailable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// downStore is a store whose disk is gone: every call fails UNAVAILABLE,
+// with a cause that names the store, as the embedded store's does.
+type downStore struct{}
+
+var errDown = ledger.Wrap(ledger.CodeUnavailable, errors.New("bolt: database not open"), "the ledger's store is unavailable")
+
+func (downStore) Claim(context.Context, ledger.ClaimParams) (ledger.ClaimResult, error) {
+	return ledger.ClaimResult{}, errDown
+}
+
+func (downStore) Complete(context.Context, ledger.CompleteParams) (ledger.Record, error) {
+	return ledger.Record{}, errDown
+}
+func (downStore) Release(context.Context, ledger.ReleaseParams) error { return errDown }
+func (downStore) Extend(context.Context, ledger.ExtendParams) (ledger.Record, error) {
+	return ledger.Record{}, errDown
+}
+func (downStore) Get(context.Context, ledger.Scope) (ledger.Record, error) {
+	return ledger.Record{}, errDown
 }

@@ -57,8 +57,11 @@ type Config struct {
 	// RateLimit, when not nil, limits the calls of each namespace; calls
 	// over it are RATE_LIMITED before they reach the ledger.
 	RateLimit *RateLimit
-	// Metrics, when not nil, counts every decision.
-	Metrics *Metrics
+	// Observe, when not nil, hears every decision, with the namespace it
+	// was made for: the hook for metrics (ledgerd binds Prometheus to it).
+	// It is called on the call's goroutine and must be safe for concurrent
+	// use.
+	Observe func(namespace string, d Decision)
 	// StreamMaxAge, when positive, drains every Stream that old, so that
 	// clients move to new streams (and, after a GOAWAY, to new connections
 	// and replicas) without a call failing.
@@ -72,7 +75,7 @@ type Server struct {
 	auth    Authenticator
 	log     *slog.Logger
 	limit   *RateLimit
-	metrics *Metrics
+	onDecision func(namespace string, d Decision)
 
 	streamMaxAge time.Duration
 	drain        chan struct{} // closed by Drain
@@ -87,7 +90,7 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, metrics: cfg.Metrics,
+	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, onDecision: cfg.Observe,
 		streamMaxAge: cfg.StreamMaxAge, drain: make(chan struct{})}
 }
 
@@ -127,8 +130,8 @@ func (s *Server) scope(ctx context.Context, tenant, key string) (ledger.Scope, e
 }
 
 func (s *Server) observe(namespace string, d Decision) {
-	if s.metrics != nil {
-		s.metrics.Observe(namespace, d)
+	if s.onDecision != nil {
+		s.onDecision(namespace, d)
 	}
 }
 

@@ -21,8 +21,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
@@ -30,9 +30,9 @@ import (
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
-// streamClient is a ledgerstream client whose streams carry token.
-func streamClient(t *testing.T, conn grpc.ClientConnInterface, token string) *ledgerstream.Client {
-	c := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn), ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+token)))
+// streamClient is a ledgerclient client whose streams carry token.
+func streamClient(t *testing.T, conn grpc.ClientConnInterface, token string) *ledgerclient.Client {
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+token)))
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -309,9 +309,9 @@ func statusProto(e *ledgerv1.CallStatus) *spb.Status {
 // of its namespace's rate limit and counts its decision, as a unary call
 // does; RATE_LIMITED carries its retry-after in its details.
 func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
-	metrics := server.NewMetrics()
+	var metrics decisions
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
-	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Metrics: metrics}))
+	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Observe: metrics.observe}))
 	client := streamClient(t, conn, "billing-token")
 	ctx := t.Context()
 	if _, err := client.Begin(ctx, beginReq("a")); err != nil {
@@ -326,9 +326,5 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 	if le := ledgertest.WantStatus(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}
-	wantDecisions(t, metrics, `
-idemledger_decisions_total{decision="claimed",namespace="billing"} 1
-idemledger_decisions_total{decision="in_progress",namespace="billing"} 1
-idemledger_decisions_total{decision="rate_limited",namespace="billing"} 1
-`)
+	metrics.want(t, map[string]int{"billing claimed": 1, "billing in_progress": 1, "billing rate_limited": 1})
 }

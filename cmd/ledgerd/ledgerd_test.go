@@ -32,9 +32,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/ledgerstream"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
@@ -283,7 +283,7 @@ func sigtermDrains(t *testing.T, stream bool) {
 	p.waitServing(t, conn)
 	var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
 	if stream {
-		sc := ledgerstream.New(client)
+		sc := ledgerclient.New(client)
 		defer sc.Close()
 		client = sc
 	}

@@ -93,10 +93,10 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	decisions := server.NewMetrics()
+	decisions, observe := decisionCounter()
 	reg.MustRegister(grpcMetrics, decisions)
 
-	srvCfg := server.Config{Auth: auth, Logger: log, Metrics: decisions, StreamMaxAge: cfg.streamMaxAge}
+	srvCfg := server.Config{Auth: auth, Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge}
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}

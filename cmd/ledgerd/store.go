@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/crdb"
@@ -146,33 +144,4 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 		log.Info("schema migrated", "applied", applied, "dialect", s.Dialect().String())
 	}
 	return s, s.Close, nil
-}
-
-// batchStats are the SQL store's batch counters: zero until it is open, and
-// for a store that does not batch.
-func (l *lateStore) batchStats() crdb.BatchStats {
-	s, err := l.get()
-	if err != nil {
-		return crdb.BatchStats{}
-	}
-	if b, ok := s.(interface{ BatchStats() crdb.BatchStats }); ok {
-		return b.BatchStats()
-	}
-	return crdb.BatchStats{}
-}
-
-// batchMetrics are the Prometheus counters of the SQL store's batches.
-func (l *lateStore) batchMetrics() []prometheus.Collector {
-	counter := func(name, help string, value func(crdb.BatchStats) float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemledger", Subsystem: "sql", Name: name, Help: help},
-			func() float64 { return value(l.batchStats()) })
-	}
-	return []prometheus.Collector{
-		counter("batches_total", "Batches of Begins and Completes sent to the database, lone calls' included.",
-			func(b crdb.BatchStats) float64 { return float64(b.Batches) }),
-		counter("batched_calls_total", "Calls the batches carried: over batches_total, the mean batch size.",
-			func(b crdb.BatchStats) float64 { return float64(b.Calls) }),
-		counter("batch_busy_seconds_total", "Time spent running batches: its rate is the share of time a batch is in flight.",
-			func(b crdb.BatchStats) float64 { return b.Busy.Seconds() }),
-	}
 }

@@ -1,7 +1,8 @@
 // Package invoice is the example write service: an InvoiceService whose
 // CreateInvoice writes an invoice row to the service's own store, made
-// idempotent by the ledger's interceptor (package idempotency), and a demo
-// (Demo) that plays an agent against it through every fault an agent meets.
+// idempotent by the ledger's interceptor (package idempotency). It imports
+// only what a write service imports: the generated code, the interceptor
+// and the ledger's types.
 package invoice
 
 import (
@@ -14,9 +15,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
+	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 )
+
+// CreateInvoiceMethod is the protected method.
+const CreateInvoiceMethod = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
 
 // Row is an invoice row of the store, with the idempotency key and the
 // fencing token of the attempt that wrote it.

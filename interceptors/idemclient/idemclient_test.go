@@ -13,10 +13,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -24,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const createInvoice = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
+const createInvoice = "/idemledger.testing.v1.InvoiceService/CreateInvoice"
 
 // attempt is what the write service saw of one call.
 type attempt struct {
@@ -35,7 +35,7 @@ type attempt struct {
 // invoices fails the first len(failures) runs with those errors, then
 // writes invoice number n.
 type invoices struct {
-	invoicev1.UnimplementedInvoiceServiceServer
+	testpb.UnimplementedInvoiceServiceServer
 	mu       sync.Mutex
 	seen     []attempt
 	runs     atomic.Int64
@@ -43,7 +43,7 @@ type invoices struct {
 	hold     time.Duration
 }
 
-func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 	claim, _ := idempotency.ClaimFromContext(ctx)
 	s.mu.Lock()
 	s.seen = append(s.seen, attempt{key: claim.Key, at: time.Now()})
@@ -53,24 +53,24 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoi
 		return nil, s.failures[n-1]
 	}
 	time.Sleep(s.hold)
-	return &invoicev1.CreateInvoiceResponse{Invoice: &invoicev1.Invoice{Id: fmt.Sprintf("inv_%d", n), Tenant: req.GetTenant(), Number: n}}, nil
+	return &testpb.CreateInvoiceResponse{Invoice: &testpb.Invoice{Id: fmt.Sprintf("inv_%d", n), Tenant: req.GetTenant(), Number: n}}, nil
 }
 
 // client runs svc behind the server interceptor and a real ledger, and
 // returns a client whose connection has the idemclient interceptor.
-func client(t *testing.T, svc *invoices, opts ...idemclient.Option) invoicev1.InvoiceServiceClient {
+func client(t *testing.T, svc *invoices, opts ...idemclient.Option) testpb.InvoiceServiceClient {
 	t.Helper()
 	ledgerConn := servertest.DialLedger(t, "billing")
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), idempotency.WithMethod(createInvoice, idempotency.Policy{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := servertest.Start(t, func(gs *grpc.Server) { invoicev1.RegisterInvoiceServiceServer(gs, svc) }, grpc.UnaryInterceptor(icpt))
-	return invoicev1.NewInvoiceServiceClient(srv.Dial(t, grpc.WithUnaryInterceptor(idemclient.UnaryClientInterceptor(append([]idemclient.Option{idemclient.WithBackoff(time.Millisecond, 20*time.Millisecond)}, opts...)...))))
+	srv := servertest.Start(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) }, grpc.UnaryInterceptor(icpt))
+	return testpb.NewInvoiceServiceClient(srv.Dial(t, grpc.WithUnaryInterceptor(idemclient.UnaryClientInterceptor(append([]idemclient.Option{idemclient.WithBackoff(time.Millisecond, 20*time.Millisecond)}, opts...)...))))
 }
 
-func request() *invoicev1.CreateInvoiceRequest {
-	return &invoicev1.CreateInvoiceRequest{Tenant: "acme", CustomerId: "cus_1", Currency: "EUR"}
+func request() *testpb.CreateInvoiceRequest {
+	return &testpb.CreateInvoiceRequest{Tenant: "acme", CustomerId: "cus_1", Currency: "EUR"}
 }
 
 func typed(code ledger.Code, retryAfter time.Duration) error {

@@ -8,9 +8,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	testpb "github.com/idemledger/idemledger/internal/testpb"
 )
 
 // A write service protects CreateInvoice with a 30 s lease and a day of
@@ -22,7 +22,7 @@ func ExampleUnaryServerInterceptor() {
 	}
 	defer ledgerConn.Close()
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn),
-		idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice",
+		idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice",
 			idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
 		idempotency.WithKeyField("request_id"),
 		idempotency.WithTenant(idempotency.TenantFromField("tenant")))
@@ -31,7 +31,7 @@ func ExampleUnaryServerInterceptor() {
 	}
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(icpt))
 	defer gs.Stop()
-	// invoicev1.RegisterInvoiceServiceServer(gs, service); gs.Serve(lis)
+	// testpb.RegisterInvoiceServiceServer(gs, service); gs.Serve(lis)
 	fmt.Println("built")
 	// Output: built
 }
@@ -39,8 +39,8 @@ func ExampleUnaryServerInterceptor() {
 // The key field is left out of the fingerprint: two retries of one intent
 // print alike whatever key they carry, and another payload prints apart.
 func ExampleFingerprint() {
-	const method = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
-	req := &invoicev1.CreateInvoiceRequest{RequestId: "k-1", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR"}
+	const method = "/idemledger.testing.v1.InvoiceService/CreateInvoice"
+	req := &testpb.CreateInvoiceRequest{RequestId: "k-1", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR"}
 	a := idempotency.Fingerprint(method, req, "request_id")
 	req.RequestId = "k-2"
 	b := idempotency.Fingerprint(method, req, "request_id")

@@ -16,20 +16,20 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
+	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 )
 
-func full() *invoicev1.CreateInvoiceRequest {
+func full() *testpb.CreateInvoiceRequest {
 	memo := "thanks"
-	return &invoicev1.CreateInvoiceRequest{
+	return &testpb.CreateInvoiceRequest{
 		RequestId: "k", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
-		LineItems: []*invoicev1.LineItem{{Description: "a", Quantity: 1, UnitAmountMicros: 5}, {Description: "b", Quantity: 2}},
+		LineItems: []*testpb.LineItem{{Description: "a", Quantity: 1, UnitAmountMicros: 5}, {Description: "b", Quantity: 2}},
 		Labels:    map[string]string{"x": "1", "y": "2", "z": "3"},
 		Memo:      &memo, DueAt: timestamppb.New(time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)),
-		Delivery: &invoicev1.CreateInvoiceRequest_Email{Email: "ap@acme.test"}, SendNow: true,
-		DiscountRate: 0.1, Attachment: []byte{0, 1, 2}, Terms: invoicev1.Terms_TERMS_NET_30,
+		Delivery: &testpb.CreateInvoiceRequest_Email{Email: "ap@acme.test"}, SendNow: true,
+		DiscountRate: 0.1, Attachment: []byte{0, 1, 2}, Terms: testpb.Terms_TERMS_NET_30,
 		NotesByLine: map[int64]string{-1: "neg", 0: "zero", 7: "seven"},
 	}
 }
@@ -65,7 +65,7 @@ func TestFingerprintIsCanonical(t *testing.T) {
 		reversed = append(reversed, r.data...)
 	}
 	reversed = protowire.AppendVarint(protowire.AppendTag(reversed, 999, protowire.VarintType), 5)
-	parsed := &invoicev1.CreateInvoiceRequest{}
+	parsed := &testpb.CreateInvoiceRequest{}
 	if err := proto.Unmarshal(reversed, parsed); err != nil {
 		t.Fatal(err)
 	}
@@ -77,36 +77,36 @@ func TestFingerprintIsCanonical(t *testing.T) {
 			t.Fatal("the print depends on map order")
 		}
 	}
-	zero := &invoicev1.CreateInvoiceRequest{Tenant: "acme", SendNow: false, Currency: ""}
-	if idempotency.Fingerprint(createInvoice, zero) != idempotency.Fingerprint(createInvoice, &invoicev1.CreateInvoiceRequest{Tenant: "acme"}) {
+	zero := &testpb.CreateInvoiceRequest{Tenant: "acme", SendNow: false, Currency: ""}
+	if idempotency.Fingerprint(createInvoice, zero) != idempotency.Fingerprint(createInvoice, &testpb.CreateInvoiceRequest{Tenant: "acme"}) {
 		t.Fatal("an explicit proto3 zero prints unlike an unset field")
 	}
 
 	// Anything else changes it.
-	changes := map[string]func(r *invoicev1.CreateInvoiceRequest){
-		"Tenant":      func(r *invoicev1.CreateInvoiceRequest) { r.Tenant = "globex" },
-		"NestedField": func(r *invoicev1.CreateInvoiceRequest) { r.LineItems[1].Quantity = 3 },
-		"ListOrder": func(r *invoicev1.CreateInvoiceRequest) {
+	changes := map[string]func(r *testpb.CreateInvoiceRequest){
+		"Tenant":      func(r *testpb.CreateInvoiceRequest) { r.Tenant = "globex" },
+		"NestedField": func(r *testpb.CreateInvoiceRequest) { r.LineItems[1].Quantity = 3 },
+		"ListOrder": func(r *testpb.CreateInvoiceRequest) {
 			r.LineItems[0], r.LineItems[1] = r.LineItems[1], r.LineItems[0]
 		},
-		"ListLength":    func(r *invoicev1.CreateInvoiceRequest) { r.LineItems = r.LineItems[:1] },
-		"EmptyNested":   func(r *invoicev1.CreateInvoiceRequest) { r.LineItems = append(r.LineItems, &invoicev1.LineItem{}) },
-		"MapValue":      func(r *invoicev1.CreateInvoiceRequest) { r.Labels["y"] = "3" },
-		"MapKey":        func(r *invoicev1.CreateInvoiceRequest) { delete(r.Labels, "z"); r.Labels["w"] = "3" },
-		"IntMapKey":     func(r *invoicev1.CreateInvoiceRequest) { delete(r.NotesByLine, -1); r.NotesByLine[1] = "neg" },
-		"OptionalEmpty": func(r *invoicev1.CreateInvoiceRequest) { e := ""; r.Memo = &e },
-		"OptionalUnset": func(r *invoicev1.CreateInvoiceRequest) { r.Memo = nil },
-		"OneofBranch": func(r *invoicev1.CreateInvoiceRequest) {
-			r.Delivery = &invoicev1.CreateInvoiceRequest_PostalAddress{PostalAddress: "ap@acme.test"}
+		"ListLength":    func(r *testpb.CreateInvoiceRequest) { r.LineItems = r.LineItems[:1] },
+		"EmptyNested":   func(r *testpb.CreateInvoiceRequest) { r.LineItems = append(r.LineItems, &testpb.LineItem{}) },
+		"MapValue":      func(r *testpb.CreateInvoiceRequest) { r.Labels["y"] = "3" },
+		"MapKey":        func(r *testpb.CreateInvoiceRequest) { delete(r.Labels, "z"); r.Labels["w"] = "3" },
+		"IntMapKey":     func(r *testpb.CreateInvoiceRequest) { delete(r.NotesByLine, -1); r.NotesByLine[1] = "neg" },
+		"OptionalEmpty": func(r *testpb.CreateInvoiceRequest) { e := ""; r.Memo = &e },
+		"OptionalUnset": func(r *testpb.CreateInvoiceRequest) { r.Memo = nil },
+		"OneofBranch": func(r *testpb.CreateInvoiceRequest) {
+			r.Delivery = &testpb.CreateInvoiceRequest_PostalAddress{PostalAddress: "ap@acme.test"}
 		},
-		"Timestamp":         func(r *invoicev1.CreateInvoiceRequest) { r.DueAt.Nanos++ },
-		"Bool":              func(r *invoicev1.CreateInvoiceRequest) { r.SendNow = false },
-		"Double":            func(r *invoicev1.CreateInvoiceRequest) { r.DiscountRate = math.Nextafter(0.1, 1) },
-		"Bytes":             func(r *invoicev1.CreateInvoiceRequest) { r.Attachment = []byte{0, 1} },
-		"Enum":              func(r *invoicev1.CreateInvoiceRequest) { r.Terms = invoicev1.Terms_TERMS_DUE_ON_RECEIPT },
-		"StringBoundary":    func(r *invoicev1.CreateInvoiceRequest) { r.CustomerId, r.Currency = "cus_1E", "UR" },
-		"KeyIsPartOfPrint":  func(r *invoicev1.CreateInvoiceRequest) { r.RequestId = "other" },
-		"NegativeZeroFloat": func(r *invoicev1.CreateInvoiceRequest) { r.DiscountRate = math.Copysign(0, -1) },
+		"Timestamp":         func(r *testpb.CreateInvoiceRequest) { r.DueAt.Nanos++ },
+		"Bool":              func(r *testpb.CreateInvoiceRequest) { r.SendNow = false },
+		"Double":            func(r *testpb.CreateInvoiceRequest) { r.DiscountRate = math.Nextafter(0.1, 1) },
+		"Bytes":             func(r *testpb.CreateInvoiceRequest) { r.Attachment = []byte{0, 1} },
+		"Enum":              func(r *testpb.CreateInvoiceRequest) { r.Terms = testpb.Terms_TERMS_DUE_ON_RECEIPT },
+		"StringBoundary":    func(r *testpb.CreateInvoiceRequest) { r.CustomerId, r.Currency = "cus_1E", "UR" },
+		"KeyIsPartOfPrint":  func(r *testpb.CreateInvoiceRequest) { r.RequestId = "other" },
+		"NegativeZeroFloat": func(r *testpb.CreateInvoiceRequest) { r.DiscountRate = math.Copysign(0, -1) },
 	}
 	for name, change := range changes {
 		t.Run(name, func(t *testing.T) {
@@ -117,7 +117,7 @@ func TestFingerprintIsCanonical(t *testing.T) {
 			}
 		})
 	}
-	if idempotency.Fingerprint("/idemledger.examples.invoice.v1.InvoiceService/GetInvoice", full()) == base {
+	if idempotency.Fingerprint("/idemledger.testing.v1.InvoiceService/GetInvoice", full()) == base {
 		t.Fatal("the method is not part of the print")
 	}
 	other := full()

@@ -22,11 +22,11 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
-	"github.com/idemledger/idemledger/interceptors/ledgerstream"
+	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -34,17 +34,17 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const createInvoice = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
+const createInvoice = "/idemledger.testing.v1.InvoiceService/CreateInvoice"
 
 // invoices is a write service whose CreateInvoice runs create and counts
 // its runs.
 type invoices struct {
-	invoicev1.UnimplementedInvoiceServiceServer
+	testpb.UnimplementedInvoiceServiceServer
 	runs   atomic.Int64
-	create func(ctx context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error)
+	create func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error)
 }
 
-func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 	n := s.runs.Add(1)
 	if s.create != nil {
 		return s.create(ctx, n, req)
@@ -52,8 +52,8 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoi
 	return written(n, req), nil
 }
 
-func written(n int64, req *invoicev1.CreateInvoiceRequest) *invoicev1.CreateInvoiceResponse {
-	return &invoicev1.CreateInvoiceResponse{Invoice: &invoicev1.Invoice{
+func written(n int64, req *testpb.CreateInvoiceRequest) *testpb.CreateInvoiceResponse {
+	return &testpb.CreateInvoiceResponse{Invoice: &testpb.Invoice{
 		Id: fmt.Sprintf("inv_%04d", n), Tenant: req.GetTenant(), Number: n, CustomerId: req.GetCustomerId(),
 		Currency: req.GetCurrency(), TotalMicros: 42_000_000 * n, CreatedAt: timestamppb.New(time.Now()),
 	}}
@@ -63,7 +63,7 @@ func written(n int64, req *invoicev1.CreateInvoiceRequest) *invoicev1.CreateInvo
 func ledgerConn(t *testing.T) *grpc.ClientConn { return servertest.DialLedger(t, "billing") }
 
 // ledgerAPI is how the interceptor calls the ledger: unary calls, or calls
-// on a Stream (interceptors/ledgerstream).
+// on a Stream (ledger/ledgerclient).
 type ledgerAPI string
 
 const (
@@ -77,7 +77,7 @@ func (api ledgerAPI) client(t *testing.T, conn *grpc.ClientConn) ledgerv1.Ledger
 	if api == unaryAPI {
 		return raw
 	}
-	c := ledgerstream.New(raw)
+	c := ledgerclient.New(raw)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -91,27 +91,27 @@ func forEachAPI(t *testing.T, test func(*testing.T, ledgerAPI)) {
 
 // serve runs svc behind the interceptor (with recovery outside it, as a
 // write service would) and returns a client of it.
-func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opts ...idempotency.Option) invoicev1.InvoiceServiceClient {
+func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opts ...idempotency.Option) testpb.InvoiceServiceClient {
 	t.Helper()
 	icpt, err := idempotency.UnaryServerInterceptor(ledger, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := servertest.Serve(t, func(gs *grpc.Server) { invoicev1.RegisterInvoiceServiceServer(gs, svc) },
+	conn := servertest.Serve(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) },
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})), icpt))
-	return invoicev1.NewInvoiceServiceClient(conn)
+	return testpb.NewInvoiceServiceClient(conn)
 }
 
 func protect(p idempotency.Policy) []idempotency.Option {
 	return []idempotency.Option{idempotency.WithMethod(createInvoice, p), idempotency.WithKeyField("request_id")}
 }
 
-func request(key string) *invoicev1.CreateInvoiceRequest {
-	return &invoicev1.CreateInvoiceRequest{
+func request(key string) *testpb.CreateInvoiceRequest {
+	return &testpb.CreateInvoiceRequest{
 		RequestId: key, Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
-		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: 3, UnitAmountMicros: 14_000_000}},
+		LineItems: []*testpb.LineItem{{Description: "seats", Quantity: 3, UnitAmountMicros: 14_000_000}},
 		Labels:    map[string]string{"team": "growth", "quarter": "q4"},
 	}
 }
@@ -190,13 +190,13 @@ func TestParallelDuplicatesRunOnce(t *testing.T) { forEachAPI(t, testParallelDup
 
 func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 	release := make(chan struct{})
-	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		<-release
 		return written(n, req), nil
 	}}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
 	var wg sync.WaitGroup
-	results := make([]*invoicev1.CreateInvoiceResponse, 50)
+	results := make([]*testpb.CreateInvoiceResponse, 50)
 	errs := make([]error, 50)
 	var answered atomic.Int64
 	for i := range 50 {
@@ -237,7 +237,7 @@ func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 func TestTransientErrorReleases(t *testing.T) { forEachAPI(t, testTransientErrorReleases) }
 
 func testTransientErrorReleases(t *testing.T, api ledgerAPI) {
-	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		if n == 1 {
 			return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
 		}
@@ -261,7 +261,7 @@ func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := &invoices{create: func(context.Context, int64, *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	svc := &invoices{create: func(context.Context, int64, *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		return nil, declined.Err()
 	}}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
@@ -284,7 +284,7 @@ func TestPanicLeavesTheLeaseToExpire(t *testing.T) { forEachAPI(t, testPanicLeav
 func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 	var claims []idempotency.Claim
 	var mu sync.Mutex
-	svc := &invoices{create: func(ctx context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	svc := &invoices{create: func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		c, ok := idempotency.ClaimFromContext(ctx)
 		if !ok {
 			return nil, status.Error(codes.Internal, "no claim in the handler's context")
@@ -344,7 +344,7 @@ func TestLongHandlerKeepsItsLease(t *testing.T) { forEachAPI(t, testLongHandlerK
 
 func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	started := make(chan struct{})
-	svc := &invoices{create: func(_ context.Context, n int64, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		close(started)
 		time.Sleep(700 * time.Millisecond) // well past the 200 ms lease
 		return written(n, req), nil
@@ -418,7 +418,7 @@ func TestRefusesToBuild(t *testing.T) {
 	client := ledgerv1.NewLedgerServiceClient(ledgerConn(t))
 	for name, opts := range map[string][]idempotency.Option{
 		"UnknownService":  {idempotency.WithMethod("/nope.v1.Nope/Create", idempotency.Policy{})},
-		"UnknownMethod":   {idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/Delete", idempotency.Policy{})},
+		"UnknownMethod":   {idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/Delete", idempotency.Policy{})},
 		"NotAFullName":    {idempotency.WithMethod("CreateInvoice", idempotency.Policy{})},
 		"NegativeLease":   {idempotency.WithMethod(createInvoice, idempotency.Policy{Lease: -time.Second})},
 		"NoTenantFunc":    {idempotency.WithTenant(nil)},

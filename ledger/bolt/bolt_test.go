@@ -19,6 +19,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/lincheck"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -210,9 +211,9 @@ func TestCrashChild(t *testing.T) {
 func TestLinearizable(t *testing.T) {
 	for run := range 5 {
 		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
-			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+			lincheck.Run(t, func(now func() time.Time) ledger.Store {
 				return open(t, t.TempDir(), bolt.Config{Now: now})
-			}, ledgertest.LinConfig{})
+			}, lincheck.Config{})
 		})
 	}
 }
@@ -264,7 +265,7 @@ func (r *restarting) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, e
 func TestLinearizableAcrossRestarts(t *testing.T) {
 	r := &restarting{dir: t.TempDir()}
 	t.Cleanup(func() { _ = r.cur.Load().Close() })
-	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+	lincheck.Run(t, func(now func() time.Time) ledger.Store {
 		r.now = now
 		s, err := bolt.Open(r.dir, bolt.Config{Now: now})
 		if err != nil {
@@ -272,7 +273,7 @@ func TestLinearizableAcrossRestarts(t *testing.T) {
 		}
 		r.cur.Store(s)
 		return r
-	}, ledgertest.LinConfig{Phases: 40, Fault: func(ctx context.Context, _ int) {
+	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
 		for ctx.Err() == nil {
 			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond)
 			r.restart(t)

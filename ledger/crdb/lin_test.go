@@ -13,7 +13,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
-	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/lincheck"
 )
 
 func TestLinearizable(t *testing.T) {
@@ -21,13 +21,13 @@ func TestLinearizable(t *testing.T) {
 	for run := range 8 {
 		batching := run%2 == 1
 		t.Run(fmt.Sprint("history", run, "/batching=", batching), func(t *testing.T) {
-			ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+			lincheck.Run(t, func(now func() time.Time) ledger.Store {
 				s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, Batching: batching, MaxBatch: 8, BatchInFlight: 2})
 				if err != nil {
 					t.Fatal(err)
 				}
 				return s
-			}, ledgertest.LinConfig{})
+			}, lincheck.Config{})
 		})
 	}
 }
@@ -44,13 +44,13 @@ func TestLinearizableUnderConnectionKills(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = admin.Close(context.Background()) })
 	var kills atomic.Int64
-	ledgertest.Linearizable(t, func(now func() time.Time) ledger.Store {
+	lincheck.Run(t, func(now func() time.Time) ledger.Store {
 		s, err := crdb.New(t.Context(), base.Pool(), crdb.Config{Now: now, MaxRetries: 3, Batching: true, MaxBatch: 8, BatchInFlight: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
-	}, ledgertest.LinConfig{Phases: 40, Fault: func(ctx context.Context, _ int) {
+	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
 		for ctx.Err() == nil {
 			time.Sleep(time.Duration(5000+rand.IntN(20000)) * time.Microsecond)
 			tag, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)

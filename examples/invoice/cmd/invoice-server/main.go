@@ -23,12 +23,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
-	invoicev1 "github.com/idemledger/idemledger/gen/idemledger/examples/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
-	"github.com/idemledger/idemledger/interceptors/ledgerstream"
-	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
 func main() {
@@ -51,22 +50,22 @@ func main() {
 
 // run serves on lis until ctx ends.
 func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, log *slog.Logger) error {
-	// The ledger's calls go on a Stream (interceptors/ledgerstream), which
+	// The ledger's calls go on a Stream (ledger/ledgerclient), which
 	// carries the token.
-	var opts []ledgerstream.Option
+	var opts []ledgerclient.Option
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
 			return fmt.Errorf("ledger token: %w", err)
 		}
-		opts = append(opts, ledgerstream.WithMetadata(metadata.Pairs("authorization", "Bearer "+strings.TrimSpace(string(b)))))
+		opts = append(opts, ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+strings.TrimSpace(string(b)))))
 	}
-	conn, err := grpc.NewClient(ledgerAddr, append(server.ClientTransportOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	conn, err := grpc.NewClient(ledgerAddr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ledgerClient := ledgerstream.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
+	ledgerClient := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledgerClient.Close()
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
 		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),

@@ -1,0 +1,139 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/lab/bench"
+	"github.com/idemledger/idemledger/ledger/crdb"
+)
+
+func TestMeasure(t *testing.T) {
+	var calls atomic.Int64
+	seen := map[int64]bool{}
+	var dup atomic.Bool
+	ch := make(chan int64, 1<<16)
+	r := bench.Interleave(t.Context(), "sleep", 4, 200*time.Millisecond, 1, bench.Subject{Target: "fake", Op: func(ctx context.Context, c int, n int64) error {
+		select {
+		case ch <- n:
+		default:
+		}
+		if calls.Add(1)%10 == 0 {
+			return errors.New("every tenth fails")
+		}
+		time.Sleep(time.Millisecond)
+		return nil
+	}})[0]
+	close(ch)
+	for n := range ch {
+		if seen[n] {
+			dup.Store(true)
+		}
+		seen[n] = true
+	}
+	if dup.Load() {
+		t.Fatal("an n was given twice")
+	}
+	if r.Ops == 0 || r.Errors == 0 || r.FirstError != "every tenth fails" {
+		t.Fatalf("ops %d errors %d first %q", r.Ops, r.Errors, r.FirstError)
+	}
+	// 4 clients sleeping 1 ms: about 4000 ops/s, never more.
+	if r.PerSecond > 4500 || r.PerSecond < 1000 {
+		t.Fatalf("%.0f ops/s from 4 clients sleeping 1 ms", r.PerSecond)
+	}
+	if r.P50ms < 1 || r.P99ms < r.P50ms || r.P999ms < r.P99ms {
+		t.Fatalf("percentiles p50 %.2f p99 %.2f p99.9 %.2f", r.P50ms, r.P99ms, r.P999ms)
+	}
+}
+
+// TestInterleave: two subjects run in turns, each for its share of the
+// time, and each result counts only its own turns.
+func TestInterleave(t *testing.T) {
+	var mu sync.Mutex
+	var turns []string // the subject of each operation, run-length encoded
+	var batches, calls atomic.Uint64
+	procs := map[string]map[int]bool{"fast": {}, "slow": {}} // GOMAXPROCS seen in each subject's turns
+	op := func(name string, sleep time.Duration, batch bool) bench.Op {
+		return func(ctx context.Context, c int, n int64) error {
+			mu.Lock()
+			if len(turns) == 0 || turns[len(turns)-1] != name {
+				turns = append(turns, name)
+			}
+			procs[name][runtime.GOMAXPROCS(0)] = true
+			mu.Unlock()
+			if batch {
+				batches.Add(1)
+				calls.Add(3)
+			}
+			time.Sleep(sleep)
+			return nil
+		}
+	}
+	stats := func() crdb.BatchStats { return crdb.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
+	before := runtime.GOMAXPROCS(0)
+	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
+		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false)},
+		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, Procs: before + 1})
+	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
+		t.Fatalf("turns %v, want %v", turns, want)
+	}
+	if after := runtime.GOMAXPROCS(0); after != before || len(procs["fast"]) != 1 || !procs["fast"][before] ||
+		len(procs["slow"]) != 1 || !procs["slow"][before+1] {
+		t.Fatalf("GOMAXPROCS %d before, %d after; seen in the turns %v, want %d in fast's and %d in slow's",
+			before, after, procs, before, before+1)
+	}
+	fast, slow := rs[0], rs[1]
+	if fast.Target != "fast" || slow.Target != "slow" || fast.Workload != "sleep" || fast.Clients != 2 {
+		t.Fatalf("results %+v %+v", fast, slow)
+	}
+	// Each ran 3 turns of 200 ms; its warm-ups are not counted.
+	for _, r := range rs {
+		if r.Seconds < 0.55 || r.Seconds > 0.7 {
+			t.Fatalf("%s measured for %.2f s, want about 0.6", r.Target, r.Seconds)
+		}
+	}
+	// 2 clients sleeping 1 ms, against 4 ms: about 4 times the rate.
+	if q := fast.PerSecond / slow.PerSecond; q < 2.5 || q > 5 {
+		t.Fatalf("fast %.0f ops/s, slow %.0f: ratio %.1f, want about 4", fast.PerSecond, slow.PerSecond, q)
+	}
+	if fast.BatchCalls != 0 || slow.BatchCalls != 3 {
+		t.Fatalf("batch sizes fast %.1f slow %.1f, want 0 and 3", fast.BatchCalls, slow.BatchCalls)
+	}
+}
+
+func TestMarkdownAndPlot(t *testing.T) {
+	rs := []bench.Result{
+		{Target: "a", Workload: "fresh", Clients: 1, PerSecond: 100},
+		{Target: "a", Workload: "fresh", Clients: 8, PerSecond: 700},
+		{Target: "b", Workload: "fresh", Clients: 1, PerSecond: 200},
+		{Target: "b", Workload: "replay", Clients: 1, PerSecond: 900},
+	}
+	if md := bench.Markdown(rs); strings.Count(md, "\n") != 6 || !strings.Contains(md, "| a | fresh | 8 | 700 |") {
+		t.Fatalf("markdown:\n%s", md)
+	}
+	path := filepath.Join(t.TempDir(), "p.png")
+	if err := bench.Plot(rs, "fresh", "test", path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("the plot is no PNG: %v", err)
+	}
+	if err := bench.Plot(rs, "hot", "test", path); err == nil {
+		t.Fatal("plotting a workload with no results did not fail")
+	}
+}

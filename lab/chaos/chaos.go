@@ -1,0 +1,560 @@
+// Package chaos runs many intents through the whole system while it
+// injects faults everywhere, and checks the guarantees: every intent ends
+// with exactly one effect, none is lost, and every answer and replay of an
+// intent is byte for byte the same.
+//
+// The topology, with a fault proxy (package faultproxy) on every hop:
+//
+//	agents ─[proxy]─► invoice service (interceptor) ─[proxy]─► ledgerd ─[proxy]─► PostgreSQL
+//
+// ledgerd runs as a child process, so it can be killed with SIGKILL and
+// started again mid-flight; without a database it runs on its embedded
+// store, which the kills exercise instead.
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
+	"github.com/idemledger/idemledger/examples/invoice"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idemclient"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/lab/faultproxy"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// Config configures Run.
+type Config struct {
+	Ledgerd string // path to a ledgerd binary; required
+	Intents int    // 300
+	Agents  int    // intents in flight at once: 16
+	Seed    uint64 // of the agents' and the faults' choices; 0 picks one
+	// DatabaseURL runs ledgerd on PostgreSQL or CockroachDB (through a
+	// proxy); empty runs it on its embedded store.
+	DatabaseURL string
+	// RestartDatabase, when set, restarts the database now and then.
+	RestartDatabase func() error
+	// FaultEvery is the mean pause between faults of each kind: 1 s. Cut
+	// responses, latency and 429 storms last a third to a half of it;
+	// ledgerd is killed every 4 and the database restarted every 10.
+	FaultEvery time.Duration
+	// Pace is the mean pause of an agent between two intents: 0.
+	Pace time.Duration
+	// Progress, when set, hears a line now and then.
+	Progress io.Writer
+	// LedgerStream has the write service call the ledger over a Stream
+	// (ledger/ledgerclient) instead of unary calls.
+	LedgerStream bool
+}
+
+// Report is what Run counted.
+type Report struct {
+	Intents           int
+	Answered          int // intents answered while the faults ran
+	AnsweredAfter     int // intents answered only by the final pass
+	Lost              int // intents with no answer at all: must be 0
+	Effects           int // invoice rows written
+	MissingEffects    int // intents with no row: must be 0
+	DuplicateEffects  int // rows beyond one per intent: must be 0
+	Answers           int // successful answers recorded (first answers and replays)
+	AnswerMismatches  int // answers of an intent that differ in a byte from its first: must be 0
+	Calls             int64
+	Replayed          int64 // answers marked idempotency-replayed
+	Elapsed           time.Duration
+	CutResponses      int64 // agent ← service responses cut after the service did the work
+	TimeoutsAfterDone int64 // 504s answered after the write and Complete
+	RateLimited       int64 // calls refused by a 429 storm
+	Storms            int64
+	Resets            int64 // connections reset, on every hop
+	LatencySpells     int64
+	LedgerdKills      int64 // SIGKILLs of ledgerd, each followed by a restart
+	DatabaseRestarts  int64
+}
+
+// OK reports whether every guarantee held.
+func (r Report) OK() bool {
+	return r.Lost == 0 && r.MissingEffects == 0 && r.DuplicateEffects == 0 && r.AnswerMismatches == 0 && r.Effects == r.Intents
+}
+
+// Table writes the report as two tables: the faults, and the outcomes.
+func (r Report) Table(w io.Writer) {
+	fmt.Fprintf(w, "| fault | count |\n|---|---:|\n")
+	for _, row := range []struct {
+		name string
+		n    int64
+	}{
+		{"responses cut after the service did the work (agent ← service)", r.CutResponses},
+		{"504s after the write committed", r.TimeoutsAfterDone},
+		{"429 storms", r.Storms},
+		{"calls refused by 429 storms", r.RateLimited},
+		{"connections reset (all hops)", r.Resets},
+		{"latency spells (up to 25 ms a chunk)", r.LatencySpells},
+		{"ledgerd killed with SIGKILL and restarted", r.LedgerdKills},
+		{"database restarts", r.DatabaseRestarts},
+	} {
+		fmt.Fprintf(w, "| %s | %d |\n", row.name, row.n)
+	}
+	fmt.Fprintf(w, "\n| outcome | count |\n|---|---:|\n")
+	for _, row := range []struct {
+		name string
+		n    int64
+	}{
+		{"intents", int64(r.Intents)},
+		{"answered during the faults", int64(r.Answered)},
+		{"answered by the final pass only", int64(r.AnsweredAfter)},
+		{"lost (never answered)", int64(r.Lost)},
+		{"effects (invoice rows)", int64(r.Effects)},
+		{"intents without an effect", int64(r.MissingEffects)},
+		{"duplicate effects", int64(r.DuplicateEffects)},
+		{"answers compared (first answers and replays)", int64(r.Answers)},
+		{"answers differing from the intent's first", int64(r.AnswerMismatches)},
+		{"calls made (retries included)", r.Calls},
+		{"answers replayed by the ledger", r.Replayed},
+	} {
+		fmt.Fprintf(w, "| %s | %d |\n", row.name, row.n)
+	}
+	fmt.Fprintf(w, "\nelapsed %s\n", r.Elapsed.Round(time.Millisecond))
+}
+
+func (c Config) withDefaults() Config {
+	if c.Intents <= 0 {
+		c.Intents = 300
+	}
+	if c.Agents <= 0 {
+		c.Agents = 16
+	}
+	if c.Seed == 0 {
+		c.Seed = rand.Uint64()
+	}
+	if c.FaultEvery <= 0 {
+		c.FaultEvery = time.Second
+	}
+	return c
+}
+
+// Run builds the topology, runs the intents under faults, runs a final
+// pass without faults, and checks the store. It returns an error only when
+// the harness itself fails; broken guarantees are in the Report.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	cfg = cfg.withDefaults()
+	var rep Report
+	start := time.Now()
+	dir, err := os.MkdirTemp("", "idemledger-chaos-")
+	if err != nil {
+		return rep, err
+	}
+	defer os.RemoveAll(dir)
+
+	// ledgerd, behind its proxies.
+	var dbProxy *faultproxy.Proxy
+	ledgerArgs := []string{"--admin-listen", "", "--drain-timeout", "1s", "--lease", "2s", "--log-level", "error"}
+	if cfg.DatabaseURL != "" {
+		u, host, err := splitHost(cfg.DatabaseURL)
+		if err != nil {
+			return rep, err
+		}
+		if dbProxy, err = faultproxy.New(host); err != nil {
+			return rep, err
+		}
+		defer dbProxy.Close()
+		ledgerArgs = append(ledgerArgs, "--database-url", u(dbProxy.Addr()), "--migrate")
+	} else {
+		ledgerArgs = append(ledgerArgs, "--data-dir", filepath.Join(dir, "ledger"))
+	}
+	ld, err := startLedgerd(cfg.Ledgerd, filepath.Join(dir, "ledgerd.log"), ledgerArgs)
+	if err != nil {
+		return rep, err
+	}
+	defer ld.stop()
+	ledgerProxy, err := faultproxy.New(ld.addr)
+	if err != nil {
+		return rep, err
+	}
+	defer ledgerProxy.Close()
+	ledgerConn, err := grpc.NewClient(ledgerProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return rep, err
+	}
+	defer ledgerConn.Close()
+
+	// The write service.
+	store := invoice.NewStore()
+	var storm atomic.Bool
+	var ledgerClient ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(ledgerConn)
+	if cfg.LedgerStream {
+		sc := ledgerclient.New(ledgerClient)
+		defer sc.Close()
+		ledgerClient = sc
+	}
+	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
+		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 2 * time.Second}),
+		idempotency.WithKeyField("request_id"),
+		idempotency.WithCompletion(2*time.Second, 12))
+	if err != nil {
+		return rep, err
+	}
+	rng := newLocked(cfg.Seed)
+	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			if storm.Load() {
+				atomic.AddInt64(&rep.RateLimited, 1)
+				return nil, ledgerstatus.Err(&ledger.Error{Code: ledger.CodeRateLimited, Message: "429: slow down", RetryAfter: 50 * time.Millisecond})
+			}
+			res, err := next(ctx, req)
+			if err == nil && rng.chance(0.03) {
+				atomic.AddInt64(&rep.TimeoutsAfterDone, 1)
+				return nil, status.Error(codes.DeadlineExceeded, "504: upstream timed out")
+			}
+			return res, err
+		},
+		icpt,
+	))
+	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: store})
+	svcLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return rep, err
+	}
+	go func() { _ = gs.Serve(svcLis) }()
+	defer gs.Stop()
+	svcProxy, err := faultproxy.New(svcLis.Addr().String())
+	if err != nil {
+		return rep, err
+	}
+	defer svcProxy.Close()
+
+	// The agents' connection.
+	conn, err := grpc.NewClient(svcProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(
+			idemclient.UnaryClientInterceptor(idemclient.WithKeyField("request_id"), idemclient.WithMaxAttempts(8), idemclient.WithBackoff(10*time.Millisecond, 500*time.Millisecond)),
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				atomic.AddInt64(&rep.Calls, 1)
+				var header metadata.MD
+				err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header))...)
+				if v := header.Get(idempotency.ReplayedHeader); len(v) > 0 && v[0] == "true" {
+					atomic.AddInt64(&rep.Replayed, 1)
+				}
+				return err
+			}))
+	if err != nil {
+		return rep, err
+	}
+	defer conn.Close()
+	client := invoicev1.NewInvoiceServiceClient(conn)
+
+	// Faults, until the agents are done.
+	faultCtx, stopFaults := context.WithCancel(ctx)
+	var faults sync.WaitGroup
+	proxies := []*faultproxy.Proxy{svcProxy, ledgerProxy}
+	if dbProxy != nil {
+		proxies = append(proxies, dbProxy)
+	}
+	every := func(mean time.Duration, fault func()) {
+		faults.Go(func() {
+			// The first one comes within one mean, then a mean apart on
+			// average.
+			for scale := 1.0; ; scale = 2 {
+				select {
+				case <-faultCtx.Done():
+					return
+				case <-time.After(time.Duration(rng.float() * scale * float64(mean))):
+				}
+				fault()
+			}
+		})
+	}
+	spell := func(d time.Duration, on, off func()) {
+		on()
+		select {
+		case <-faultCtx.Done():
+		case <-time.After(d):
+		}
+		off()
+	}
+	every(cfg.FaultEvery, func() {
+		spell(cfg.FaultEvery/3, func() { svcProxy.SetCutResponses(0.05) }, func() { svcProxy.SetCutResponses(0) })
+	})
+	every(cfg.FaultEvery, func() {
+		p := proxies[rng.intn(len(proxies))]
+		atomic.AddInt64(&rep.LatencySpells, 1)
+		spell(cfg.FaultEvery/2, func() { p.SetLatency(25 * time.Millisecond) }, func() { p.SetLatency(0) })
+	})
+	every(cfg.FaultEvery, func() { proxies[rng.intn(len(proxies))].ResetAll() })
+	every(2*cfg.FaultEvery, func() {
+		atomic.AddInt64(&rep.Storms, 1)
+		spell(cfg.FaultEvery/3, func() { storm.Store(true) }, func() { storm.Store(false) })
+	})
+	every(4*cfg.FaultEvery, func() {
+		if err := ld.restart(); err != nil {
+			progress(cfg, "restarting ledgerd: %v", err)
+			return
+		}
+		atomic.AddInt64(&rep.LedgerdKills, 1)
+	})
+	if cfg.RestartDatabase != nil {
+		every(10*cfg.FaultEvery, func() {
+			if err := cfg.RestartDatabase(); err != nil {
+				progress(cfg, "restarting the database: %v", err)
+				return
+			}
+			atomic.AddInt64(&rep.DatabaseRestarts, 1)
+		})
+	}
+
+	// The agents.
+	answers := make([][][]byte, cfg.Intents)
+	keys := make([]string, cfg.Intents)
+	var next atomic.Int64
+	var agents sync.WaitGroup
+	for range cfg.Agents {
+		agents.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= cfg.Intents || ctx.Err() != nil {
+					return
+				}
+				if cfg.Pace > 0 {
+					time.Sleep(time.Duration(rng.float() * 2 * float64(cfg.Pace)))
+				}
+				keys[i] = idemclient.NewKey()
+				answers[i] = runIntent(ctx, client, keys[i], i, rng, 30*time.Second)
+				if i%1000 == 999 {
+					progress(cfg, "%d intents done", i+1)
+				}
+			}
+		})
+	}
+	agents.Wait()
+	stopFaults()
+	faults.Wait()
+	for _, p := range proxies {
+		p.SetLatency(0)
+		p.SetCutResponses(0)
+	}
+	if err := ctx.Err(); err != nil {
+		return rep, err
+	}
+
+	// The final pass, without faults: every intent once more. It answers
+	// the intents the faults kept from an answer, and replays the others.
+	final := make([][][]byte, cfg.Intents)
+	next.Store(0)
+	for range cfg.Agents {
+		agents.Go(func() {
+			for i := int(next.Add(1)) - 1; i < cfg.Intents && ctx.Err() == nil; i = int(next.Add(1)) - 1 {
+				final[i] = runIntent(ctx, client, keys[i], i, newLocked(uint64(i)+1), time.Minute)
+			}
+		})
+	}
+	agents.Wait()
+	for i := range cfg.Intents {
+		if len(answers[i]) > 0 {
+			rep.Answered++
+		} else if len(final[i]) > 0 {
+			rep.AnsweredAfter++
+		}
+		answers[i] = append(answers[i], final[i]...)
+		if len(answers[i]) == 0 {
+			rep.Lost++
+		}
+	}
+	rep.Intents = cfg.Intents
+	for _, as := range answers {
+		rep.Answers += len(as)
+		for _, a := range as[min(1, len(as)):] {
+			if !bytes.Equal(a, as[0]) {
+				rep.AnswerMismatches++
+			}
+		}
+	}
+	perKey := map[string]int{}
+	for _, row := range store.Rows() {
+		perKey[row.Key]++
+	}
+	rep.Effects = len(store.Rows())
+	for _, k := range keys {
+		switch n := perKey[k]; {
+		case n == 0:
+			rep.MissingEffects++
+		case n > 1:
+			rep.DuplicateEffects += n - 1
+		}
+	}
+	for _, p := range proxies {
+		rep.Resets += p.Resets.Load()
+	}
+	rep.CutResponses = svcProxy.Cuts.Load()
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// runIntent is one intent: a key, sent until answered (idemclient retries,
+// and the agent resumes after the retries give up) or until the deadline,
+// and sent again now and then after an answer, as a duplicate delivery. It
+// returns the bytes of every answer.
+func runIntent(ctx context.Context, client invoicev1.InvoiceServiceClient, key string, i int, rng *locked, deadline time.Duration) [][]byte {
+	ictx, cancel := context.WithTimeout(idemclient.WithKey(ctx, key), deadline)
+	defer cancel()
+	req := &invoicev1.CreateInvoiceRequest{
+		RequestId: key, Tenant: fmt.Sprintf("tenant-%d", i%7), CustomerId: fmt.Sprintf("cus_%d", i), Currency: "EUR",
+		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: int64(1 + i%9), UnitAmountMicros: 9_990_000}},
+	}
+	var answers [][]byte
+	for ictx.Err() == nil {
+		cctx, cancelCall := context.WithTimeout(ictx, 5*time.Second)
+		res, err := client.CreateInvoice(cctx, proto.Clone(req).(*invoicev1.CreateInvoiceRequest))
+		cancelCall()
+		if err == nil {
+			b, merr := proto.MarshalOptions{Deterministic: true}.Marshal(res)
+			if merr == nil {
+				answers = append(answers, b)
+			}
+			if !rng.chance(0.2) { // a duplicate delivery one time in five
+				return answers
+			}
+			continue
+		}
+		time.Sleep(time.Duration(20+rng.intn(80)) * time.Millisecond)
+	}
+	return answers
+}
+
+// ledgerd is the child process.
+type ledgerd struct {
+	bin, log string
+	args     []string
+	addr     string
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when cmd has exited
+}
+
+func startLedgerd(bin, log string, args []string) (*ledgerd, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	ld := &ledgerd{bin: bin, log: log, args: append([]string{"--listen", addr}, args...), addr: addr}
+	if err := ld.start(); err != nil {
+		return nil, err
+	}
+	return ld, nil
+}
+
+func (l *ledgerd) start() error {
+	f, err := os.OpenFile(l.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(l.bin, l.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = f.Close(); close(exited) }()
+	l.mu.Lock()
+	l.cmd, l.exited = cmd, exited
+	l.mu.Unlock()
+	return l.waitServing(30 * time.Second)
+}
+
+// waitServing waits for gRPC health to say SERVING.
+func (l *ledgerd) waitServing(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	for {
+		res, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		if ctx.Err() != nil {
+			log, _ := os.ReadFile(l.log)
+			return fmt.Errorf("ledgerd did not serve within %s: %v\n%s", d, err, tail(log))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// restart kills ledgerd with SIGKILL and starts it again.
+func (l *ledgerd) restart() error {
+	l.kill()
+	return l.start()
+}
+
+func (l *ledgerd) kill() {
+	l.mu.Lock()
+	cmd, exited := l.cmd, l.exited
+	l.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
+	}
+}
+
+func (l *ledgerd) stop() { l.kill() }
+
+func tail(b []byte) []byte {
+	if len(b) > 2000 {
+		return b[len(b)-2000:]
+	}
+	return b
+}
+
+func progress(cfg Config, format string, args ...any) {
+	if cfg.Progress != nil {
+		fmt.Fprintf(cfg.Progress, format+"\n", args...)
+	}
+}
+
+// locked is a seeded random source safe for concurrent use.
+type locked struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func newLocked(seed uint64) *locked { return &locked{r: rand.New(rand.NewPCG(seed, seed>>1|1))} }
+
+func (l *locked) float() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}
+
+func (l *locked) chance(p float64) bool { return l.float() < p }
+
+func (l *locked) intn(n int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.IntN(n)
+}

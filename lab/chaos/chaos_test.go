@@ -1,0 +1,89 @@
+package chaos_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/lab/chaos"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+)
+
+var ledgerd string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "chaos-test")
+	if err != nil {
+		panic(err)
+	}
+	ledgerd = filepath.Join(dir, "ledgerd")
+	build := exec.Command("go", "build", "-o", ledgerd, ".")
+	build.Dir = "../../cmd/ledgerd" // a module of its own
+	if out, err := build.CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func check(t *testing.T, rep chaos.Report) {
+	t.Helper()
+	var table strings.Builder
+	rep.Table(&table)
+	t.Logf("\n%s", table.String())
+	if !rep.OK() {
+		t.Fatal("a guarantee broke")
+	}
+	for name, n := range map[string]int64{
+		"cut responses": rep.CutResponses, "504s": rep.TimeoutsAfterDone, "429s": rep.RateLimited,
+		"resets": rep.Resets, "latency": rep.LatencySpells, "ledgerd kills": rep.LedgerdKills, "replays": rep.Replayed,
+	} {
+		if n == 0 {
+			t.Errorf("no %s happened", name)
+		}
+	}
+}
+
+func TestEmbeddedStoreUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ledgerd under faults for several seconds")
+	}
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 1, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, rep)
+}
+
+// TestLedgerStreamUnderFaults: the same, with the write service calling
+// the ledger over a Stream, which the faults cut and ledgerd's kills break.
+func TestLedgerStreamUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ledgerd under faults for several seconds")
+	}
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 3, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, LedgerStream: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, rep)
+}
+
+func TestPostgreSQLUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs ledgerd and PostgreSQL under faults for several seconds")
+	}
+	pg := crdbtest.NewCluster(t)
+	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 2, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, DatabaseURL: pg.URL, RestartDatabase: pg.Restart})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, rep)
+	if rep.DatabaseRestarts == 0 {
+		t.Error("PostgreSQL was never restarted")
+	}
+}

@@ -1,0 +1,519 @@
+// Command ledgerbench measures the ledger: throughput, p50/p99/p99.9
+// latency and CPU per operation, at several numbers of concurrent clients,
+// for three workloads (fresh keys: Begin+Complete; replays of completed
+// keys; contention on a few hot keys), on each store. On PostgreSQL it does
+// the same work in the same run with the store's SQL sent straight through
+// pgx, so the service's cost shows as a ratio. It also measures a write RPC
+// with and without the idempotency interceptor. The targets compared at a
+// point (a workload and a number of clients) run in turns, so that the
+// machine's drift during the run slows them alike (-rounds).
+//
+// By default it starts ledgerd's service in process, on loopback gRPC, and a
+// throwaway PostgreSQL with PostgreSQL's durability settings, as a ledger's
+// database runs in production (-durable=false turns fsync off); -addr drives
+// a running ledgerd instead.
+//
+//	go run ./cmd/ledgerbench -json bench.json -png docs/bench.png
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/lab/bench"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+)
+
+type config struct {
+	stores, workloads, addr, token, databaseURL, jsonPath, pngPath string
+	dbCPUs                                                         string
+	clients                                                        []int
+	apis                                                           []string
+	duration                                                       time.Duration
+	pool, batchInFlight, rounds, ledgerdProcs                      int
+	interceptor, durable                                           bool
+	batching                                                       string
+}
+
+// target is a target's workloads; batches, when not nil, reads the batch
+// counters of the store behind it; procs, when above 0, is GOMAXPROCS
+// during its turns.
+type target struct {
+	name      string
+	workloads map[string]bench.Op
+	batches   func() crdb.BatchStats
+	procs     int
+}
+
+func main() {
+	var cfg config
+	var clients, apis string
+	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres")
+	flag.StringVar(&cfg.workloads, "workloads", "fresh,replay,hot", "workloads: fresh, replay, hot")
+	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
+	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each target at each point (plus a fifth to warm up)")
+	flag.IntVar(&cfg.rounds, "rounds", 5, "the targets of a point run in turns, this many each, so that the machine's drift slows them alike")
+	flag.IntVar(&cfg.ledgerdProcs, "ledgerd-procs", 0, "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets; 0 leaves every core")
+	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
+	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
+	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
+	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
+	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
+	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
+	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
+	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
+	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
+	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batches in flight at once; 0 is the store's default")
+	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
+	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	from := flag.String("from", "", "measure nothing: read the results of an earlier -json run from this file, and print and plot them")
+	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
+	for _, c := range strings.Split(clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -clients %q\n", clients)
+			os.Exit(2)
+		}
+		cfg.clients = append(cfg.clients, n)
+	}
+	for _, a := range strings.Split(apis, ",") {
+		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -api %q\n", apis)
+			os.Exit(2)
+		}
+		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
+	}
+	if cfg.ledgerdProcs > 0 && cfg.addr != "" {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
+		os.Exit(2)
+	}
+	if cfg.dbCPUs != "" && (cfg.databaseURL != "" || cfg.addr != "") {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -db-cpus places the throwaway cluster; it does not go with -database-url or -addr")
+		os.Exit(2)
+	}
+	if *from != "" {
+		var results []bench.Result
+		b, err := os.ReadFile(*from)
+		if err == nil {
+			err = json.Unmarshal(b, &results)
+		}
+		if err == nil {
+			cfg.jsonPath = "" // it is the input
+			err = output(cfg, results)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	var results []bench.Result
+	emit := func(r bench.Result) {
+		results = append(results, r)
+		batches := ""
+		if r.BatchCalls > 0 {
+			batches = fmt.Sprintf("  batches of %.1f calls, in flight %.0f%% ", r.BatchCalls, 100*r.BatchBusy)
+		}
+		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op%s  errors %d %s\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
+	}
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	// sweep measures the targets' workloads, each point (workload and
+	// clients) with the targets in turns (bench.Interleave).
+	sweep := func(targets ...target) {
+		for _, w := range strings.Split(cfg.workloads, ",") {
+			for _, c := range cfg.clients {
+				var subjects []bench.Subject
+				for _, t := range targets {
+					if op, ok := t.workloads[w]; ok {
+						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, Procs: t.procs})
+					}
+				}
+				if len(subjects) == 0 {
+					continue
+				}
+				for _, r := range bench.Interleave(ctx, w, c, cfg.duration, cfg.rounds, subjects...) {
+					r.BatchBusy /= float64(max(cfg.batchInFlight, 1))
+					emit(r)
+				}
+			}
+		}
+	}
+	// Only the replay workload needs completed keys first; without it, a
+	// ledger's first point starts on an empty table, as a new ledger does.
+	replays := slices.Contains(strings.Split(cfg.workloads, ","), "replay")
+	ledgerWork := func(client ledgerv1.LedgerServiceClient, tag string) (map[string]bench.Op, error) {
+		l := &bench.Ledger{Client: client, Tenant: "acme", Prefix: prefix + tag}
+		if replays {
+			if err := l.PrepareReplays(ctx); err != nil {
+				return nil, fmt.Errorf("prepare replays: %w", err)
+			}
+		}
+		return map[string]bench.Op{"fresh": l.Fresh(), "replay": l.Replay(), "hot": l.Hot()}, nil
+	}
+
+	if cfg.addr != "" {
+		conn, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, o ...grpc.CallOption) error {
+				if cfg.token != "" {
+					ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token)
+				}
+				return inv(ctx, m, req, reply, cc, o...)
+			}))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var targets []target
+		for _, api := range cfg.apis {
+			var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
+			name := "ledgerd/" + cfg.addr
+			if api == "stream" {
+				// The stream carries the token.
+				sc := ledgerclient.New(client, ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+cfg.token)))
+				defer sc.Close()
+				client, name = sc, name+" (stream)"
+			}
+			work, err := ledgerWork(client, "remote"+api)
+			if err != nil {
+				return err
+			}
+			targets = append(targets, target{name: name, workloads: work})
+		}
+		// With the database too, direct SQL on it runs in turns with the
+		// running ledgerd.
+		if cfg.databaseURL != "" {
+			_, closeStore, pool, err := openStore(ctx, cfg, "postgres", false)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			sql, err := sqlTarget(ctx, pool, prefix, "", replays)
+			if err != nil {
+				return err
+			}
+			targets = append(targets, sql)
+		}
+		sweep(targets...)
+		return output(cfg, results)
+	}
+
+	var stores []string
+	for _, s := range strings.Split(cfg.stores, ",") {
+		stores = append(stores, strings.TrimSpace(s))
+	}
+	for _, name := range stores {
+		variants := []bool{false}
+		if name == "postgres" {
+			switch cfg.batching {
+			case "both":
+				variants = []bool{false, true}
+			case "only":
+				variants = []bool{true}
+			}
+		}
+		for _, batching := range variants {
+			st, closeStore, pool, err := openStore(ctx, cfg, name, batching)
+			if err != nil {
+				return err
+			}
+			ledgerd := "ledgerd/" + name
+			if batching {
+				ledgerd += "+batching"
+			}
+			if pool != nil {
+				ledgerd += cfg.dbTag()
+			}
+			if cfg.ledgerdProcs > 0 {
+				ledgerd += fmt.Sprintf(" GOMAXPROCS=%d", cfg.ledgerdProcs)
+			}
+			client, stopServer, err := serveLedger(st)
+			if err != nil {
+				closeStore()
+				return err
+			}
+			var streamClient *ledgerclient.Client
+			var targets []target
+			for _, api := range cfg.apis {
+				c, t := client, ledgerd
+				if api == "stream" {
+					streamClient = ledgerclient.New(client)
+					c, t = streamClient, ledgerd+" (stream)"
+				}
+				work, err := ledgerWork(c, name+fmt.Sprint(batching)+api)
+				if err != nil {
+					return err
+				}
+				var batches func() crdb.BatchStats
+				if s, ok := st.(*crdb.Store); ok && batching {
+					batches = s.BatchStats
+				}
+				targets = append(targets, target{name: t, workloads: work, batches: batches, procs: cfg.ledgerdProcs})
+			}
+			// Direct SQL runs in turns with the targets it is compared
+			// with: the batching store's (the default), or the store
+			// without batching when that is all that is measured.
+			if pool != nil && (batching || cfg.batching == "off") {
+				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays)
+				if err != nil {
+					return err
+				}
+				targets = append(targets, sql)
+			}
+			sweep(targets...)
+			if cfg.interceptor && name == "embedded" {
+				ledgers := map[string]ledgerv1.LedgerServiceClient{}
+				for _, api := range cfg.apis {
+					ledgers[api] = client
+					if api == "stream" {
+						ledgers[api] = streamClient
+					}
+				}
+				if err := measureInterceptor(ctx, cfg, ledgers, prefix, emit); err != nil {
+					return err
+				}
+			}
+			if streamClient != nil {
+				_ = streamClient.Close()
+			}
+			stopServer()
+			closeStore()
+		}
+	}
+	return output(cfg, results)
+}
+
+func output(cfg config, results []bench.Result) error {
+	fmt.Print(bench.Markdown(results))
+	if cfg.jsonPath != "" {
+		b, err := json.MarshalIndent(results, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(cfg.jsonPath, b, 0o644); err != nil {
+			return err
+		}
+	}
+	if cfg.pngPath != "" {
+		return bench.Plot(results, "fresh", "Begin+Complete on fresh keys (ledgerd over loopback gRPC vs direct SQL)", cfg.pngPath)
+	}
+	return nil
+}
+
+// sqlTarget is the store's statements sent straight through pool; tag
+// qualifies its name (dbTag).
+func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool) (target, error) {
+	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
+	if replays {
+		if err := sql.PrepareReplays(ctx); err != nil {
+			return target{}, err
+		}
+	}
+	return target{name: "sql/postgres" + tag + " (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+}
+
+// dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when
+// the throwaway cluster runs without durability (-durable=false). Of a
+// database given by -database-url the command knows nothing, and says
+// nothing.
+func (cfg config) dbTag() string {
+	if cfg.durable || cfg.databaseURL != "" {
+		return ""
+	}
+	return " fsync=off"
+}
+
+// openStore opens a store in process; for postgres it also returns a pool
+// of the same size for direct SQL.
+func openStore(ctx context.Context, cfg config, name string, batching bool) (ledger.Store, func(), *pgxpool.Pool, error) {
+	switch name {
+	case "memory":
+		return memory.New(memory.Config{}), func() {}, nil, nil
+	case "embedded":
+		dir, err := os.MkdirTemp("", "ledgerbench-bolt-")
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		s, err := bolt.Open(dir, bolt.Config{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return s, func() { _ = s.Close(); _ = os.RemoveAll(dir) }, nil, nil
+	case "postgres":
+		url, stop := cfg.databaseURL, func() {}
+		if url == "" {
+			start := crdbtest.StartCluster
+			if cfg.durable {
+				start = crdbtest.StartDurableCluster
+			}
+			pg, err := start()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			url, stop = pg.URL, pg.Stop
+			if cfg.dbCPUs != "" {
+				if err := placeCluster(pg, cfg.dbCPUs); err != nil {
+					stop()
+					return nil, nil, nil, err
+				}
+			}
+		}
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
+		s, err := crdb.Open(ctx, url, crdb.Config{Batching: batching, BatchInFlight: cfg.batchInFlight})
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		if _, err := s.Migrate(ctx); err != nil {
+			s.Close()
+			stop()
+			return nil, nil, nil, err
+		}
+		return s, func() { s.Close(); stop() }, s.Pool(), nil
+	}
+	return nil, nil, nil, fmt.Errorf("unknown store %q", name)
+}
+
+// placeCluster pins pg to the CPUs in the list cpus and this process to the
+// others.
+func placeCluster(pg *crdbtest.Cluster, cpus string) error {
+	pid, err := pg.PID()
+	if err != nil {
+		return err
+	}
+	db, rest, err := bench.Place(pid, cpus)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "PostgreSQL on CPUs %s; this process (clients and ledgerd) on CPUs %s\n", db, rest)
+	return nil
+}
+
+// serveLedger serves the LedgerService over loopback gRPC, as ledgerd does
+// in dev mode, and returns a client of it.
+func serveLedger(st ledger.Store) (ledgerv1.LedgerServiceClient, func(), error) {
+	dev := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "bench", Tenants: []string{"*"}}, nil
+	})
+	gs := grpc.NewServer(server.TransportOptions()...)
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(st, ledger.Config{}), server.Config{Auth: dev}))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		gs.Stop()
+		return nil, nil, err
+	}
+	return ledgerv1.NewLedgerServiceClient(conn), func() { _ = conn.Close(); gs.Stop() }, nil
+}
+
+// fixedInvoices answers every CreateInvoice at once: the handler costs
+// nothing, so what is measured is the RPC and the interceptor.
+type fixedInvoices struct {
+	invoicev1.UnimplementedInvoiceServiceServer
+}
+
+func (fixedInvoices) CreateInvoice(_ context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
+	return &invoicev1.CreateInvoiceResponse{Invoice: &invoicev1.Invoice{Id: "inv_" + req.GetRequestId(), Tenant: req.GetTenant(), Number: 1, CustomerId: req.GetCustomerId(),
+		Currency: req.GetCurrency(), TotalMicros: 42_000_000, CreatedAt: timestamppb.Now()}}, nil
+}
+
+// measureInterceptor measures CreateInvoice unprotected, then protected by
+// the interceptor against each of the given ledger clients (by API).
+func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledgerv1.LedgerServiceClient, prefix string, emit func(bench.Result)) error {
+	targets := map[string]grpc.UnaryServerInterceptor{"rpc/unprotected": nil}
+	for api, client := range ledgers {
+		icpt, err := idempotency.UnaryServerInterceptor(client,
+			idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
+			idempotency.WithKeyField("request_id"))
+		if err != nil {
+			return err
+		}
+		target := "rpc/protected (embedded ledger)"
+		if api == "stream" {
+			target = "rpc/protected (embedded ledger, stream)"
+		}
+		targets[target] = icpt
+	}
+	names := slices.Sorted(maps.Keys(targets))
+	slices.Reverse(names) // unprotected first
+	var subjects []bench.Subject
+	for i, target := range names {
+		var opts []grpc.ServerOption
+		if icpt := targets[target]; icpt != nil {
+			opts = append(opts, grpc.UnaryInterceptor(icpt))
+		}
+		gs := grpc.NewServer(opts...)
+		invoicev1.RegisterInvoiceServiceServer(gs, fixedInvoices{})
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		go func() { _ = gs.Serve(lis) }()
+		defer gs.Stop()
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		w := &bench.Invoices{Client: invoicev1.NewInvoiceServiceClient(conn), Prefix: fmt.Sprint(prefix, "-inv-", i)}
+		subjects = append(subjects, bench.Subject{Target: target, Op: w.Write()})
+	}
+	for _, c := range cfg.clients {
+		for _, r := range bench.Interleave(ctx, "write", c, cfg.duration, cfg.rounds, subjects...) {
+			emit(r)
+		}
+	}
+	return nil
+}

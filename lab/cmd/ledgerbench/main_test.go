@@ -1,0 +1,83 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/lab/bench"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+)
+
+// runBench runs the command's measurements with cfg and returns the
+// results it wrote as JSON.
+func runBench(t *testing.T, cfg config) map[string]bench.Result {
+	t.Helper()
+	cfg.jsonPath = filepath.Join(t.TempDir(), "results.json")
+	if err := run(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(cfg.jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []bench.Result
+	if err := json.Unmarshal(b, &rs); err != nil {
+		t.Fatal(err)
+	}
+	byTarget := map[string]bench.Result{}
+	for _, r := range rs {
+		if r.Ops == 0 || r.Errors != 0 {
+			t.Errorf("%s %s: %d ops, %d errors (%s)", r.Target, r.Workload, r.Ops, r.Errors, r.FirstError)
+		}
+		byTarget[r.Target] = r
+	}
+	return byTarget
+}
+
+// TestTurnsOnPostgres: ledgerd on one core (-ledgerd-procs 1), over unary
+// calls and a stream, and direct SQL, measured in turns against a
+// throwaway PostgreSQL (crdbtest's: skipped without PostgreSQL, failed
+// under CI=true): every target does work without errors, and the
+// batching store's targets report their batches.
+func TestTurnsOnPostgres(t *testing.T) {
+	pg := crdbtest.NewCluster(t)
+	got := runBench(t, config{stores: "postgres", databaseURL: pg.URL, workloads: "fresh", clients: []int{4}, apis: []string{"unary", "stream"},
+		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: 1})
+	for _, target := range []string{"ledgerd/postgres+batching GOMAXPROCS=1", "ledgerd/postgres+batching GOMAXPROCS=1 (stream)", "sql/postgres (pgx)"} {
+		r, ok := got[target]
+		if !ok {
+			t.Fatalf("no result for %q; got %v", target, got)
+		}
+		if batched := r.BatchCalls > 0; batched != (target != "sql/postgres (pgx)") {
+			t.Errorf("%s: %.1f calls a batch", target, r.BatchCalls)
+		}
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d targets, want 3: %v", len(got), got)
+	}
+}
+
+// TestDBTag: the PostgreSQL targets say when the throwaway cluster runs
+// without durability, and say nothing of a database they did not start.
+func TestDBTag(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		durable bool
+		url     string
+		want    string
+	}{
+		{name: "durable cluster", durable: true, want: ""},
+		{name: "cluster without durability", durable: false, want: " fsync=off"},
+		{name: "given database, -durable=false", durable: false, url: "postgres://db", want: ""},
+		{name: "given database", durable: true, url: "postgres://db", want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := (config{durable: tc.durable, databaseURL: tc.url}).dbTag(); got != tc.want {
+				t.Errorf("dbTag() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,127 @@
+package faultproxy_test
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemledger/idemledger/lab/faultproxy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echo serves lines back, and counts the lines it served.
+func echo(t *testing.T) (addr string, served chan string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served = make(chan string, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					served <- line
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return lis.Addr().String(), served
+}
+
+func proxy(t *testing.T, target string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func roundTrip(c net.Conn, line string) (string, error) {
+	if _, err := c.Write([]byte(line)); err != nil {
+		return "", err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	return bufio.NewReader(c).ReadString('\n')
+}
+
+func TestForwards(t *testing.T) {
+	addr, _ := echo(t)
+	p := proxy(t, addr)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := roundTrip(c, "hello\n"); err != nil || got != "hello\n" {
+		t.Fatalf("round trip = %q, %v", got, err)
+	}
+}
+
+// TestCutResponses: the server handles the request, the client's
+// connection is reset before the answer arrives.
+func TestCutResponses(t *testing.T) {
+	addr, served := echo(t)
+	p := proxy(t, addr)
+	p.SetCutResponses(1)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = roundTrip(c, "charge\n")
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+		t.Fatalf("read after a cut = %v, want a reset", err)
+	}
+	if got := <-served; got != "charge\n" || p.Cuts.Load() != 1 {
+		t.Fatalf("server saw %q, %d cuts", got, p.Cuts.Load())
+	}
+}
+
+func TestResetAllAndLatency(t *testing.T) {
+	addr, _ := echo(t)
+	p := proxy(t, addr)
+	p.SetLatency(30 * time.Millisecond)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := roundTrip(c, "a\n"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Delayed.Load() == 0 {
+		t.Fatal("no chunk was delayed")
+	}
+	if n := p.ResetAll(); n != 1 {
+		t.Fatalf("ResetAll reset %d connections, want 1", n)
+	}
+	if _, err := roundTrip(c, "b\n"); err == nil {
+		t.Fatal("a reset connection still answers")
+	}
+}

@@ -1,0 +1,50 @@
+module github.com/idemledger/idemledger/lab
+
+go 1.26.0
+
+require (
+	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
+	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/examples v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/ledger/bolt v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/ledger/crdb v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
+	go.uber.org/goleak v1.3.0
+	golang.org/x/sys v0.48.0
+	gonum.org/v1/plot v0.17.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	codeberg.org/go-fonts/liberation v0.5.0 // indirect
+	codeberg.org/go-latex/latex v0.2.0 // indirect
+	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	git.sr.ht/~sbinet/gg v0.7.0 // indirect
+	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
+	github.com/cockroachdb/cockroach-go/v2 v2.4.2 // indirect
+	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/image v0.30.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
+)
+
+replace github.com/idemledger/idemledger => ..
+
+replace github.com/idemledger/idemledger/ledger/bolt => ../ledger/bolt
+
+replace github.com/idemledger/idemledger/ledger/crdb => ../ledger/crdb
+
+replace github.com/idemledger/idemledger/ledger/lincheck => ../ledger/lincheck
+
+replace github.com/idemledger/idemledger/examples => ../examples

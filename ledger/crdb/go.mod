@@ -1,0 +1,30 @@
+module github.com/idemledger/idemledger/ledger/crdb
+
+go 1.26.0
+
+require (
+	github.com/cockroachdb/cockroach-go/v2 v2.4.2
+	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/ledger/lincheck v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/puddle/v2 v2.2.3
+)
+
+require (
+	github.com/anishathalye/porcupine v1.3.1 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+replace github.com/idemledger/idemledger => ../..
+
+replace github.com/idemledger/idemledger/ledger/lincheck => ../lincheck

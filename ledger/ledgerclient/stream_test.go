@@ -1,0 +1,223 @@
+package ledgerclient_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// seen records what a real ledger server received: the calls on streams
+// and the unary calls.
+type seen struct {
+	mu     sync.Mutex
+	stream []*ledgerv1.StreamRequest
+	unary  []string
+}
+
+func (s *seen) streamed() []*ledgerv1.StreamRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*ledgerv1.StreamRequest(nil), s.stream...)
+}
+
+type recordingStream struct {
+	grpc.ServerStream
+	seen *seen
+}
+
+func (r recordingStream) RecvMsg(m any) error {
+	err := r.ServerStream.RecvMsg(m)
+	if req, ok := m.(*ledgerv1.StreamRequest); ok && err == nil {
+		r.seen.mu.Lock()
+		r.seen.stream = append(r.seen.stream, req)
+		r.seen.mu.Unlock()
+	}
+	return err
+}
+
+// start serves a real LedgerService (memory store, every caller billing)
+// on a loopback address (addr, or a free port) and records what it
+// receives.
+func start(t *testing.T, addr string) (*grpc.Server, string, *seen) {
+	t.Helper()
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &seen{}
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
+	})
+	gs := grpc.NewServer(
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, recordingStream{ss, rec})
+		}),
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			rec.mu.Lock()
+			rec.unary = append(rec.unary, info.FullMethod)
+			rec.mu.Unlock()
+			return h(ctx, req)
+		}),
+	)
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return gs, lis.Addr().String(), rec
+}
+
+func dial(t *testing.T, addr string) *ledgerclient.Client {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = conn.Close()
+	})
+	return c
+}
+
+func begin(key string) *ledgerv1.BeginRequest {
+	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
+}
+
+// TestCallsGoOnTheStream: calls travel as messages on one stream with their
+// deadline as their timeout; a cancel follows a call its caller gave up
+// on; a request over MaxStreamedBytes goes as a unary call.
+func TestCallsGoOnTheStream(t *testing.T) {
+	_, addr, rec := start(t, "")
+	c := dial(t, addr)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	res, err := c.Begin(ctx, begin("k"))
+	if err != nil || res.GetClaim().GetToken() != 1 {
+		t.Fatalf("Begin = %v, %v", res, err)
+	}
+	if got := rec.streamed(); len(got) != 1 || got[0].GetBegin().GetKey() != "k" ||
+		got[0].GetTimeout().AsDuration() <= 50*time.Second || got[0].GetTimeout().AsDuration() > time.Minute {
+		t.Fatalf("the server received %v, want the Begin with a timeout of about a minute", got)
+	}
+
+	// A Lookup that waits, given up on by its caller: the server hears a
+	// cancel for it.
+	lctx, lcancel := context.WithCancel(t.Context())
+	time.AfterFunc(50*time.Millisecond, lcancel)
+	_, err = c.Lookup(lctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k", Wait: durationpb.New(time.Minute)})
+	if status.Code(err) != codes.Canceled { // as a unary call's
+		t.Fatalf("a canceled call = %v, want CANCELED", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := rec.streamed()
+		if n := len(got); n == 3 && got[2].GetCancel() != nil && got[2].GetId() == got[1].GetId() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server received %v, want the Lookup, then a cancel of it", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledgerclient.MaxStreamedBytes)}}}
+	if _, err := c.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: 1, Outcome: big}); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	unary := rec.unary
+	rec.mu.Unlock()
+	if len(unary) != 1 || unary[0] != ledgerv1.LedgerService_Complete_FullMethodName {
+		t.Fatalf("unary calls %v, want the large Complete", unary)
+	}
+	if got, err := c.Begin(t.Context(), begin("k")); err != nil || got.GetReplay() == nil {
+		t.Fatalf("after a large Complete, Begin = %v, %v; want the replay", got, err)
+	}
+}
+
+// waiting holds a key and starts a Lookup that waits a minute on it: its
+// error comes on the channel.
+func waiting(t *testing.T, c *ledgerclient.Client) <-chan error {
+	t.Helper()
+	if _, err := c.Begin(t.Context(), begin("held")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it reach the server
+	return errc
+}
+
+// TestServerRestart: a call in flight when the server goes away fails
+// UNAVAILABLE (retryable); once a server is back, calls go through on a new
+// stream.
+func TestServerRestart(t *testing.T) {
+	gs, addr, _ := start(t, "")
+	c := dial(t, addr)
+	errc := waiting(t, c)
+	gs.Stop()
+	if le := ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable); !le.Retryable() {
+		t.Fatal("UNAVAILABLE must be retryable")
+	}
+
+	start(t, addr) // a new server, with a ledger of its own
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		res, err := c.Begin(ctx, begin("after"))
+		cancel()
+		if err == nil {
+			if res.GetClaim().GetToken() != 1 {
+				t.Fatalf("Begin on the new server = %v", res)
+			}
+			return
+		}
+		if le := ledgerstatus.FromError(err); !le.Retryable() {
+			t.Fatalf("while the server comes back: %v, want a retryable error", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no call went through after the server came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestClose: Close fails the calls in flight and every later call,
+// UNAVAILABLE, at once.
+func TestClose(t *testing.T) {
+	_, addr, _ := start(t, "")
+	c := dial(t, addr)
+	errc := waiting(t, c)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable)
+	_, err := c.Begin(t.Context(), begin("later"))
+	ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+}

@@ -1,0 +1,20 @@
+module github.com/idemledger/idemledger/ledger/lincheck
+
+go 1.26.0
+
+require (
+	github.com/anishathalye/porcupine v1.3.1
+	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
+)
+
+require (
+	github.com/google/go-cmp v0.7.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+replace github.com/idemledger/idemledger => ../..
