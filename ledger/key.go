@@ -26,14 +26,14 @@ const MaxMethodBytes = 255
 
 // printable reports whether s is 1 to max bytes of printable ASCII
 // (0x21 to 0x7E), and if not, why.
-func printable(s string, max int) string {
+func printable(s string, limit int) string {
 	switch {
 	case s == "":
 		return "is empty"
-	case len(s) > max:
-		return fmt.Sprintf("is %d bytes, more than %d", len(s), max)
+	case len(s) > limit:
+		return fmt.Sprintf("is %d bytes, more than %d", len(s), limit)
 	}
-	for i := 0; i < len(s); i++ {
+	for i := range len(s) {
 		if c := s[i]; c < 0x21 || c > 0x7e {
 			return fmt.Sprintf("has byte 0x%02x at %d; only printable ASCII 0x21-0x7E is allowed", c, i)
 		}
@@ -42,12 +42,12 @@ func printable(s string, max int) string {
 }
 
 // ValidateKey returns KEY_MISSING for an empty key and KEY_INVALID for a key
-// that is longer than max bytes or not printable ASCII (0x21 to 0x7E).
-func ValidateKey(key string, max int) error {
+// that is longer than limit bytes or not printable ASCII (0x21 to 0x7E).
+func ValidateKey(key string, limit int) error {
 	if key == "" {
 		return Errorf(CodeKeyMissing, "idempotency key is missing")
 	}
-	if why := printable(key, max); why != "" {
+	if why := printable(key, limit); why != "" {
 		return Errorf(CodeKeyInvalid, "idempotency key %s", why)
 	}
 	return nil
@@ -76,9 +76,9 @@ func ValidateFingerprint(fp string) error {
 	if !ok || len(version) < 2 || version[0] != 'v' || strings.Trim(version[1:], "0123456789") != "" || digest == "" {
 		return Errorf(CodeValidationFailed, "fingerprint must look like v<version>:<digest>")
 	}
-	for i := 0; i < len(digest); i++ {
+	for i := range len(digest) {
 		c := digest[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_+/=", c) >= 0) {
+		if ('a' > c || c > 'z') && ('A' > c || c > 'Z') && ('0' > c || c > '9') && strings.IndexByte("-_+/=", c) < 0 {
 			return Errorf(CodeValidationFailed, "fingerprint digest has byte 0x%02x at %d", c, i)
 		}
 	}

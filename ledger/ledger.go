@@ -172,15 +172,15 @@ func (l *Ledger) validateClaim(p *ClaimParams) error {
 }
 
 // duration applies the default to a zero d and rejects a negative d or one
-// above max.
-func duration(name string, d, def, max time.Duration) (time.Duration, error) {
+// above limit.
+func duration(name string, d, def, limit time.Duration) (time.Duration, error) {
 	switch {
 	case d == 0:
 		return def, nil
 	case d < 0:
 		return 0, Errorf(CodeValidationFailed, "%s %s is negative", name, d)
-	case d > max:
-		return 0, Errorf(CodeValidationFailed, "%s %s is longer than the maximum %s", name, d, max)
+	case d > limit:
+		return 0, Errorf(CodeValidationFailed, "%s %s is longer than the maximum %s", name, d, limit)
 	}
 	return d, nil
 }

@@ -15,14 +15,14 @@ import (
 type State uint8
 
 const (
-	// StateAbsent: no record. Reads of absent, released and expired records
-	// answer NOT_FOUND.
+	// StateAbsent is no record. Reads of absent, released and expired
+	// records answer NOT_FOUND.
 	StateAbsent State = iota
-	// StateInProgress: an attempt holds a lease.
+	// StateInProgress is a record whose attempt holds a lease.
 	StateInProgress
-	// StateCompleted: the outcome is stored.
+	// StateCompleted is a record whose outcome is stored.
 	StateCompleted
-	// StateReleased: a tombstone that keeps the token counter after a
+	// StateReleased is a tombstone that keeps the token counter after a
 	// Release; it reads as absent.
 	StateReleased
 )

@@ -72,7 +72,7 @@ func TestBadInputCatalogue(t *testing.T) {
 func badInputCatalogue(t *testing.T, stream bool) {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
-	srv := servertest.Start(t, func(gs *grpc.Server) {
+	srv := servertest.NewServer(t, func(gs *grpc.Server) {
 		ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
 	}, grpc.MaxRecvMsgSize(2<<20))
 	raw := ledgerv1.NewLedgerServiceClient(srv.Dial(t))

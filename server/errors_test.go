@@ -112,7 +112,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 // TestStoreUnavailable: a store that cannot answer gives UNAVAILABLE,
 // retryable, on every RPC, and its cause stays out of the message.
 func TestStoreUnavailable(t *testing.T) {
-	conn := servertest.Dial(t, server.New(ledger.New(downStore{}, ledger.Config{}), server.Config{Auth: testAuth}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(ledger.New(downStore{}, ledger.Config{}), server.Config{Auth: testAuth}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	ctx := as(t, "billing-token")
 	small := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -130,7 +129,7 @@ func FuzzStreamRequests(f *testing.F) {
 		f.Add(b)
 	}
 	l := ledger.New(memory.New(memory.Config{Now: ledgertest.NewClock(ledgertest.Start).Now}), ledger.Config{})
-	conn := servertest.Dial(f, server.New(l, server.Config{Auth: testAuth}))
+	conn := servertest.NewServer(f, servertest.Ledger(server.New(l, server.Config{Auth: testAuth}))).Dial(f)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer refunds-token")
 	res, err := client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: "done", Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
@@ -173,7 +172,7 @@ func FuzzStreamRequests(f *testing.F) {
 		if res.GetId() != id {
 			t.Fatalf("answer for %d, want %d", res.GetId(), id)
 		}
-		if e := res.GetError(); e != nil && !ledgerstatus.IsTyped(status.ErrorProto(statusProto(e))) {
+		if e := res.GetError(); e != nil && !ledgerstatus.IsTyped(ledgerstatus.FromFields(e).Err()) {
 			t.Fatalf("untyped error %v", e)
 		}
 		after, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "done"})

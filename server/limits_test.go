@@ -21,7 +21,7 @@ import (
 
 func TestRateLimitPerNamespace(t *testing.T) {
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
-	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3)}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3)}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	for i := range 3 {
 		if _, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledger.CodeOf(ledgerstatus.FromError(err)) != ledger.CodeNotFound {
@@ -47,7 +47,7 @@ func TestDecisionMetrics(t *testing.T) {
 	clock := ledgertest.NewClock(ledgertest.Start)
 	var metrics decisions
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
-	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, Observe: metrics.observe}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, Observe: metrics.observe}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	ctx := as(t, "billing-token")
 	mustBegin := func(req *ledgerv1.BeginRequest) *ledgerv1.BeginResponse {

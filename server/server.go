@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -71,10 +71,10 @@ type Config struct {
 // Server is the LedgerService. It is safe for concurrent use.
 type Server struct {
 	ledgerv1.UnimplementedLedgerServiceServer
-	ledger  *ledger.Ledger
-	auth    Authenticator
-	log     *slog.Logger
-	limit   *RateLimit
+	ledger     *ledger.Ledger
+	auth       Authenticator
+	log        *slog.Logger
+	limit      *RateLimit
 	onDecision func(namespace string, d Decision)
 
 	streamMaxAge time.Duration
@@ -286,7 +286,7 @@ func outcomeFromWire(o *ledgerv1.Outcome) *ledger.Outcome {
 	case *ledgerv1.Outcome_Response:
 		return &ledger.Outcome{Response: r.Response}
 	case *ledgerv1.Outcome_Status:
-		return &ledger.Outcome{Status: &spb.Status{Code: r.Status.GetCode(), Message: r.Status.GetMessage(), Details: r.Status.GetDetails()}}
+		return &ledger.Outcome{Status: ledgerstatus.FromFields(r.Status).Proto()}
 	}
 	return nil
 }
@@ -298,9 +298,7 @@ func outcomeToWire(o *ledger.Outcome) *ledgerv1.Outcome {
 	case o.Response != nil:
 		return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: o.Response}}
 	}
-	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{
-		Code: o.Status.GetCode(), Message: o.Status.GetMessage(), Details: o.Status.GetDetails(),
-	}}}
+	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(status.FromProto(o.Status))}}
 }
 
 func recordToWire(r ledger.Record) *ledgerv1.Record {

@@ -49,7 +49,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	clock := ledgertest.NewClock(ledgertest.Start)
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
-	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth}))).Dial(t)
 	return &fixture{client: ledgerv1.NewLedgerServiceClient(conn), conn: conn, clock: clock}
 }
 

@@ -219,8 +219,7 @@ func streamError(id uint64, err error) *ledgerv1.StreamResponse {
 
 // callStatus is the status of err, as a unary call would fail with it.
 func callStatus(err error) *ledgerv1.CallStatus {
-	st := status.Convert(err).Proto()
-	return &ledgerv1.CallStatus{Code: st.GetCode(), Message: st.GetMessage(), Details: st.GetDetails()}
+	return ledgerstatus.ToCall(status.Convert(err))
 }
 
 // noTrailers is the transport stream of a call on a Stream: it has no

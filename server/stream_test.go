@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -126,7 +125,7 @@ func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code 
 	if e == nil {
 		t.Fatalf("call %d = %v, want %s", id, res, code)
 	}
-	le := ledgerstatus.FromError(status.ErrorProto(statusProto(e)))
+	le := ledgerstatus.FromError(ledgerstatus.FromFields(e).Err())
 	if le.Code != code {
 		t.Fatalf("call %d failed with %s (%s), want %s", id, le.Code, le.Message, code)
 	}
@@ -204,10 +203,10 @@ func TestStreamDrainLosesNoCall(t *testing.T) {
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	srv := server.New(l, server.Config{Auth: testAuth, StreamMaxAge: 20 * time.Millisecond})
 	var streams atomic.Int64
-	conn := servertest.Dial(t, srv, grpc.StreamInterceptor(func(s any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	conn := servertest.NewServer(t, servertest.Ledger(srv), grpc.StreamInterceptor(func(s any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		streams.Add(1)
 		return h(s, ss)
-	}))
+	})).Dial(t)
 	client := streamClient(t, conn, "billing-token")
 	ctx := t.Context()
 	pairs := func(worker, n int) {
@@ -248,9 +247,7 @@ func TestStreamDrainLosesNoCall(t *testing.T) {
 // fail UNAVAILABLE, retryable, and the client fails fast after.
 func TestStreamBreakIsUnavailable(t *testing.T) {
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
-	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
-	srv := servertest.StartServer(t, gs)
+	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth})))
 	client := streamClient(t, srv.Dial(t), "billing-token")
 	ctx := t.Context()
 	if _, err := client.Begin(ctx, beginReq("held")); err != nil {
@@ -262,7 +259,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 		errc <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
-	gs.Stop()
+	srv.Stop()
 	select {
 	case err := <-errc:
 		if le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable); !le.Retryable() {
@@ -293,16 +290,12 @@ func (p panicky) Claim(ctx context.Context, c ledger.ClaimParams) (ledger.ClaimR
 // the stream and the server go on.
 func TestStreamCallPanicIsInternal(t *testing.T) {
 	l := ledger.New(panicky{memory.New(memory.Config{})}, ledger.Config{})
-	client := streamClient(t, servertest.Dial(t, server.New(l, server.Config{Auth: testAuth})), "billing-token")
+	client := streamClient(t, servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth}))).Dial(t), "billing-token")
 	_, err := client.Begin(t.Context(), beginReq("boom"))
 	ledgertest.WantStatus(t, err, ledger.CodeInternal)
 	if res, err := client.Begin(t.Context(), beginReq("fine")); err != nil || res.GetClaim().GetToken() != 1 {
 		t.Fatalf("after a panic: %v, %v", res, err)
 	}
-}
-
-func statusProto(e *ledgerv1.CallStatus) *spb.Status {
-	return &spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()}
 }
 
 // TestStreamCallsAreLimitedAndCounted: each call on a stream takes a token
@@ -311,7 +304,7 @@ func statusProto(e *ledgerv1.CallStatus) *spb.Status {
 func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 	var metrics decisions
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
-	conn := servertest.Dial(t, server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Observe: metrics.observe}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Observe: metrics.observe}))).Dial(t)
 	client := streamClient(t, conn, "billing-token")
 	ctx := t.Context()
 	if _, err := client.Begin(ctx, beginReq("a")); err != nil {

@@ -27,7 +27,7 @@ func TestBearerTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := servertest.Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: tokens}))
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: tokens}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	call := func(auth, tenant string) error {
 		ctx := t.Context()

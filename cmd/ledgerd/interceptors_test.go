@@ -55,8 +55,8 @@ func TestInterceptorsRecoverLogAndCount(t *testing.T) {
 	metrics := grpcprom.NewServerMetrics()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics)
-	conn := servertest.Serve(t, func(gs *grpc.Server) { ledgerv1.RegisterLedgerServiceServer(gs, panicking{}) },
-		grpc.ChainUnaryInterceptor(unaryInterceptors(log, metrics)...))
+	conn := servertest.NewServer(t, func(gs *grpc.Server) { ledgerv1.RegisterLedgerServiceServer(gs, panicking{}) },
+		grpc.ChainUnaryInterceptor(unaryInterceptors(log, metrics)...)).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 
 	_, err := client.Begin(t.Context(), &ledgerv1.BeginRequest{})

@@ -281,7 +281,7 @@ func sigtermDrains(t *testing.T, stream bool) {
 	p := start(t, "--data-dir", t.TempDir())
 	conn := p.dial(t)
 	p.waitServing(t, conn)
-	var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
 	if stream {
 		sc := ledgerclient.New(client)
 		defer sc.Close()

@@ -47,8 +47,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 // run is ledgerd until ctx ends (SIGTERM or SIGINT). It returns the exit
@@ -73,13 +74,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.migrateOnly {
 		if err := migrateOnly(ctx, cfg, log); err != nil {
-			log.Error("migration failed", "error", err)
+			log.ErrorContext(ctx, "migration failed", "error", err)
 			return 1
 		}
 		return 0
 	}
 	if err := serve(ctx, cfg, log); err != nil {
-		log.Error("ledgerd stopped", "error", err)
+		log.ErrorContext(ctx, "ledgerd stopped", "error", err)
 		return 1
 	}
 	return 0
@@ -163,24 +164,24 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
 	wg.Go(func() {
-		_ = st.Run(bg, func(err error) { log.Warn("expiry sweep failed", "error", err) })
+		_ = st.Run(bg, func(err error) { log.WarnContext(bg, "expiry sweep failed", "error", err) })
 	})
 	// Give the store a moment to open, so that the first calls find it;
 	// past that, serve anyway and answer UNAVAILABLE until it opens.
 	select {
 	case <-st.opened:
 	case <-time.After(2 * time.Second):
-		log.Warn("the store is not open yet: serving NOT_SERVING until it is")
+		log.WarnContext(ctx, "the store is not open yet: serving NOT_SERVING until it is")
 	case <-ctx.Done():
 	}
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()
-	log.Info("ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
+	log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
 
 	var serveErr error
 	select {
 	case <-ctx.Done():
-		log.Info("ledgerd draining", "timeout", cfg.drainTimeout.String())
+		log.InfoContext(ctx, "ledgerd draining", "timeout", cfg.drainTimeout.String())
 	case serveErr = <-served:
 	}
 	healthSrv.Shutdown()
@@ -194,7 +195,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	select {
 	case <-drained:
 	case <-time.After(cfg.drainTimeout):
-		log.Warn("drain timed out: cutting the calls left")
+		log.WarnContext(ctx, "drain timed out: cutting the calls left")
 		gs.Stop()
 		<-drained
 	}
@@ -205,7 +206,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		_ = admin.Shutdown(sctx)
 		cancel()
 	}
-	log.Info("ledgerd stopped")
+	log.InfoContext(ctx, "ledgerd stopped")
 	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", serveErr)
 	}
@@ -326,9 +327,9 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 			h.SetServingStatus("", status)
 			h.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, status)
 			if err != nil {
-				log.Warn("store not answering: NOT_SERVING", "error", err)
+				log.WarnContext(ctx, "store not answering: NOT_SERVING", "error", err)
 			} else {
-				log.Info("store answering: SERVING")
+				log.InfoContext(ctx, "store answering: SERVING")
 			}
 		}
 		pause, opened := 5*time.Second, st.opened
@@ -446,6 +447,6 @@ func migrateOnly(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	log.Info("schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
 	return nil
 }

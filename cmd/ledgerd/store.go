@@ -106,7 +106,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 		if err == nil {
 			break
 		}
-		l.log.Warn("the store did not open; trying again", "error", err, "in", pause.String())
+		l.log.WarnContext(ctx, "the store did not open; trying again", "error", err, "in", pause.String())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -127,7 +127,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 		}
 		return s, func() {
 			if err := s.Close(); err != nil {
-				log.Error("closing the store", "error", err)
+				log.ErrorContext(ctx, "closing the store", "error", err)
 			}
 		}, nil
 	}
@@ -141,7 +141,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 			s.Close()
 			return nil, nil, err
 		}
-		log.Info("schema migrated", "applied", applied, "dialect", s.Dialect().String())
+		log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
 	}
 	return s, s.Close, nil
 }

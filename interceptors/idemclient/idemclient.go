@@ -16,7 +16,6 @@ package idemclient
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,13 +25,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/internal/backoff"
+	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
-)
-
-// The headers the server interceptor reads (package idempotency).
-const (
-	KeyHeader          = "idempotency-key"
-	FirstAttemptHeader = "idempotency-first-attempt-at"
 )
 
 // NewKey returns a fresh idempotency key: a UUIDv7 (random, and ordered by
@@ -123,11 +119,11 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		if msg, ok := req.(proto.Message); ok && o.keyField != "" {
 			in.key = keyField(msg, o.keyField, in.key)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(KeyHeader)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, KeyHeader, in.key)
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(idempotency.KeyHeader)) == 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.KeyHeader, in.key)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(FirstAttemptHeader)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, FirstAttemptHeader, in.first.UTC().Format(time.RFC3339Nano))
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(idempotency.FirstAttemptHeader)) == 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, idempotency.FirstAttemptHeader, in.first.UTC().Format(time.RFC3339Nano))
 		}
 		// Per call: the retry-after of the last error, read by the backoff
 		// that follows it.
@@ -139,39 +135,19 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 				return le.Retryable()
 			}),
 			retry.WithBackoff(func(_ context.Context, attempt uint) time.Duration {
-				return max(hint, fullJitter(o.base, o.cap, attempt))
+				return max(hint, backoff.FullJitter(o.base, o.cap, int(attempt)))
 			}),
 		)
 		return retrying(ctx, method, req, reply, cc, invoker, callOpts...)
 	}
 }
 
-// fullJitter is a uniform wait in [0, min(limit, base·2^(attempt-1))).
-func fullJitter(base, limit time.Duration, attempt uint) time.Duration {
-	if attempt == 0 {
-		return 0
-	}
-	ceiling := limit
-	if attempt < 32 && base<<(attempt-1) < limit && base<<(attempt-1) > 0 {
-		ceiling = base << (attempt - 1)
-	}
-	if ceiling <= 0 {
-		return 0
-	}
-	return rand.N(ceiling)
-}
-
 // keyField returns the key in msg's field, or sets the field to key when it
 // is empty.
 func keyField(msg proto.Message, name protoreflect.Name, key string) string {
-	m := msg.ProtoReflect()
-	fd := m.Descriptor().Fields().ByName(name)
-	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() || fd.IsMap() {
-		return key
-	}
-	if v := m.Get(fd).String(); v != "" {
+	if v := protofield.String(msg, name); v != "" {
 		return v
 	}
-	m.Set(fd, protoreflect.ValueOfString(key))
+	protofield.SetString(msg, name, key)
 	return key
 }

@@ -60,12 +60,12 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceR
 // returns a client whose connection has the idemclient interceptor.
 func client(t *testing.T, svc *invoices, opts ...idemclient.Option) testpb.InvoiceServiceClient {
 	t.Helper()
-	ledgerConn := servertest.DialLedger(t, "billing")
+	ledgerConn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), idempotency.WithMethod(createInvoice, idempotency.Policy{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := servertest.Start(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) }, grpc.UnaryInterceptor(icpt))
+	srv := servertest.NewServer(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) }, grpc.UnaryInterceptor(icpt))
 	return testpb.NewInvoiceServiceClient(srv.Dial(t, grpc.WithUnaryInterceptor(idemclient.UnaryClientInterceptor(append([]idemclient.Option{idemclient.WithBackoff(time.Millisecond, 20*time.Millisecond)}, opts...)...))))
 }
 

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -21,6 +19,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/backoff"
+	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -164,7 +164,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 // key is the request field's key (WithKeyField) or the header's.
 func (i *interceptor) key(ctx context.Context, msg proto.Message) string {
 	if i.opts.keyField != "" {
-		if k := stringField(msg, i.opts.keyField); k != "" {
+		if k := protofield.String(msg, i.opts.keyField); k != "" {
 			return k
 		}
 	}
@@ -229,7 +229,7 @@ func (i *interceptor) replay(ctx context.Context, m *method, r *ledgerv1.Replay)
 		return resp, nil
 	case *ledgerv1.Outcome_Status:
 		s := o.Status
-		err := status.FromProto(&spb.Status{Code: s.GetCode(), Message: s.GetMessage(), Details: s.GetDetails()}).Err()
+		err := ledgerstatus.FromFields(s).Err()
 		ledgerstatus.SetPushback(ctx, ledgerstatus.FromError(err))
 		return nil, err
 	}
@@ -277,8 +277,7 @@ func (i *interceptor) run(ctx context.Context, m *method, c Claim, req any, hand
 		})
 		return nil, herr
 	}
-	p := st.Proto()
-	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: p.GetCode(), Message: p.GetMessage(), Details: p.GetDetails()}}}
+	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
 	i.record(ctx, "complete", c, func(ctx context.Context) error {
 		_, err := i.ledger.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Outcome: out})
 		return err
@@ -307,7 +306,7 @@ func (i *interceptor) record(ctx context.Context, what string, c Claim, call fun
 			i.opts.log.ErrorContext(ctx, msg, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
 			return
 		}
-		time.Sleep(max(le.RetryAfter, jitter(try)))
+		time.Sleep(max(le.RetryAfter, backoff.FullJitter(20*time.Millisecond, time.Second, try+1)))
 	}
 }
 
@@ -399,9 +398,4 @@ func optionalDuration(d time.Duration) *durationpb.Duration {
 		return nil
 	}
 	return durationpb.New(d)
-}
-
-// jitter is full jitter over 20 ms doubling per try, capped at 1 s.
-func jitter(try int) time.Duration {
-	return rand.N(min(20*time.Millisecond<<try, time.Second))
 }

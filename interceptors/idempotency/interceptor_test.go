@@ -60,7 +60,9 @@ func written(n int64, req *testpb.CreateInvoiceRequest) *testpb.CreateInvoiceRes
 }
 
 // ledgerConn is a real LedgerService over bufconn, on the memory store.
-func ledgerConn(t *testing.T) *grpc.ClientConn { return servertest.DialLedger(t, "billing") }
+func ledgerConn(t *testing.T) *grpc.ClientConn {
+	return servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
+}
 
 // ledgerAPI is how the interceptor calls the ledger: unary calls, or calls
 // on a Stream (ledger/ledgerclient).
@@ -97,10 +99,10 @@ func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opt
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := servertest.Serve(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) },
+	conn := servertest.NewServer(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) },
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
-		})), icpt))
+		})), icpt)).Dial(t)
 	return testpb.NewInvoiceServiceClient(conn)
 }
 

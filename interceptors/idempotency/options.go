@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger"
 )
 
@@ -48,7 +49,7 @@ type TenantFunc func(ctx context.Context, req proto.Message) (string, error)
 // request.
 func TenantFromField(name protoreflect.Name) TenantFunc {
 	return func(_ context.Context, req proto.Message) (string, error) {
-		if s := stringField(req, name); s != "" {
+		if s := protofield.String(req, name); s != "" {
 			return s, nil
 		}
 		return "", ledger.Errorf(ledger.CodeValidationFailed, "the request has no %s", name)
@@ -77,7 +78,6 @@ type options struct {
 	completeTimeout time.Duration
 	completeTries   int
 	log             *slog.Logger
-	now             func() time.Time
 }
 
 func defaultOptions() options {
@@ -89,7 +89,6 @@ func defaultOptions() options {
 		completeTimeout: 5 * time.Second,
 		completeTries:   3,
 		log:             slog.New(slog.DiscardHandler),
-		now:             time.Now,
 	}
 }
 
@@ -146,17 +145,4 @@ func (o *options) check() error {
 		}
 	}
 	return nil
-}
-
-// stringField returns a top-level string field of msg, or "".
-func stringField(msg proto.Message, name protoreflect.Name) string {
-	if msg == nil {
-		return ""
-	}
-	m := msg.ProtoReflect()
-	fd := m.Descriptor().Fields().ByName(name)
-	if fd == nil || fd.Kind() != protoreflect.StringKind || fd.IsList() || fd.IsMap() {
-		return ""
-	}
-	return m.Get(fd).String()
 }

@@ -4,6 +4,7 @@
 package modgraph
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -121,7 +122,7 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 	out, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
-		if ee, ok := err.(*exec.ExitError); ok {
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
 			stderr = ee.Stderr
 		}
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)

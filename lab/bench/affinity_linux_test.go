@@ -81,7 +81,7 @@ func TestPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wantRest unix.CPUSet = all
+	wantRest := all
 	n, _ := strconv.Atoi(first)
 	wantRest.Clear(n)
 	if db != first || rest != cpuList(wantRest) {

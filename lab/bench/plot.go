@@ -73,10 +73,10 @@ func Plot(rs []Result, workload, title, path string) error {
 // clientTicks marks the client counts measured.
 type clientTicks struct{}
 
-func (clientTicks) Ticks(min, max float64) []plot.Tick {
+func (clientTicks) Ticks(lo, hi float64) []plot.Tick {
 	var ts []plot.Tick
 	for _, v := range []float64{1, 2, 4, 8, 16, 32, 64, 128, 256} {
-		if v >= min && v <= max {
+		if v >= lo && v <= hi {
 			ts = append(ts, plot.Tick{Value: v, Label: fmt.Sprint(v)})
 		}
 	}

@@ -160,53 +160,147 @@ func (c Config) withDefaults() Config {
 // the harness itself fails; broken guarantees are in the Report.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg = cfg.withDefaults()
-	var rep Report
 	start := time.Now()
+	w, err := build(ctx, cfg)
+	if err != nil {
+		return Report{}, err
+	}
+	defer w.close()
+	keys, answers := w.underFaults(ctx)
+	if err := ctx.Err(); err != nil {
+		return w.rep, err
+	}
+	final := w.pass(ctx, func(i int) [][]byte {
+		return runIntent(ctx, w.client, keys[i], i, newLocked(uint64(i)+1), time.Minute)
+	})
+	w.verdict(keys, answers, final)
+	w.rep.Elapsed = time.Since(start)
+	return w.rep, nil
+}
+
+// world is the topology of a run, and what it counted.
+type world struct {
+	cfg      Config
+	rep      Report // counted atomically while the faults run
+	rng      *locked
+	closers  []func()
+	ld       *ledgerd
+	svcProxy *faultproxy.Proxy
+	proxies  []*faultproxy.Proxy // every hop: service, ledgerd, and the database if any
+	store    *invoice.Store
+	storm    atomic.Bool // a 429 storm is on
+	client   invoicev1.InvoiceServiceClient
+}
+
+func (w *world) close() {
+	for i := len(w.closers) - 1; i >= 0; i-- {
+		w.closers[i]()
+	}
+}
+
+// build starts ledgerd (on the database through a proxy, or on its
+// embedded store), the invoice service behind the interceptor, and the
+// agents' connection, with a fault proxy on every hop. On error it closes
+// what it started.
+func build(ctx context.Context, cfg Config) (w *world, err error) {
+	w = &world{cfg: cfg, rng: newLocked(cfg.Seed), store: invoice.NewStore()}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
 	dir, err := os.MkdirTemp("", "idemledger-chaos-")
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	w.closers = append(w.closers, func() { _ = os.RemoveAll(dir) })
+	ledgerConn, err := w.startLedgerd(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	svcAddr, err := w.startService(ledgerConn)
+	if err != nil {
+		return nil, err
+	}
+	if w.svcProxy, err = w.proxy(svcAddr); err != nil {
+		return nil, err
+	}
+	w.proxies = append([]*faultproxy.Proxy{w.svcProxy}, w.proxies...)
+	conn, err := grpc.NewClient(w.svcProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(
+			idemclient.UnaryClientInterceptor(idemclient.WithKeyField("request_id"), idemclient.WithMaxAttempts(8), idemclient.WithBackoff(10*time.Millisecond, 500*time.Millisecond)),
+			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				atomic.AddInt64(&w.rep.Calls, 1)
+				var header metadata.MD
+				err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header))...)
+				if v := header.Get(idempotency.ReplayedHeader); len(v) > 0 && v[0] == "true" {
+					atomic.AddInt64(&w.rep.Replayed, 1)
+				}
+				return err
+			}))
+	if err != nil {
+		return nil, err
+	}
+	w.closers = append(w.closers, func() { _ = conn.Close() })
+	w.client = invoicev1.NewInvoiceServiceClient(conn)
+	return w, nil
+}
 
-	// ledgerd, behind its proxies.
-	var dbProxy *faultproxy.Proxy
-	ledgerArgs := []string{"--admin-listen", "", "--drain-timeout", "1s", "--lease", "2s", "--log-level", "error"}
-	if cfg.DatabaseURL != "" {
-		u, host, err := splitHost(cfg.DatabaseURL)
+// proxy starts a fault proxy in front of addr.
+func (w *world) proxy(addr string) (*faultproxy.Proxy, error) {
+	p, err := faultproxy.New(addr)
+	if err != nil {
+		return nil, err
+	}
+	w.closers = append(w.closers, func() { _ = p.Close() })
+	return p, nil
+}
+
+// startLedgerd starts ledgerd as a child process, behind a proxy, and
+// returns a connection to it through the proxy.
+func (w *world) startLedgerd(ctx context.Context, dir string) (*grpc.ClientConn, error) {
+	args := []string{"--admin-listen", "", "--drain-timeout", "1s", "--lease", "2s", "--log-level", "error"}
+	if w.cfg.DatabaseURL != "" {
+		u, host, err := splitHost(w.cfg.DatabaseURL)
 		if err != nil {
-			return rep, err
+			return nil, err
 		}
-		if dbProxy, err = faultproxy.New(host); err != nil {
-			return rep, err
+		dbProxy, err := w.proxy(host)
+		if err != nil {
+			return nil, err
 		}
-		defer dbProxy.Close()
-		ledgerArgs = append(ledgerArgs, "--database-url", u(dbProxy.Addr()), "--migrate")
+		w.proxies = append(w.proxies, dbProxy)
+		args = append(args, "--database-url", u(dbProxy.Addr()), "--migrate")
 	} else {
-		ledgerArgs = append(ledgerArgs, "--data-dir", filepath.Join(dir, "ledger"))
+		args = append(args, "--data-dir", filepath.Join(dir, "ledger"))
 	}
-	ld, err := startLedgerd(cfg.Ledgerd, filepath.Join(dir, "ledgerd.log"), ledgerArgs)
+	ld, err := startLedgerd(ctx, w.cfg.Ledgerd, filepath.Join(dir, "ledgerd.log"), args)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
-	defer ld.stop()
-	ledgerProxy, err := faultproxy.New(ld.addr)
+	w.ld = ld
+	w.closers = append(w.closers, ld.stop)
+	ledgerProxy, err := w.proxy(ld.addr)
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
-	defer ledgerProxy.Close()
-	ledgerConn, err := grpc.NewClient(ledgerProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	w.proxies = append([]*faultproxy.Proxy{ledgerProxy}, w.proxies...)
+	conn, err := grpc.NewClient(ledgerProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return rep, err
+		return nil, err
 	}
-	defer ledgerConn.Close()
+	w.closers = append(w.closers, func() { _ = conn.Close() })
+	return conn, nil
+}
 
-	// The write service.
-	store := invoice.NewStore()
-	var storm atomic.Bool
-	var ledgerClient ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(ledgerConn)
-	if cfg.LedgerStream {
+// startService serves the invoice service behind the idempotency
+// interceptor, with a gateway in front that answers 429 during storms and
+// 504 now and then after the write, and returns its address.
+func (w *world) startService(ledgerConn *grpc.ClientConn) (string, error) {
+	ledgerClient := ledgerv1.NewLedgerServiceClient(ledgerConn)
+	if w.cfg.LedgerStream {
 		sc := ledgerclient.New(ledgerClient)
-		defer sc.Close()
+		w.closers = append(w.closers, func() { _ = sc.Close() })
 		ledgerClient = sc
 	}
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
@@ -214,72 +308,90 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		idempotency.WithKeyField("request_id"),
 		idempotency.WithCompletion(2*time.Second, 12))
 	if err != nil {
-		return rep, err
+		return "", err
 	}
-	rng := newLocked(cfg.Seed)
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-			if storm.Load() {
-				atomic.AddInt64(&rep.RateLimited, 1)
+			if w.storm.Load() {
+				atomic.AddInt64(&w.rep.RateLimited, 1)
 				return nil, ledgerstatus.Err(&ledger.Error{Code: ledger.CodeRateLimited, Message: "429: slow down", RetryAfter: 50 * time.Millisecond})
 			}
 			res, err := next(ctx, req)
-			if err == nil && rng.chance(0.03) {
-				atomic.AddInt64(&rep.TimeoutsAfterDone, 1)
+			if err == nil && w.rng.chance(0.03) {
+				atomic.AddInt64(&w.rep.TimeoutsAfterDone, 1)
 				return nil, status.Error(codes.DeadlineExceeded, "504: upstream timed out")
 			}
 			return res, err
 		},
 		icpt,
 	))
-	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: store})
-	svcLis, err := net.Listen("tcp", "127.0.0.1:0")
+	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: w.store})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return rep, err
+		return "", err
 	}
-	go func() { _ = gs.Serve(svcLis) }()
-	defer gs.Stop()
-	svcProxy, err := faultproxy.New(svcLis.Addr().String())
-	if err != nil {
-		return rep, err
-	}
-	defer svcProxy.Close()
+	go func() { _ = gs.Serve(lis) }()
+	w.closers = append(w.closers, gs.Stop)
+	return lis.Addr().String(), nil
+}
 
-	// The agents' connection.
-	conn, err := grpc.NewClient(svcProxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithChainUnaryInterceptor(
-			idemclient.UnaryClientInterceptor(idemclient.WithKeyField("request_id"), idemclient.WithMaxAttempts(8), idemclient.WithBackoff(10*time.Millisecond, 500*time.Millisecond)),
-			func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				atomic.AddInt64(&rep.Calls, 1)
-				var header metadata.MD
-				err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header))...)
-				if v := header.Get(idempotency.ReplayedHeader); len(v) > 0 && v[0] == "true" {
-					atomic.AddInt64(&rep.Replayed, 1)
-				}
-				return err
-			}))
-	if err != nil {
-		return rep, err
-	}
-	defer conn.Close()
-	client := invoicev1.NewInvoiceServiceClient(conn)
-
-	// Faults, until the agents are done.
+// underFaults runs every intent through the agents while the faults run,
+// and stops the faults when the agents are done. It returns each intent's
+// key and answers.
+func (w *world) underFaults(ctx context.Context) ([]string, [][][]byte) {
 	faultCtx, stopFaults := context.WithCancel(ctx)
-	var faults sync.WaitGroup
-	proxies := []*faultproxy.Proxy{svcProxy, ledgerProxy}
-	if dbProxy != nil {
-		proxies = append(proxies, dbProxy)
+	faults := w.startFaults(faultCtx)
+	keys := make([]string, w.cfg.Intents)
+	answers := w.pass(ctx, func(i int) [][]byte {
+		if w.cfg.Pace > 0 {
+			time.Sleep(time.Duration(w.rng.float() * 2 * float64(w.cfg.Pace)))
+		}
+		keys[i] = idemclient.NewKey()
+		a := runIntent(ctx, w.client, keys[i], i, w.rng, 30*time.Second)
+		if i%1000 == 999 {
+			progress(w.cfg, "%d intents done", i+1)
+		}
+		return a
+	})
+	stopFaults()
+	faults.Wait()
+	for _, p := range w.proxies {
+		p.SetLatency(0)
+		p.SetCutResponses(0)
 	}
+	return keys, answers
+}
+
+// pass runs intent(i) for every intent, Config.Agents at a time, and
+// returns each one's answers.
+func (w *world) pass(ctx context.Context, intent func(i int) [][]byte) [][][]byte {
+	answers := make([][][]byte, w.cfg.Intents)
+	var next atomic.Int64
+	var agents sync.WaitGroup
+	for range w.cfg.Agents {
+		agents.Go(func() {
+			for i := int(next.Add(1)) - 1; i < w.cfg.Intents && ctx.Err() == nil; i = int(next.Add(1)) - 1 {
+				answers[i] = intent(i)
+			}
+		})
+	}
+	agents.Wait()
+	return answers
+}
+
+// startFaults injects every kind of fault, each about once a
+// Config.FaultEvery, until ctx ends; wait on the group it returns.
+func (w *world) startFaults(ctx context.Context) *sync.WaitGroup {
+	var faults sync.WaitGroup
 	every := func(mean time.Duration, fault func()) {
 		faults.Go(func() {
 			// The first one comes within one mean, then a mean apart on
 			// average.
 			for scale := 1.0; ; scale = 2 {
 				select {
-				case <-faultCtx.Done():
+				case <-ctx.Done():
 					return
-				case <-time.After(time.Duration(rng.float() * scale * float64(mean))):
+				case <-time.After(time.Duration(w.rng.float() * scale * float64(mean))):
 				}
 				fault()
 			}
@@ -288,88 +400,49 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	spell := func(d time.Duration, on, off func()) {
 		on()
 		select {
-		case <-faultCtx.Done():
+		case <-ctx.Done():
 		case <-time.After(d):
 		}
 		off()
 	}
-	every(cfg.FaultEvery, func() {
-		spell(cfg.FaultEvery/3, func() { svcProxy.SetCutResponses(0.05) }, func() { svcProxy.SetCutResponses(0) })
+	mean := w.cfg.FaultEvery
+	every(mean, func() {
+		spell(mean/3, func() { w.svcProxy.SetCutResponses(0.05) }, func() { w.svcProxy.SetCutResponses(0) })
 	})
-	every(cfg.FaultEvery, func() {
-		p := proxies[rng.intn(len(proxies))]
-		atomic.AddInt64(&rep.LatencySpells, 1)
-		spell(cfg.FaultEvery/2, func() { p.SetLatency(25 * time.Millisecond) }, func() { p.SetLatency(0) })
+	every(mean, func() {
+		p := w.proxies[w.rng.intn(len(w.proxies))]
+		atomic.AddInt64(&w.rep.LatencySpells, 1)
+		spell(mean/2, func() { p.SetLatency(25 * time.Millisecond) }, func() { p.SetLatency(0) })
 	})
-	every(cfg.FaultEvery, func() { proxies[rng.intn(len(proxies))].ResetAll() })
-	every(2*cfg.FaultEvery, func() {
-		atomic.AddInt64(&rep.Storms, 1)
-		spell(cfg.FaultEvery/3, func() { storm.Store(true) }, func() { storm.Store(false) })
+	every(mean, func() { w.proxies[w.rng.intn(len(w.proxies))].ResetAll() })
+	every(2*mean, func() {
+		atomic.AddInt64(&w.rep.Storms, 1)
+		spell(mean/3, func() { w.storm.Store(true) }, func() { w.storm.Store(false) })
 	})
-	every(4*cfg.FaultEvery, func() {
-		if err := ld.restart(); err != nil {
-			progress(cfg, "restarting ledgerd: %v", err)
+	every(4*mean, func() {
+		if err := w.ld.restart(ctx); err != nil {
+			progress(w.cfg, "restarting ledgerd: %v", err)
 			return
 		}
-		atomic.AddInt64(&rep.LedgerdKills, 1)
+		atomic.AddInt64(&w.rep.LedgerdKills, 1)
 	})
-	if cfg.RestartDatabase != nil {
-		every(10*cfg.FaultEvery, func() {
-			if err := cfg.RestartDatabase(); err != nil {
-				progress(cfg, "restarting the database: %v", err)
+	if w.cfg.RestartDatabase != nil {
+		every(10*mean, func() {
+			if err := w.cfg.RestartDatabase(); err != nil {
+				progress(w.cfg, "restarting the database: %v", err)
 				return
 			}
-			atomic.AddInt64(&rep.DatabaseRestarts, 1)
+			atomic.AddInt64(&w.rep.DatabaseRestarts, 1)
 		})
 	}
+	return &faults
+}
 
-	// The agents.
-	answers := make([][][]byte, cfg.Intents)
-	keys := make([]string, cfg.Intents)
-	var next atomic.Int64
-	var agents sync.WaitGroup
-	for range cfg.Agents {
-		agents.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= cfg.Intents || ctx.Err() != nil {
-					return
-				}
-				if cfg.Pace > 0 {
-					time.Sleep(time.Duration(rng.float() * 2 * float64(cfg.Pace)))
-				}
-				keys[i] = idemclient.NewKey()
-				answers[i] = runIntent(ctx, client, keys[i], i, rng, 30*time.Second)
-				if i%1000 == 999 {
-					progress(cfg, "%d intents done", i+1)
-				}
-			}
-		})
-	}
-	agents.Wait()
-	stopFaults()
-	faults.Wait()
-	for _, p := range proxies {
-		p.SetLatency(0)
-		p.SetCutResponses(0)
-	}
-	if err := ctx.Err(); err != nil {
-		return rep, err
-	}
-
-	// The final pass, without faults: every intent once more. It answers
-	// the intents the faults kept from an answer, and replays the others.
-	final := make([][][]byte, cfg.Intents)
-	next.Store(0)
-	for range cfg.Agents {
-		agents.Go(func() {
-			for i := int(next.Add(1)) - 1; i < cfg.Intents && ctx.Err() == nil; i = int(next.Add(1)) - 1 {
-				final[i] = runIntent(ctx, client, keys[i], i, newLocked(uint64(i)+1), time.Minute)
-			}
-		})
-	}
-	agents.Wait()
-	for i := range cfg.Intents {
+// verdict fills the report from the answers of both passes and the
+// service's store.
+func (w *world) verdict(keys []string, answers, final [][][]byte) {
+	rep := &w.rep
+	for i := range w.cfg.Intents {
 		if len(answers[i]) > 0 {
 			rep.Answered++
 		} else if len(final[i]) > 0 {
@@ -380,7 +453,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			rep.Lost++
 		}
 	}
-	rep.Intents = cfg.Intents
+	rep.Intents = w.cfg.Intents
 	for _, as := range answers {
 		rep.Answers += len(as)
 		for _, a := range as[min(1, len(as)):] {
@@ -390,10 +463,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	perKey := map[string]int{}
-	for _, row := range store.Rows() {
+	rows := w.store.Rows()
+	for _, row := range rows {
 		perKey[row.Key]++
 	}
-	rep.Effects = len(store.Rows())
+	rep.Effects = len(rows)
 	for _, k := range keys {
 		switch n := perKey[k]; {
 		case n == 0:
@@ -402,12 +476,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			rep.DuplicateEffects += n - 1
 		}
 	}
-	for _, p := range proxies {
+	for _, p := range w.proxies {
 		rep.Resets += p.Resets.Load()
 	}
-	rep.CutResponses = svcProxy.Cuts.Load()
-	rep.Elapsed = time.Since(start)
-	return rep, nil
+	rep.CutResponses = w.svcProxy.Cuts.Load()
 }
 
 // runIntent is one intent: a key, sent until answered (idemclient retries,
@@ -451,7 +523,7 @@ type ledgerd struct {
 	exited   chan struct{} // closed when cmd has exited
 }
 
-func startLedgerd(bin, log string, args []string) (*ledgerd, error) {
+func startLedgerd(ctx context.Context, bin, log string, args []string) (*ledgerd, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -459,13 +531,13 @@ func startLedgerd(bin, log string, args []string) (*ledgerd, error) {
 	addr := lis.Addr().String()
 	_ = lis.Close()
 	ld := &ledgerd{bin: bin, log: log, args: append([]string{"--listen", addr}, args...), addr: addr}
-	if err := ld.start(); err != nil {
+	if err := ld.start(ctx); err != nil {
 		return nil, err
 	}
 	return ld, nil
 }
 
-func (l *ledgerd) start() error {
+func (l *ledgerd) start(ctx context.Context) error {
 	f, err := os.OpenFile(l.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -481,12 +553,12 @@ func (l *ledgerd) start() error {
 	l.mu.Lock()
 	l.cmd, l.exited = cmd, exited
 	l.mu.Unlock()
-	return l.waitServing(30 * time.Second)
+	return l.waitServing(ctx, 30*time.Second)
 }
 
 // waitServing waits for gRPC health to say SERVING.
-func (l *ledgerd) waitServing(d time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+func (l *ledgerd) waitServing(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -500,16 +572,16 @@ func (l *ledgerd) waitServing(d time.Duration) error {
 		}
 		if ctx.Err() != nil {
 			log, _ := os.ReadFile(l.log)
-			return fmt.Errorf("ledgerd did not serve within %s: %v\n%s", d, err, tail(log))
+			return fmt.Errorf("ledgerd did not serve within %s: %w\n%s", d, err, tail(log))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
 // restart kills ledgerd with SIGKILL and starts it again.
-func (l *ledgerd) restart() error {
+func (l *ledgerd) restart(ctx context.Context) error {
 	l.kill()
-	return l.start()
+	return l.start(ctx)
 }
 
 func (l *ledgerd) kill() {

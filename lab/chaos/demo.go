@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/ledger"

@@ -51,8 +51,8 @@ func New(target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.lis.Addr().String() }
 
 // SetLatency delays each chunk, in each direction, by a uniform random time
-// up to max; 0 turns it off.
-func (p *Proxy) SetLatency(max time.Duration) { p.latency.Store(int64(max)) }
+// up to limit; 0 turns it off.
+func (p *Proxy) SetLatency(limit time.Duration) { p.latency.Store(int64(limit)) }
 
 // SetCutResponses makes each chunk from the target reset the connection
 // instead of reaching the client, with probability prob: the server did

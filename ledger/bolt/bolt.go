@@ -238,7 +238,7 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 		}
 		rec, err := next(cur, s.cfg.Now())
 		if ruleErr = err; err != nil || rec == nil {
-			return nil
+			return nil //nolint:nilerr // a rule error is an answer, not a failed transaction
 		}
 		return put(tx, key, cur, rec)
 	})

@@ -34,12 +34,6 @@ func open(t testing.TB, dir string, cfg bolt.Config) *bolt.Store {
 	return s
 }
 
-func TestConformance(t *testing.T) {
-	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
-		return open(t, t.TempDir(), bolt.Config{Now: now})
-	})
-}
-
 // TestRecordsSurviveReopen closes the store and opens the file again: every
 // state, token and outcome reads back as it was written.
 func TestRecordsSurviveReopen(t *testing.T) {

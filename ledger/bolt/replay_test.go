@@ -1,6 +1,8 @@
 package bolt
 
 import (
+	"bytes"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -39,7 +41,7 @@ func TestReplayIsOneRead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer tx.Rollback()
+		defer func() { _ = tx.Rollback() }()
 		return tx.ID()
 	}
 	before := txid()
@@ -61,16 +63,14 @@ func TestReplayIsOneRead(t *testing.T) {
 	}
 }
 
-func TestSweep(t *testing.T) {
-	clock := ledgertest.NewClock(ledgertest.Start)
-	s := openInternal(t, Config{Now: clock.Now})
-	ledgertest.SweepTest(t, s, clock, func() int { return s.count(t) })
-}
-
-func TestRunSweeps(t *testing.T) {
-	clock := ledgertest.NewClock(ledgertest.Start)
-	s := openInternal(t, Config{Now: clock.Now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
-	ledgertest.SweepLoopTest(t, s, clock, s.Run, func() int { return s.count(t) })
+// TestConformance runs the conformance suite, its sweep rules included.
+func TestConformance(t *testing.T) {
+	ledgertest.Suite{
+		NewStore: func(t *testing.T, now func() time.Time) ledger.Store {
+			return openInternal(t, Config{Now: now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
+		},
+		Count: func(t *testing.T, s ledger.Store, ns string) int { return s.(*Store).count(t, ns) },
+	}.Run(t)
 }
 
 func openInternal(t *testing.T, cfg Config) *Store {
@@ -83,14 +83,20 @@ func openInternal(t *testing.T, cfg Config) *Store {
 	return s
 }
 
-// count counts the records in the file, expired or not, and checks that
-// the expiry index holds exactly one entry for each.
-func (s *Store) count(t *testing.T) int {
+// count counts the records of namespace in the file, expired or not, and
+// checks that the expiry index holds exactly one entry for each record.
+func (s *Store) count(t *testing.T, namespace string) int {
 	t.Helper()
-	var records, index int
+	var records, index, inNamespace int
+	prefix := binary.AppendUvarint(nil, uint64(len(namespace)))
+	prefix = append(prefix, namespace...)
 	if err := s.db.View(func(tx *bbolt.Tx) error {
 		records = tx.Bucket(recordsBucket).Stats().KeyN
 		index = tx.Bucket(expiryBucket).Stats().KeyN
+		c := tx.Bucket(recordsBucket).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			inNamespace++
+		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -98,5 +104,5 @@ func (s *Store) count(t *testing.T) int {
 	if records != index {
 		t.Fatalf("%d records but %d expiry index entries", records, index)
 	}
-	return records
+	return inNamespace
 }

@@ -299,7 +299,7 @@ func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
 			s.batchFailed(err)
 		}
 		for _, c := range calls {
-			s.runOne(c.ctx, c)
+			s.runOne(c.ctx, c) //nolint:contextcheck // each call falls back under its own caller's context
 		}
 		return
 	}

@@ -140,7 +140,7 @@ func TestMixedBatch(t *testing.T) {
 	}
 
 	newClaim := func(k string) *call[op, opResult] { return claimOp(ctx, k) }
-	newComplete := func(k string, token uint64, id string) *call[op, opResult] { return completeOp(t, ctx, k, token, id) }
+	newComplete := func(k string, token uint64, id string) *call[op, opResult] { return completeOp(ctx, t, k, token, id) }
 	fresh1, fresh2, replay, heldAgain := newClaim("fresh-1"), newClaim("fresh-2"), newClaim("done"), newClaim("held")
 	complete, stale := newComplete("held", held.Record.Token, "inv_held"), newComplete("other", other.Record.Token+1, "inv_other")
 
@@ -206,7 +206,7 @@ func claimOp(ctx context.Context, k string) *call[op, opResult] {
 }
 
 // completeOp is a batched complete of k with token and the response id.
-func completeOp(t *testing.T, ctx context.Context, k string, token uint64, id string) *call[op, opResult] {
+func completeOp(ctx context.Context, t *testing.T, k string, token uint64, id string) *call[op, opResult] {
 	out := ledgertest.Response(id)
 	return &call[op, opResult]{ctx: ctx, key: opKey('u', testScope(k)), done: make(chan result[opResult], 1),
 		p: op{complete: &completeCall{p: ledger.CompleteParams{Scope: testScope(k), Token: token, Outcome: out}, outcome: mustMarshal(t, out)}}}
@@ -282,8 +282,8 @@ func TestCrossedBatches(t *testing.T) {
 	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE idem_key = 'y' FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
-	bCalls := []*call[op, opResult]{claimOp(ctx, "y"), completeOp(t, ctx, "x", x.Record.Token, "inv_x")}
-	aCalls := []*call[op, opResult]{claimOp(ctx, "x"), completeOp(t, ctx, "y", y.Record.Token, "inv_y")}
+	bCalls := []*call[op, opResult]{claimOp(ctx, "y"), completeOp(ctx, t, "x", x.Record.Token, "inv_x")}
+	aCalls := []*call[op, opResult]{claimOp(ctx, "x"), completeOp(ctx, t, "y", y.Record.Token, "inv_y")}
 	var wg sync.WaitGroup
 	wg.Go(func() { b.runOps(ctx, bCalls) })
 	waiting(1) // B's claim of y

@@ -12,7 +12,7 @@
 // ignores the COMMIT error, which on PostgreSQL reports success for a
 // transaction that was rolled back. Multi-statement transactions (only the
 // migrations) therefore use crdbpgxv5.ExecuteTx on CockroachDB and
-// crdb.ExecuteCtx around pgx.BeginTxFunc on PostgreSQL.
+// crdbgo.ExecuteCtx around pgx.BeginTxFunc on PostgreSQL.
 package crdb
 
 import (
@@ -22,17 +22,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"time"
 
-	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	crdbgo "github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
+	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/ledger"
 )
 
@@ -384,11 +384,11 @@ func leaseLost(token uint64) *ledger.Error {
 
 // retry runs fn until it succeeds, fails with an error that is not a
 // serialization failure, or has been retried MaxRetries times, sleeping a
-// jittered exponential backoff between attempts. It is crdb.ExecuteCtx with
+// jittered exponential backoff between attempts. It is crdbgo.ExecuteCtx with
 // backoff: ExecuteCtx itself retries at once.
 func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error {
 	attempt := 0
-	return crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, s.cfg.MaxRetries), func(ctx context.Context, _ ...any) error {
+	return crdbgo.ExecuteCtx(crdbgo.WithMaxRetries(ctx, s.cfg.MaxRetries), func(ctx context.Context, _ ...any) error {
 		if attempt > 0 {
 			if err := sleep(ctx, s.backoff(attempt)); err != nil {
 				return err
@@ -410,8 +410,7 @@ func (s *Store) retryAmbiguous(ctx context.Context, fn func(context.Context) err
 }
 
 func (s *Store) backoff(attempt int) time.Duration {
-	ceiling := min(s.cfg.RetryCap, s.cfg.RetryBase<<min(attempt, 20))
-	return rand.N(ceiling) + time.Microsecond
+	return backoff.FullJitter(s.cfg.RetryBase, s.cfg.RetryCap, attempt+1) + time.Microsecond
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -429,7 +428,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // SQLSTATE 40003 (statement_completion_unknown) or cockroach-go's
 // AmbiguousCommitError.
 func isAmbiguous(err error) bool {
-	var amb *crdb.AmbiguousCommitError
+	var amb *crdbgo.AmbiguousCommitError
 	return errors.As(err, &amb) || sqlState(err) == "40003"
 }
 
@@ -451,7 +450,7 @@ func (s *Store) classify(op string, err error) error {
 		return err
 	}
 	err = fmt.Errorf("crdb: %s: %w", op, err)
-	var maxed *crdb.MaxRetriesExceededError
+	var maxed *crdbgo.MaxRetriesExceededError
 	state := sqlState(err)
 	switch {
 	case errors.As(err, &maxed) || state == "40001" || state == "CR000":

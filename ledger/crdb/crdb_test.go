@@ -61,14 +61,18 @@ func TestConformanceBatching(t *testing.T) {
 }
 
 func runConformanceWith(t *testing.T, base *crdb.Store, cfg crdb.Config) {
-	ledgertest.Run(t, func(t *testing.T, now func() time.Time) ledger.Store {
-		cfg.Now = now
-		s, err := crdb.New(t.Context(), base.Pool(), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	})
+	cfg.SweepInterval, cfg.SweepBatch = 10*time.Millisecond, 2
+	ledgertest.Suite{
+		NewStore: func(t *testing.T, now func() time.Time) ledger.Store {
+			cfg.Now = now
+			s, err := crdb.New(t.Context(), base.Pool(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		Count: func(t *testing.T, s ledger.Store, ns string) int { return countNamespace(t, s.(*crdb.Store), ns) },
+	}.Run(t)
 }
 
 func TestCockroachConformance(t *testing.T) {
@@ -192,22 +196,10 @@ func twoInstancesRace(t *testing.T, batching bool) {
 	}
 }
 
-func TestSweep(t *testing.T) {
-	clock := ledgertest.NewClock(ledgertest.Start)
-	s := openStore(t, crdb.Config{Now: clock.Now})
-	ledgertest.SweepTest(t, s, clock, func() int { return countRows(t, s) })
-}
-
-func TestRunSweeps(t *testing.T) {
-	clock := ledgertest.NewClock(ledgertest.Start)
-	s := openStore(t, crdb.Config{Now: clock.Now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
-	ledgertest.SweepLoopTest(t, s, clock, s.Run, func() int { return countRows(t, s) })
-}
-
-// countRows counts the table's rows, expired or not.
-func countRows(t *testing.T, s *crdb.Store) (n int) {
+// countNamespace counts the rows of namespace, expired or not.
+func countNamespace(t *testing.T, s *crdb.Store, namespace string) (n int) {
 	t.Helper()
-	if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records`).Scan(&n); err != nil {
+	if err := s.Pool().QueryRow(t.Context(), `SELECT count(*) FROM idempotency_records WHERE namespace = $1`, namespace).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

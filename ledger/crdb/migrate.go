@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	crdbgo "github.com/cockroachdb/cockroach-go/v2/crdb"
 	crdbpgxv5 "github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -128,12 +128,12 @@ func (s *Store) Migrate(ctx context.Context) ([]int, error) {
 
 // tx runs fn in a serializable transaction, retried as a whole: on
 // CockroachDB through crdbpgxv5.ExecuteTx, on PostgreSQL through
-// crdb.ExecuteCtx around pgx.BeginTxFunc, so a failed COMMIT is never taken
+// crdbgo.ExecuteCtx around pgx.BeginTxFunc, so a failed COMMIT is never taken
 // for a success.
 func (s *Store) tx(ctx context.Context, db txBeginner, fn func(pgx.Tx) error) error {
 	opts := pgx.TxOptions{IsoLevel: pgx.Serializable}
 	if s.dialect == Cockroach {
-		return crdbpgxv5.ExecuteTx(crdb.WithMaxRetries(ctx, s.cfg.MaxRetries), db, opts, fn)
+		return crdbpgxv5.ExecuteTx(crdbgo.WithMaxRetries(ctx, s.cfg.MaxRetries), db, opts, fn)
 	}
 	return s.retry(ctx, func(ctx context.Context) error {
 		return pgx.BeginTxFunc(ctx, db, opts, fn)

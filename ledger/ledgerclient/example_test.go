@@ -2,7 +2,6 @@ package ledgerclient_test
 
 import (
 	"fmt"
-	"log"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,7 +19,8 @@ import (
 func ExampleNew() {
 	conn, err := grpc.NewClient("ledgerd.internal:7070", grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		log.Fatal(err)
+		fmt.Println(err)
+		return
 	}
 	defer conn.Close()
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn),
@@ -30,7 +30,8 @@ func ExampleNew() {
 		idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
 		idempotency.WithKeyField("request_id"))
 	if err != nil {
-		log.Fatal(err)
+		fmt.Println(err)
+		return
 	}
 	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(icpt))
 	defer gs.Stop()

@@ -32,7 +32,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -160,7 +159,7 @@ func answer[R any](res *ledgerv1.StreamResponse, err error, get func(*ledgerv1.S
 		return nil, err
 	}
 	if e := res.GetError(); e != nil {
-		st := status.FromProto(&spb.Status{Code: e.GetCode(), Message: e.GetMessage(), Details: e.GetDetails()})
+		st := ledgerstatus.FromFields(e)
 		if st.Code() == codes.OK {
 			return nil, unavailable("the ledger answered an error without a code")
 		}
@@ -249,11 +248,12 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 	}
 	s := c.cur
 	if s == nil || s.isEnded() {
+		// A stream outlives the call that opens it: it has a context of its own.
 		sctx, cancel := context.WithCancel(metadata.NewOutgoingContext(context.Background(), c.md))
 		s = &session{ready: make(chan struct{}), ended: make(chan struct{}), cancel: cancel, pending: map[uint64]chan *ledgerv1.StreamResponse{}}
 		c.cur = s
 		c.live[s] = struct{}{}
-		go c.open(sctx, s)
+		go c.open(sctx, s) //nolint:contextcheck // the stream outlives the call that opens it
 	}
 	c.mu.Unlock()
 	select {

@@ -81,12 +81,12 @@ func TestTableMatchesSpec(t *testing.T) {
 // encoded by ledgerstatus, with the pushback trailer set.
 func dialFailer(t *testing.T, errs map[string]error) *grpc.ClientConn {
 	t.Helper()
-	return servertest.Serve(t, nil, grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
+	return servertest.NewServer(t, nil, grpc.UnknownServiceHandler(func(_ any, stream grpc.ServerStream) error {
 		method, _ := grpc.MethodFromServerStream(stream)
 		err := errs[method]
 		ledgerstatus.SetPushback(stream.Context(), err)
 		return ledgerstatus.Err(err)
-	}))
+	})).Dial(t)
 }
 
 func TestRoundTripEveryCode(t *testing.T) {
@@ -108,7 +108,7 @@ func TestRoundTripEveryCode(t *testing.T) {
 				t.Fatalf("gRPC code = %s, want %s", st.Code(), c.GRPCCode())
 			}
 			got := ledgerstatus.FromError(err)
-			want := errs["/test.Fail/"+c.String()].(*ledger.Error)
+			want := ledger.AsError(errs["/test.Fail/"+c.String()])
 			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(ledger.Error{}, "Err")); d != "" {
 				t.Fatalf("decoded (-want +got):\n%s", d)
 			}

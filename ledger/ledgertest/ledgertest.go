@@ -8,9 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,10 +20,87 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
-// NewStore returns a store whose clock is now. Run calls it once per
-// subtest; stores that share a database need not be emptied, because every
-// subtest works in a namespace of its own.
-type NewStore func(t *testing.T, now func() time.Time) ledger.Store
+// Suite is the conformance suite of a ledger.Store: one value says how to
+// make the store under test and what else it offers, and Run drives a
+// Ledger over fresh stores through every rule of the contract, with a fake
+// clock, and races many goroutines on the same keys.
+//
+//	ledgertest.Suite{NewStore: func(t *testing.T, now func() time.Time) ledger.Store {
+//		return memory.New(memory.Config{Now: now})
+//	}}.Run(t)
+type Suite struct {
+	// NewStore returns a store whose clock is now; required. Run calls it
+	// once per rule. Stores that share a database need not be emptied:
+	// every rule works in a namespace of its own. A store that sweeps
+	// (Sweeper) must, when its Run method runs, sweep every few
+	// milliseconds in batches of a few records.
+	NewStore func(t *testing.T, now func() time.Time) ledger.Store
+	// Count, when set, returns how many records the store holds in
+	// namespace, expired or not, without sweeping. The sweep rules run when
+	// it is set and the store is a Sweeper.
+	Count func(t *testing.T, s ledger.Store, namespace string) int
+}
+
+// rule is one named rule of the suite.
+type rule struct {
+	name string
+	run  func(t *testing.T, suite Suite)
+}
+
+// rules are the contract's rules, each on a fresh store.
+var rules = []rule{
+	{"ClaimAbsent", ruleClaimAbsent},
+	{"ReplayIsByteForByte", ruleReplayIsByteForByte},
+	{"KeyReused", ruleKeyReused},
+	{"InProgressRetryAfter", ruleInProgressRetryAfter},
+	{"TakeoverFencesTheOldToken", ruleTakeoverFencesTheOldToken},
+	{"CompleteAfterLeaseRanOutWithoutTakeover", ruleCompleteAfterLeaseRanOutWithoutTakeover},
+	{"CompleteRepeated", ruleCompleteRepeated},
+	{"AbsentKeyIsLeaseLost", ruleAbsentKeyIsLeaseLost},
+	{"Release", ruleRelease},
+	{"Extend", ruleExtend},
+	{"RetentionExpiry", ruleRetentionExpiry},
+	{"RetryTooLate", ruleRetryTooLate},
+	{"Lookup", ruleLookup},
+	{"LookupWait", ruleLookupWait},
+	{"ScopesAreIsolated", ruleScopesAreIsolated},
+}
+
+// races race many goroutines on the same keys and assert exactly one
+// winner.
+var races = []rule{
+	{"OneWinnerOf64", raceOneWinnerOf64},
+	{"StaleAndFreshCompleteRace", raceStaleAndFreshCompleteRace},
+	{"ManyKeysInParallel", raceManyKeysInParallel},
+}
+
+// sweeps check a Sweeper's Sweep and Run.
+var sweeps = []rule{
+	{"Sweep", ruleSweep},
+	{"SweepLoop", ruleSweepLoop},
+}
+
+// Run runs every rule of the suite, each as a subtest: Rules/<name>,
+// Validation, Concurrency/<name> and, for a store that sweeps,
+// Sweeps/<name>.
+func (s Suite) Run(t *testing.T) {
+	if s.NewStore == nil {
+		t.Fatal("ledgertest: Suite.NewStore is required")
+	}
+	group := func(name string, rs []rule) {
+		t.Run(name, func(t *testing.T) {
+			for _, r := range rs {
+				t.Run(r.name, func(t *testing.T) { r.run(t, s) })
+			}
+		})
+	}
+	group("Rules", rules)
+	t.Run("Validation", func(t *testing.T) { ruleValidation(t, s) })
+	group("Concurrency", races)
+	if s.Count != nil {
+		group("Sweeps", sweeps)
+	}
+}
 
 // Start is the fake clock's first reading.
 var Start = time.Date(2030, time.January, 2, 3, 4, 5, 0, time.UTC)
@@ -40,13 +114,13 @@ type env struct {
 	ns     string
 }
 
-func newEnv(t *testing.T, newStore NewStore, cfg ledger.Config) *env {
+func newEnv(t *testing.T, suite Suite, cfg ledger.Config) *env {
 	t.Helper()
 	clock := NewClock(Start)
 	return &env{
 		t:      t,
 		clock:  clock,
-		ledger: ledger.New(newStore(t, clock.Now), cfg),
+		ledger: ledger.New(suite.NewStore(t, clock.Now), cfg),
 		ns:     "ns-" + randomHex(8),
 	}
 }
@@ -119,6 +193,12 @@ func WantCode(t testing.TB, err error, code ledger.Code) *ledger.Error {
 	return le
 }
 
+// want fails t unless err carries code.
+func want(t testing.TB, err error, code ledger.Code) {
+	t.Helper()
+	_ = WantCode(t, err, code)
+}
+
 // WantStatus fails t unless err is a typed status (ledgerstatus) with
 // code: what a caller of the ledger or of a protected method must get. It
 // returns the decoded error.
@@ -133,128 +213,4 @@ func WantStatus(t testing.TB, err error, code ledger.Code) *ledger.Error {
 
 func diffOutcome(want, got *ledger.Outcome) string {
 	return cmp.Diff(want, got, protocmp.Transform())
-}
-
-// Run runs the conformance suite against stores made by newStore.
-func Run(t *testing.T, newStore NewStore) {
-	t.Run("Rules", func(t *testing.T) { runRules(t, newStore) })
-	t.Run("Validation", func(t *testing.T) { runValidation(t, newStore) })
-	t.Run("Concurrency", func(t *testing.T) { runConcurrency(t, newStore) })
-}
-
-func runConcurrency(t *testing.T, newStore NewStore) {
-	t.Run("OneWinnerOf64", func(t *testing.T) {
-		e := newEnv(t, newStore, ledger.Config{})
-		const n = 64
-		var claims, inProgress, other atomic.Int32
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range n {
-			wg.Go(func() {
-				<-start
-				res, err := e.begin("hot", "same payload")
-				switch {
-				case err == nil && res.Claim != nil:
-					claims.Add(1)
-				case ledger.CodeOf(err) == ledger.CodeInProgress:
-					inProgress.Add(1)
-				default:
-					other.Add(1)
-					t.Errorf("Begin: %+v, %v", res, err)
-				}
-			})
-		}
-		close(start)
-		wg.Wait()
-		if claims.Load() != 1 || inProgress.Load() != n-1 {
-			t.Fatalf("claims = %d, in progress = %d, other = %d; want 1, %d, 0", claims.Load(), inProgress.Load(), other.Load(), n-1)
-		}
-	})
-
-	t.Run("StaleAndFreshCompleteRace", func(t *testing.T) {
-		e := newEnv(t, newStore, ledger.Config{})
-		const keys = 20
-		stale := make([]*ledger.Claim, keys)
-		fresh := make([]*ledger.Claim, keys)
-		for i := range keys {
-			stale[i] = e.mustClaim(fmt.Sprint("k", i), "p")
-		}
-		e.clock.Advance(ledger.DefaultLease + time.Second)
-		for i := range keys {
-			fresh[i] = e.mustClaim(fmt.Sprint("k", i), "p")
-			if fresh[i].Token <= stale[i].Token {
-				t.Fatalf("takeover token %d is not above %d", fresh[i].Token, stale[i].Token)
-			}
-		}
-		var wg sync.WaitGroup
-		errs := make([][2]error, keys)
-		for i := range keys {
-			s := e.scope(fmt.Sprint("k", i))
-			wg.Go(func() {
-				_, errs[i][0] = e.ledger.Complete(t.Context(), s, stale[i].Token, Response("stale"))
-			})
-			wg.Go(func() {
-				_, errs[i][1] = e.ledger.Complete(t.Context(), s, fresh[i].Token, Response("fresh"))
-			})
-		}
-		wg.Wait()
-		for i := range keys {
-			WantCode(t, errs[i][0], ledger.CodeLeaseLost)
-			if errs[i][1] != nil {
-				t.Fatalf("key %d: fresh Complete: %v", i, errs[i][1])
-			}
-			res, err := e.begin(fmt.Sprint("k", i), "p")
-			if err != nil || res.Replay == nil {
-				t.Fatalf("key %d: Begin after race = %+v, %v; want a replay", i, res, err)
-			}
-			if d := diffOutcome(Response("fresh"), res.Replay.Outcome); d != "" {
-				t.Fatalf("key %d: replayed outcome (-want +got):\n%s", i, d)
-			}
-		}
-	})
-
-	t.Run("ManyKeysInParallel", func(t *testing.T) {
-		e := newEnv(t, newStore, ledger.Config{})
-		const keys, callers = 100, 8
-		var claims, replays, inProgress atomic.Int32
-		var wg sync.WaitGroup
-		for k := range keys {
-			for range callers {
-				wg.Go(func() {
-					key := fmt.Sprint("key-", k)
-					res, err := e.begin(key, "payload-"+key)
-					switch {
-					case err == nil && res.Claim != nil:
-						claims.Add(1)
-						if _, err := e.ledger.Complete(t.Context(), e.scope(key), res.Claim.Token, Response(key)); err != nil {
-							t.Errorf("Complete(%s): %v", key, err)
-						}
-					case err == nil && res.Replay != nil:
-						replays.Add(1)
-						if d := diffOutcome(Response(key), res.Replay.Outcome); d != "" {
-							t.Errorf("replay of %s (-want +got):\n%s", key, d)
-						}
-					case ledger.CodeOf(err) == ledger.CodeInProgress:
-						inProgress.Add(1)
-					default:
-						t.Errorf("Begin(%s): %v", key, err)
-					}
-				})
-			}
-		}
-		wg.Wait()
-		if claims.Load() != keys {
-			t.Fatalf("claims = %d, want %d (replays %d, in progress %d)", claims.Load(), keys, replays.Load(), inProgress.Load())
-		}
-		if total := claims.Load() + replays.Load() + inProgress.Load(); total != keys*callers {
-			t.Fatalf("accounted calls = %d, want %d", total, keys*callers)
-		}
-		for k := range keys {
-			key := fmt.Sprint("key-", k)
-			rec, err := e.ledger.Lookup(t.Context(), e.scope(key), 0)
-			if err != nil || rec.State != ledger.StateCompleted {
-				t.Fatalf("Lookup(%s) = %v, %v; want COMPLETED", key, rec.State, err)
-			}
-		}
-	})
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-func runValidation(t *testing.T, newStore NewStore) {
-	e := newEnv(t, newStore, ledger.Config{MaxOutcomeBytes: 1024})
+func ruleValidation(t *testing.T, suite Suite) {
+	e := newEnv(t, suite, ledger.Config{MaxOutcomeBytes: 1024})
 	s := e.scope("k")
 	c := e.mustClaim("k", "p")
 	before, err := e.ledger.Lookup(t.Context(), s, 0)
@@ -82,7 +82,7 @@ func runValidation(t *testing.T, newStore NewStore) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			WantCode(t, tt.call(), tt.want)
+			want(t, tt.call(), tt.want)
 			after, err := e.ledger.Lookup(t.Context(), s, 0)
 			if err != nil {
 				t.Fatal(err)

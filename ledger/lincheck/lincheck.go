@@ -388,14 +388,15 @@ func Check(t testing.TB, newStore func(now func() time.Time) ledger.Store, cfg C
 	return res, info, len(history), unknown
 }
 
-// Linearizable fails the test unless the store's history is linearizable.
+// Run fails the test unless the store's history is linearizable.
 func Run(t testing.TB, newStore func(now func() time.Time) ledger.Store, cfg Config) {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	res, info, ops, unknown := Check(t, newStore, cfg)
 	t.Logf("%d operations (%d with unknown outcome), seed %d: %s", ops, unknown, cfg.Seed, res)
 	if res == porcupine.Illegal {
-		if f, err := os.CreateTemp("", "lin-*.html"); err == nil {
+		// Kept after the test, for a person to open.
+		if f, err := os.CreateTemp("", "lin-*.html"); err == nil { //nolint:usetesting // see above
 			_ = porcupine.Visualize(Model(), info, f)
 			_ = f.Close()
 			t.Logf("the violation is drawn in %s", f.Name())

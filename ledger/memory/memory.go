@@ -14,11 +14,16 @@ import (
 type Config struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// SweepInterval is the pause of Run between sweeps: 1 min.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one sweep deletes: 500.
+	SweepBatch int
 }
 
 // Store is an in-process ledger.Store. It is safe for concurrent use: one
 // mutex serialises every transition, which makes each call atomic.
 type Store struct {
+	cfg     Config
 	now     func() time.Time
 	mu      sync.Mutex
 	records map[ledger.Scope]*ledger.Record
@@ -31,7 +36,13 @@ func New(cfg Config) *Store {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Store{now: cfg.Now, records: make(map[ledger.Scope]*ledger.Record)}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = time.Minute
+	}
+	if cfg.SweepBatch <= 0 {
+		cfg.SweepBatch = 500
+	}
+	return &Store{cfg: cfg, now: cfg.Now, records: make(map[ledger.Scope]*ledger.Record)}
 }
 
 // Claim implements ledger.Store.
@@ -109,6 +120,19 @@ func (s *Store) Sweep(_ context.Context, limit int) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// Run sweeps expired records in batches of Config.SweepBatch every
+// Config.SweepInterval until ctx ends, and returns nil then.
+func (s *Store) Run(ctx context.Context, onError func(error)) error {
+	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
+}
+
+// Len returns how many records the store holds, expired ones included.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
 }
 
 // put stores a copy of rec, so callers never share memory with the store.

@@ -1,5 +1,10 @@
-// Package servertest runs a real LedgerService gRPC server over bufconn for
-// tests, torn down by t.Cleanup.
+// Package servertest runs real gRPC servers over an in-memory listener for
+// tests, torn down by the test's Cleanup. There is one shape, after
+// connect-go's memhttptest: NewServer starts a server, Server.Dial connects
+// to it.
+//
+//	srv := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing")))
+//	client := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
 package servertest
 
 import (
@@ -17,71 +22,58 @@ import (
 	"github.com/idemledger/idemledger/server"
 )
 
-// Dial serves srv on an in-memory listener and returns a client connection
-// to it. Both are closed when the test ends.
-func Dial(t testing.TB, srv ledgerv1.LedgerServiceServer, opts ...grpc.ServerOption) *grpc.ClientConn {
-	t.Helper()
-	return Serve(t, func(gs *grpc.Server) { ledgerv1.RegisterLedgerServiceServer(gs, srv) }, opts...)
-}
-
-// Serve starts a gRPC server with opts on an in-memory listener, lets
-// register (when not nil) add services, and returns a client connection to
-// it. Both are closed when the test ends.
-func Serve(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *grpc.ClientConn {
-	t.Helper()
-	return Start(t, register, opts...).Dial(t)
-}
-
 // Server is a gRPC server on an in-memory listener.
 type Server struct {
+	gs  *grpc.Server
 	lis *bufconn.Listener
 }
 
-// Start starts a gRPC server with opts on an in-memory listener and lets
-// register (when not nil) add services. It stops when the test ends.
-func Start(t testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *Server {
-	t.Helper()
+// NewServer starts a gRPC server with opts, on which register (when not
+// nil) registers its services, over an in-memory listener. It stops when
+// the test ends.
+func NewServer(tb testing.TB, register func(*grpc.Server), opts ...grpc.ServerOption) *Server {
+	tb.Helper()
 	gs := grpc.NewServer(opts...)
 	if register != nil {
 		register(gs)
 	}
-	return StartServer(t, gs)
-}
-
-// StartServer serves gs on an in-memory listener. It stops when the test
-// ends, unless the test stops it first.
-func StartServer(t testing.TB, gs *grpc.Server) *Server {
-	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return &Server{lis: lis}
+	tb.Cleanup(gs.Stop)
+	return &Server{gs: gs, lis: lis}
 }
 
 // Dial returns a plaintext client connection to the server, with opts
 // added, closed when the test ends.
-func (s *Server) Dial(t testing.TB, opts ...grpc.DialOption) *grpc.ClientConn {
-	t.Helper()
+func (s *Server) Dial(tb testing.TB, opts ...grpc.DialOption) *grpc.ClientConn {
+	tb.Helper()
 	opts = append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 	}, opts...)
 	conn, err := grpc.NewClient("passthrough:///bufnet", opts...)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.Close() })
+	tb.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
 
-// DialLedger serves a LedgerService on an in-memory ledger (ledger/memory,
-// real clock) whose every caller is namespace with every tenant, and
-// returns a client connection to it: the ledger that tests of write
-// services and interceptors talk to.
-func DialLedger(t testing.TB, namespace string) *grpc.ClientConn {
-	t.Helper()
+// Stop stops the server at once: its connections break, as when a ledger
+// process dies.
+func (s *Server) Stop() { s.gs.Stop() }
+
+// Ledger registers srv as the LedgerService, for NewServer.
+func Ledger(srv ledgerv1.LedgerServiceServer) func(*grpc.Server) {
+	return func(gs *grpc.Server) { ledgerv1.RegisterLedgerServiceServer(gs, srv) }
+}
+
+// MemoryLedger returns a LedgerService on an in-memory ledger (ledger/memory,
+// real clock) whose every caller is namespace with every tenant: the ledger
+// that tests of write services and interceptors talk to.
+func MemoryLedger(namespace string) ledgerv1.LedgerServiceServer {
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: namespace, Tenants: []string{"*"}}, nil
 	})
-	return Dial(t, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+	return server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth})
 }

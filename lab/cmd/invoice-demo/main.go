@@ -24,8 +24,8 @@ func main() {
 	flag.StringVar(&cfg.LedgerAddr, "ledger", "", "address of a ledgerd in dev mode; empty starts one in process")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	rep, err := chaos.Demo(ctx, cfg)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "invoice-demo:", err)
 		os.Exit(1)

@@ -95,13 +95,6 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	from := flag.String("from", "", "measure nothing: read the results of an earlier -json run from this file, and print and plot them")
 	flag.Parse()
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err == nil {
-			_ = pprof.StartCPUProfile(f)
-			defer pprof.StopCPUProfile()
-		}
-	}
 	for _, c := range strings.Split(clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || n <= 0 {
@@ -141,11 +134,17 @@ func main() {
 		}
 		return
 	}
+	if *cpuprofile != "" {
+		if f, err := os.Create(*cpuprofile); err == nil {
+			_ = pprof.StartCPUProfile(f)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, cfg); err != nil {
+	err := run(ctx, cfg)
+	stop()
+	pprof.StopCPUProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -210,7 +209,7 @@ func run(ctx context.Context, cfg config) error {
 		defer conn.Close()
 		var targets []target
 		for _, api := range cfg.apis {
-			var client ledgerv1.LedgerServiceClient = ledgerv1.NewLedgerServiceClient(conn)
+			client := ledgerv1.NewLedgerServiceClient(conn)
 			name := "ledgerd/" + cfg.addr
 			if api == "stream" {
 				// The stream carries the token.

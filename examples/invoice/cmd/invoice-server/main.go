@@ -37,11 +37,11 @@ func main() {
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	lis, err := net.Listen("tcp", *listen)
 	if err == nil {
 		err = run(ctx, lis, *ledgerAddr, *tokenFile, log)
 	}
+	stop()
 	if err != nil {
 		log.Error("invoice-server stopped", "error", err)
 		os.Exit(1)
@@ -83,7 +83,7 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, lo
 		h.Shutdown()
 		gs.GracefulStop()
 	}()
-	log.Info("invoice-server listening", "grpc", lis.Addr().String(), "ledger", ledgerAddr)
+	log.InfoContext(ctx, "invoice-server listening", "grpc", lis.Addr().String(), "ledger", ledgerAddr)
 	return gs.Serve(lis)
 }
 
