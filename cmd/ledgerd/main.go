@@ -423,16 +423,30 @@ func codeToLevel(c codes.Code) logging.Level {
 	return logging.LevelError
 }
 
+// version is the module version and the VCS revision ledgerd was built
+// from, as the build info records them: "v1.2.3 rev 0123abcd… 2026-12-01T10:00:00Z go1.26.8",
+// with "(modified)" after the revision when the work tree had changes.
+// A build without VCS stamping (-buildvcs=false) has no revision.
 func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				return bi.Main.Version + " " + s.Value
-			}
-		}
-		return bi.Main.Version
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
 	}
-	return "unknown"
+	v := bi.Main.Version
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	if rev := settings["vcs.revision"]; rev != "" {
+		v += " rev " + rev
+		if settings["vcs.modified"] == "true" {
+			v += " (modified)"
+		}
+		if t := settings["vcs.time"]; t != "" {
+			v += " " + t
+		}
+	}
+	return v + " " + bi.GoVersion
 }
 
 // migrateOnly applies the schema migrations and returns: ledgerd as a

@@ -98,3 +98,26 @@ func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
 		t.Fatalf("the embedded store was not created: %v", err)
 	}
 }
+
+// TestVersion builds ledgerd with VCS stamping and checks that --version
+// prints the module version, the revision it was built from and the Go
+// version, and exits 0 without starting anything.
+func TestVersion(t *testing.T) {
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "ledgerd")
+	if out, err := exec.Command("go", "build", "-buildvcs=true", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("ledgerd --version: %v", err)
+	}
+	fields := strings.Fields(string(out))
+	if len(fields) < 5 || fields[0] != "ledgerd" || !strings.HasPrefix(fields[1], "v") || fields[2] != "rev" ||
+		fields[3] != strings.TrimSpace(string(head)) || !strings.HasPrefix(fields[len(fields)-1], "go1.") {
+		t.Fatalf("ledgerd --version = %q; want ledgerd, a module version, rev %s, ..., the Go version", out, strings.TrimSpace(string(head)))
+	}
+}

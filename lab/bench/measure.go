@@ -1,7 +1,7 @@
 // Package bench measures the ledger: throughput, latency percentiles and
 // CPU per operation of a workload at a number of concurrent clients, for
 // ledgerd over gRPC, for the same SQL sent straight through pgx, and for a
-// write RPC with and without the idempotency interceptor. cmd/ledgerbench
+// write RPC with and without the idempotency interceptor. lab/cmd/ledgerbench
 // drives it.
 package bench
 

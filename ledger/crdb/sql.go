@@ -126,7 +126,7 @@ LIMIT $2`
 
 // Statements are the SQL texts of the store's common path, for tools that
 // compare the store with the same SQL sent straight through pgx
-// (cmd/ledgerbench). Their arguments:
+// (lab/cmd/ledgerbench). Their arguments:
 //   - Claim: now (NULL for the database's), namespace, tenant, key, method,
 //     fingerprint, lease µs, retention µs, first_attempt_at (or NULL), nonce;
 //   - Complete: now, namespace, tenant, key, token, outcome (Outcome.MarshalBinary);

@@ -13,7 +13,7 @@
 // database runs in production (-durable=false turns fsync off); -addr drives
 // a running ledgerd instead.
 //
-//	go run ./cmd/ledgerbench -json bench.json -png docs/bench.png
+//	go run ./lab/cmd/ledgerbench -json lab/results/bench.json -png lab/results/bench.png
 package main
 
 import (

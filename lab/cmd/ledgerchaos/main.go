@@ -6,8 +6,8 @@
 // ended with no effect or two, went unanswered, or got two different
 // answers.
 //
-//	go run ./cmd/ledgerchaos -intents 10000                  # ledgerd on its embedded store
-//	go run ./cmd/ledgerchaos -intents 10000 -store postgres  # on a throwaway PostgreSQL it restarts
+//	go run ./lab/cmd/ledgerchaos -intents 10000                  # ledgerd on its embedded store
+//	go run ./lab/cmd/ledgerchaos -intents 10000 -store postgres  # on a throwaway PostgreSQL it restarts
 package main
 
 import (
