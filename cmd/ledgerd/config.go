@@ -11,6 +11,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
 // config is every setting of ledgerd. Each flag --some-name can also be set
@@ -107,6 +108,8 @@ func (c config) check() error {
 		return errors.New("--migrate and --migrate-only need --database-url")
 	case c.maxRecvBytes < c.ledger.MaxOutcomeBytes:
 		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
+	case c.maxRecvBytes < ledgerclient.MaxStreamedBytes+4<<10:
+		return fmt.Errorf("--max-recv-bytes must be at least %d: clients send calls of up to %d bytes on a Stream", ledgerclient.MaxStreamedBytes+4<<10, ledgerclient.MaxStreamedBytes)
 	case c.streamMaxAge <= 0:
 		return errors.New("--stream-max-age must be positive")
 	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0:

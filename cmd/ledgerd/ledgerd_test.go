@@ -358,6 +358,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"MigrateWithoutSQL":   {"--migrate"},
 		"UnknownFlag":         {"--no-such-flag"},
 		"NegativeRateLimit":   {"--rate-limit", "-1"},
+		"RecvUnderStreamed":   {"--max-outcome-bytes", "1024", "--max-recv-bytes", "2048"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
@@ -503,7 +504,7 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 // TestMessageSizeLimit: a request above --max-recv-bytes is refused by gRPC
 // (RESOURCE_EXHAUSTED) and stores nothing.
 func TestMessageSizeLimit(t *testing.T) {
-	p := start(t, "--data-dir", t.TempDir(), "--max-outcome-bytes", "1024", "--max-recv-bytes", "2048")
+	p := start(t, "--data-dir", t.TempDir(), "--max-outcome-bytes", "1024", "--max-recv-bytes", "70000")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)
@@ -511,10 +512,16 @@ func TestMessageSizeLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, 4096)}}}
-	_, err = client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: res.GetClaim().GetToken(), Outcome: big})
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("a 4 KiB request over a 2 KiB limit = %v, want RESOURCE_EXHAUSTED", err)
+	// Over the outcome limit, the ledger refuses it typed; over the
+	// receive limit gRPC refuses it before the ledger sees it, and the
+	// client's decoder types that refusal: both are OUTCOME_TOO_LARGE,
+	// permanent, never a retryable RESOURCE_EXHAUSTED.
+	for _, size := range []int{4096, 80000} {
+		big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, size)}}}
+		_, err = client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: res.GetClaim().GetToken(), Outcome: big})
+		if le := ledgerstatus.FromError(err); le.Code != ledger.CodeOutcomeTooLarge || le.Retryable() {
+			t.Fatalf("a %d-byte outcome over the limits = %v (%+v), want a permanent OUTCOME_TOO_LARGE", size, err, le)
+		}
 	}
 	look, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "big"})
 	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
@@ -537,4 +544,26 @@ func TestMigrateOnly(t *testing.T) {
 	}
 	p := start(t, "--database-url", url)
 	p.waitServing(t, p.dial(t))
+}
+
+// TestRefusesAnEmptiedEmbeddedStore: ledgerd on a data directory whose
+// ledger.db was emptied (or truncated, or replaced) exits 1 with a clear
+// message instead of serving an empty ledger; a first start on an empty
+// directory just works.
+func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
+	dir := t.TempDir()
+	p := start(t, "--data-dir", dir)
+	p.waitServing(t, p.dial(t))
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("first start: exit %d", code)
+	}
+	if err := os.Truncate(filepath.Join(dir, "ledger.db"), 0); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", dir)
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
+		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
 }

@@ -163,26 +163,34 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
+	// The store ends early only when it refuses to open (a damaged or
+	// replaced embedded store): then ledgerd stops.
+	storeDone := make(chan error, 1)
 	wg.Go(func() {
-		_ = st.Run(bg, func(err error) { log.WarnContext(bg, "expiry sweep failed", "error", err) })
+		storeDone <- st.Run(bg, func(err error) { log.WarnContext(bg, "expiry sweep failed", "error", err) })
 	})
 	// Give the store a moment to open, so that the first calls find it;
 	// past that, serve anyway and answer UNAVAILABLE until it opens.
+	var serveErr error
 	select {
 	case <-st.opened:
+	case serveErr = <-storeDone:
 	case <-time.After(2 * time.Second):
 		log.WarnContext(ctx, "the store is not open yet: serving NOT_SERVING until it is")
 	case <-ctx.Done():
 	}
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
-	log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-		log.InfoContext(ctx, "ledgerd draining", "timeout", cfg.drainTimeout.String())
-	case serveErr = <-served:
+	if serveErr == nil {
+		go func() { served <- gs.Serve(lis) }()
+		log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
+		select {
+		case <-ctx.Done():
+			log.InfoContext(ctx, "ledgerd draining", "timeout", cfg.drainTimeout.String())
+		case serveErr = <-served:
+		case serveErr = <-storeDone:
+		}
+	} else {
+		_ = lis.Close()
 	}
 	healthSrv.Shutdown()
 	// Streams end once their calls are answered (GracefulStop waits for
@@ -208,7 +216,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	log.InfoContext(ctx, "ledgerd stopped")
 	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
-		return fmt.Errorf("serve: %w", serveErr)
+		return serveErr
 	}
 	return nil
 }

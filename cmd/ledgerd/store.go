@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -106,6 +107,9 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 		if err == nil {
 			break
 		}
+		if errors.Is(err, bolt.ErrRefused) {
+			return err // a damaged or replaced file: waiting will not mend it
+		}
 		l.log.WarnContext(ctx, "the store did not open; trying again", "error", err, "in", pause.String())
 		select {
 		case <-ctx.Done():
@@ -124,6 +128,13 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 		s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval})
 		if err != nil {
 			return nil, nil, err
+		}
+		if s.Created() {
+			// Loud, so that a data directory on a volume that was not
+			// mounted is seen: it starts empty as a new ledger would.
+			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
+		} else {
+			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
 		}
 		return s, func() {
 			if err := s.Close(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -260,10 +261,7 @@ func (i *interceptor) run(ctx context.Context, m *method, c Claim, req any, hand
 			i.opts.log.ErrorContext(ctx, "the handler's response cannot be stored; its lease will run out", "error", err)
 			return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "internal error"))
 		}
-		i.record(ctx, "complete", c, func(ctx context.Context) error {
-			_, err := i.ledger.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Outcome: out})
-			return err
-		})
+		i.complete(ctx, c, out)
 		return resp, nil
 	}
 	if lost {
@@ -271,31 +269,67 @@ func (i *interceptor) run(ctx context.Context, m *method, c Claim, req any, hand
 	}
 	st := toStatus(herr)
 	if transient(herr, st) {
-		i.record(ctx, "release", c, func(ctx context.Context) error {
+		_ = i.record(ctx, "release", c, func(ctx context.Context) error {
 			_, err := i.ledger.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token})
 			return err
 		})
 		return nil, herr
 	}
-	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
-	i.record(ctx, "complete", c, func(ctx context.Context) error {
-		_, err := i.ledger.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Outcome: out})
-		return err
-	})
+	i.complete(ctx, c, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}})
 	return nil, herr
 }
 
+// complete stores the attempt's outcome. An outcome the ledger cannot keep
+// (larger than the limit, or refused for good) is replaced by a small
+// stored error that says the call ran and its answer was not kept: every
+// retry gets that error, permanent, and the write never runs twice.
+func (i *interceptor) complete(ctx context.Context, c Claim, out *ledgerv1.Outcome) {
+	send := func(out *ledgerv1.Outcome) error {
+		return i.record(ctx, "complete", c, func(ctx context.Context) error {
+			_, err := i.ledger.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Outcome: out})
+			return err
+		})
+	}
+	size := proto.Size(out)
+	if size > i.opts.maxOutcomeBytes {
+		_ = send(notKept(ledger.CodeOutcomeTooLarge, size, i.opts.maxOutcomeBytes))
+		return
+	}
+	err := send(out)
+	le := ledgerstatus.FromError(err)
+	if err == nil || le.Retryable() || le.Code == ledger.CodeLeaseLost {
+		return
+	}
+	code := ledger.CodeInternal
+	if le.Code == ledger.CodeOutcomeTooLarge {
+		code = ledger.CodeOutcomeTooLarge
+	}
+	_ = send(notKept(code, size, i.opts.maxOutcomeBytes))
+}
+
+// notKept is the outcome stored in place of one the ledger cannot keep.
+func notKept(code ledger.Code, size, limit int) *ledgerv1.Outcome {
+	msg := fmt.Sprintf("the call ran, but its answer (%d bytes) could not be stored, so it cannot be replayed: do not retry this intent", size)
+	if code == ledger.CodeOutcomeTooLarge {
+		msg = fmt.Sprintf("the call ran, but its answer (%d bytes) is larger than the idempotency ledger keeps (%d bytes), so it cannot be replayed: do not retry this intent", size, limit)
+	}
+	st := ledgerstatus.Encode(&ledger.Error{Code: code, Message: msg, Metadata: map[string]string{
+		"applied": "true", "sizeBytes": strconv.Itoa(size), "limitBytes": strconv.Itoa(limit),
+	}})
+	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
+}
+
 // record runs a Complete or Release detached from the caller's context,
-// with its own timeout, retried on retryable answers. Failures are logged:
-// the caller already has its answer.
-func (i *interceptor) record(ctx context.Context, what string, c Claim, call func(context.Context) error) {
+// with its own timeout, retried on retryable answers. Failures are logged
+// (the caller already has its answer) and returned.
+func (i *interceptor) record(ctx context.Context, what string, c Claim, call func(context.Context) error) error {
 	ctx = context.WithoutCancel(ctx)
 	for try := 1; ; try++ {
 		cctx, cancel := context.WithTimeout(ctx, i.opts.completeTimeout)
 		err := call(cctx)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		le := ledgerstatus.FromError(err)
 		if !le.Retryable() || try >= i.opts.completeTries {
@@ -304,7 +338,7 @@ func (i *interceptor) record(ctx context.Context, what string, c Claim, call fun
 				msg = "idempotency " + what + " fenced: another attempt took over while the handler ran"
 			}
 			i.opts.log.ErrorContext(ctx, msg, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
-			return
+			return err
 		}
 		time.Sleep(max(le.RetryAfter, backoff.FullJitter(20*time.Millisecond, time.Second, try+1)))
 	}

@@ -77,6 +77,7 @@ type options struct {
 	types           *protoregistry.Types
 	completeTimeout time.Duration
 	completeTries   int
+	maxOutcomeBytes int
 	log             *slog.Logger
 }
 
@@ -88,6 +89,7 @@ func defaultOptions() options {
 		types:           protoregistry.GlobalTypes,
 		completeTimeout: 5 * time.Second,
 		completeTries:   3,
+		maxOutcomeBytes: ledger.DefaultMaxOutcomeBytes,
 		log:             slog.New(slog.DiscardHandler),
 	}
 }
@@ -122,6 +124,14 @@ func WithCompletion(timeout time.Duration, tries int) Option {
 	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
 }
 
+// WithMaxOutcomeBytes sets the largest outcome the interceptor asks the
+// ledger to store (1 MiB, the ledger's default; set it to ledgerd's
+// --max-outcome-bytes). A larger one is not sent: the caller of that
+// attempt gets its answer, and the record is completed with a small
+// OUTCOME_TOO_LARGE error that every retry gets, so the write never runs
+// twice.
+func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcomeBytes = n } }
+
 // WithLogger logs what the caller cannot be told: a Complete or Release
 // that failed, a lease lost while the handler ran. nil discards.
 func WithLogger(l *slog.Logger) Option {
@@ -135,6 +145,9 @@ func WithLogger(l *slog.Logger) Option {
 func (o *options) check() error {
 	if o.tenant == nil {
 		return fmt.Errorf("idempotency: no tenant function")
+	}
+	if o.maxOutcomeBytes <= 0 {
+		return fmt.Errorf("idempotency: the largest outcome must be positive")
 	}
 	if o.completeTimeout <= 0 || o.completeTries <= 0 {
 		return fmt.Errorf("idempotency: the completion timeout and tries must be positive")

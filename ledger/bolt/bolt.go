@@ -17,6 +17,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -78,20 +79,39 @@ func (c Config) withDefaults() Config {
 // Store is the embedded ledger.Store. It is safe for concurrent use within
 // one process.
 type Store struct {
-	db  *bbolt.DB
-	cfg Config
+	db      *bbolt.DB
+	cfg     Config
+	id      string
+	created bool
 }
 
 var _ ledger.Store = (*Store)(nil)
 
-// Open opens (creating it if needed) the store in the directory dir, which
-// is created with mode 0700 if it does not exist. Close the Store when done.
+// Open opens the store in the directory dir, which is created with mode
+// 0700 if it does not exist. Close the Store when done.
+//
+// An empty directory gets a new ledger, and the marker IdentityFileName
+// beside the file. Open refuses (ErrRefused), with a message that says
+// what to do, a directory whose ledger.db is empty, truncated, not a
+// ledger file, missing while the marker is there, or another ledger's
+// than the marker names: starting such a directory as a new ledger would
+// run every retry's write again.
 func Open(dir string, cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("bolt: data directory: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
+	_, statErr := os.Stat(path)
+	fileIsNew := errors.Is(statErr, fs.ErrNotExist)
+	switch {
+	case statErr != nil && !fileIsNew:
+		return nil, fmt.Errorf("bolt: %w", statErr)
+	case !fileIsNew:
+		if err := checkFile(path); err != nil {
+			return nil, err
+		}
+	}
 	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: cfg.OpenTimeout})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("bolt: %s is locked by another process: %w", path, err)
@@ -113,8 +133,20 @@ func Open(dir string, cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("bolt: create buckets in %s: %w", path, err)
 	}
-	return &Store{db: db, cfg: cfg}, nil
+	id, created, err := identity(db, dir, fileIsNew)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return &Store{db: db, cfg: cfg, id: id, created: created}, nil
 }
+
+// Identity returns the ledger's identity, as the marker beside its file
+// records it.
+func (s *Store) Identity() string { return s.id }
+
+// Created reports whether Open created a new, empty ledger.
+func (s *Store) Created() bool { return s.created }
 
 // Close closes the file. Calls after Close answer UNAVAILABLE.
 func (s *Store) Close() error { return s.db.Close() }

@@ -11,6 +11,7 @@ package ledgerstatus
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -144,7 +145,7 @@ func Decode(st *status.Status) *ledger.Error {
 	if st == nil || st.Code() == codes.OK {
 		return nil
 	}
-	le := &ledger.Error{Code: fallback(st.Code()), Message: st.Message()}
+	le := &ledger.Error{Code: fallback(st), Message: st.Message()}
 	var fromDetail, fromInfo bool
 	for _, d := range st.Details() {
 		switch d := d.(type) {
@@ -186,10 +187,16 @@ func clampDelay(d *durationpb.Duration) time.Duration {
 // fallback types a status that carries no detail of ours, by its gRPC code.
 // It is deliberately not the inverse of the taxonomy table: a foreign
 // FAILED_PRECONDITION is no KEY_REUSED, and a foreign ABORTED is a conflict
-// (CONTENTION), not a lease held by another attempt.
-func fallback(c codes.Code) ledger.Code {
-	switch c {
+// (CONTENTION), not a lease held by another attempt. gRPC's own refusal of
+// a message over a size limit (RESOURCE_EXHAUSTED, "message larger than
+// max", on either side) is OUTCOME_TOO_LARGE: sending it again cannot
+// succeed, and only an outcome makes a ledger call that large.
+func fallback(st *status.Status) ledger.Code {
+	switch st.Code() {
 	case codes.ResourceExhausted:
+		if strings.Contains(st.Message(), "message larger than max") {
+			return ledger.CodeOutcomeTooLarge
+		}
 		return ledger.CodeRateLimited
 	case codes.Unavailable:
 		return ledger.CodeUnavailable

@@ -1,0 +1,82 @@
+package idempotency_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/internal/testpb"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// TestOutcomeTooLargeNeverRunsTwice: an answer the ledger cannot keep
+// (over its outcome limit, or over its gRPC receive limit, or over the
+// interceptor's own limit) reaches the caller of that attempt, and every
+// retry gets a typed, permanent OUTCOME_TOO_LARGE that says the call ran:
+// the handler never runs a second time, also after the lease ran out.
+func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
+	// The ledger keeps 64 KiB and its gRPC server takes 128 KiB (ledgerd's
+	// limits are the same shape: the outcome plus 64 KiB).
+	const limit = 64 << 10
+	for name, tt := range map[string]struct {
+		memo int                  // bytes of the answer's memo
+		opts []idempotency.Option // the interceptor's own limit
+	}{
+		"OverTheLedgersLimit":        {memo: limit + 1000},    // the ledger's typed refusal
+		"OverTheLedgersReceiveLimit": {memo: 4 * limit},       // gRPC's refusal, untyped on the wire
+		"OverTheInterceptorsLimit":   {memo: 2 << 10, opts: []idempotency.Option{idempotency.WithMaxOutcomeBytes(1 << 10)}},
+		"UnderEveryLimit":            {memo: 1 << 10}, // the control: replayed
+	} {
+		t.Run(name, func(t *testing.T) {
+			forEachAPI(t, func(t *testing.T, api ledgerAPI) {
+				auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+					return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
+				})
+				srv := server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{MaxOutcomeBytes: limit}), server.Config{Auth: auth})
+				conn := servertest.NewServer(t, servertest.Ledger(srv), grpc.MaxRecvMsgSize(2*limit)).Dial(t)
+				svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
+					res := written(n, req)
+					res.Invoice.CustomerId = strings.Repeat("x", tt.memo)
+					return res, nil
+				}}
+				opts := append(protect(idempotency.Policy{Lease: 200 * time.Millisecond}), tt.opts...)
+				client := serve(t, api.client(t, conn), svc, opts...)
+				res, err := client.CreateInvoice(t.Context(), request("big"))
+				if err != nil || len(res.GetInvoice().GetCustomerId()) != tt.memo {
+					t.Fatalf("the first attempt: %v; want its real answer", err)
+				}
+				time.Sleep(300 * time.Millisecond) // past the lease
+				if tt.memo == 1<<10 {
+					again, err := client.CreateInvoice(t.Context(), request("big"))
+					if err != nil || again.GetInvoice().GetId() != res.GetInvoice().GetId() || svc.runs.Load() != 1 {
+						t.Fatalf("a small answer: %v, %v; want it replayed", again, err)
+					}
+					return
+				}
+				for range 2 {
+					_, err = client.CreateInvoice(t.Context(), request("big"))
+					le := ledgertest.WantStatus(t, err, ledger.CodeOutcomeTooLarge)
+					if le.Retryable() || le.Metadata["applied"] != "true" || !strings.Contains(le.Message, "the call ran") {
+						t.Fatalf("a retry got %+v; want a permanent OUTCOME_TOO_LARGE that says the call ran", le)
+					}
+				}
+				if n := svc.runs.Load(); n != 1 {
+					t.Fatalf("the handler ran %d times, want 1", n)
+				}
+				look, err := ledgerv1.NewLedgerServiceClient(conn).Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "big"})
+				if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_COMPLETED {
+					t.Fatalf("the record = %v, %v; want COMPLETED", look, err)
+				}
+			})
+		})
+	}
+}
