@@ -31,8 +31,8 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 		memo int                  // bytes of the answer's memo
 		opts []idempotency.Option // the interceptor's own limit
 	}{
-		"OverTheLedgersLimit":        {memo: limit + 1000},    // the ledger's typed refusal
-		"OverTheLedgersReceiveLimit": {memo: 4 * limit},       // gRPC's refusal, untyped on the wire
+		"OverTheLedgersLimit":        {memo: limit + 1000}, // the ledger's typed refusal
+		"OverTheLedgersReceiveLimit": {memo: 4 * limit},    // gRPC's refusal, untyped on the wire
 		"OverTheInterceptorsLimit":   {memo: 2 << 10, opts: []idempotency.Option{idempotency.WithMaxOutcomeBytes(1 << 10)}},
 		"UnderEveryLimit":            {memo: 1 << 10}, // the control: replayed
 	} {
