@@ -159,6 +159,25 @@ func CodeOf(err error) Code {
 	return CodeInternal
 }
 
+// StoreRetryAfter is the retry-after of the UNAVAILABLE a store answers
+// when it cannot answer.
+const StoreRetryAfter = time.Second
+
+// Unavailable is what every store answers when it cannot answer (its disk
+// or database failed, is full, or is unreachable): UNAVAILABLE, retryable
+// after StoreRetryAfter, with err as the cause. Stores use it so that the
+// same kind of failure gets the same answer whatever the store.
+func Unavailable(err error) *Error {
+	return &Error{Code: CodeUnavailable, Message: "the ledger's store is unavailable", RetryAfter: StoreRetryAfter, Err: err}
+}
+
+// TimedOut is what every store answers when a call's context ended, or a
+// bound on the call ran out, before the store answered: UPSTREAM_TIMEOUT,
+// retryable with the same key, with err as the cause.
+func TimedOut(err error) *Error {
+	return Wrap(CodeUpstreamTimeout, err, "the ledger's store did not answer in time")
+}
+
 // AsError returns the *Error in err's chain or, for a foreign error, an
 // *Error classified by CodeOf with a generic message and err as its cause.
 // It returns nil for nil.

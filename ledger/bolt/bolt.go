@@ -351,19 +351,22 @@ func (s *Store) Run(ctx context.Context, onError func(error)) error {
 	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
 }
 
-// classify turns what bbolt or the context said into a ledger error: a
-// closed database or a failed disk is UNAVAILABLE (retryable; another
-// replica or a restart may answer), a record that cannot be read is
+// classify turns what bbolt or the context said into a ledger error, as
+// every store does: a call whose context ended is UPSTREAM_TIMEOUT
+// (ledger.TimedOut), a closed database or a failed or full disk is
+// UNAVAILABLE (ledger.Unavailable), a record that cannot be read is
 // INTERNAL.
 func (s *Store) classify(op string, err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
+	}
+	err = fmt.Errorf("bolt: %s: %w", op, err)
+	switch {
 	case errors.Is(err, errCorrupt):
-		return ledger.Wrap(ledger.CodeInternal, fmt.Errorf("bolt: %s: %w", op, err), "the ledger could not read a record")
+		return ledger.Wrap(ledger.CodeInternal, err, "the ledger could not read a record")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("bolt: %s: %w", op, err), "the call ended before the ledger answered")
+		return ledger.TimedOut(err)
 	default:
-		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("bolt: %s: %w", op, err), "the ledger's store is unavailable")
+		return ledger.Unavailable(err)
 	}
 }

@@ -440,10 +440,45 @@ func sqlState(err error) string {
 	return ""
 }
 
-// classify turns a driver error into the ledger's taxonomy: CONTENTION when
-// the retries ran out, UPSTREAM_TIMEOUT for context errors, UNAVAILABLE when
-// the database could not be reached or is shutting down, INTERNAL for the
-// rest. The cause is kept for logs and never shown to callers.
+// sqlStates is the one table of what the database's errors mean to a
+// caller, by SQLSTATE: an exact code first, then its class (its first two
+// characters). A state in neither, and any other error from the
+// database, is INTERNAL: a bug or a schema problem, not worth retrying.
+var sqlStates = map[string]ledger.Code{
+	"40001": ledger.CodeContention,      // serialization_failure, past the retries
+	"40P01": ledger.CodeContention,      // deadlock_detected
+	"CR000": ledger.CodeContention,      // CockroachDB: restart the transaction
+	"55P03": ledger.CodeContention,      // lock_not_available: lock_timeout ran out
+	"40003": ledger.CodeUnavailable,     // statement_completion_unknown, unresolved
+	"57014": ledger.CodeUpstreamTimeout, // query_canceled: statement_timeout, pg_cancel_backend
+	"25006": ledger.CodeUnavailable,     // read_only_sql_transaction: a standby, or a read-only database
+	"40":    ledger.CodeContention,      // transaction_rollback
+	"08":    ledger.CodeUnavailable,     // connection_exception
+	"53":    ledger.CodeUnavailable,     // insufficient_resources: disk full, out of memory, too many connections
+	"57":    ledger.CodeUnavailable,     // operator_intervention: shutdown, crash, cannot connect now
+	"58":    ledger.CodeUnavailable,     // system_error: I/O error
+	"XX":    ledger.CodeInternal,        // internal_error, data_corrupted
+}
+
+// classifyState returns what sqlStates says of state, and whether it says
+// anything.
+func classifyState(state string) (ledger.Code, bool) {
+	if c, ok := sqlStates[state]; ok {
+		return c, true
+	}
+	if len(state) == 5 {
+		c, ok := sqlStates[state[:2]]
+		return c, ok
+	}
+	return 0, false
+}
+
+// classify turns a driver error into the ledger's taxonomy: by SQLSTATE
+// (sqlStates), CONTENTION when the retries ran out, UPSTREAM_TIMEOUT for
+// context errors, UNAVAILABLE when the database could not be reached,
+// INTERNAL for the rest. The hints and messages are every store's
+// (ledger.Unavailable, ledger.TimedOut). The cause is kept for logs and
+// never shown to callers.
 func (s *Store) classify(op string, err error) error {
 	var le *ledger.Error
 	if errors.As(err, &le) {
@@ -451,31 +486,34 @@ func (s *Store) classify(op string, err error) error {
 	}
 	err = fmt.Errorf("crdb: %s: %w", op, err)
 	var maxed *crdbgo.MaxRetriesExceededError
-	state := sqlState(err)
+	code, known := classifyState(sqlState(err))
 	switch {
-	case errors.As(err, &maxed) || state == "40001" || state == "CR000":
-		return &ledger.Error{Code: ledger.CodeContention, Message: "the ledger's store is contended; retry", RetryAfter: s.cfg.RetryCap, Err: err}
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the ledger's store did not answer in time")
-	case isUnavailable(err, state):
-		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the ledger's store is unavailable", RetryAfter: time.Second, Err: err}
+	case errors.As(err, &maxed):
+		code, known = ledger.CodeContention, true
+	case !known && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
+		code, known = ledger.CodeUpstreamTimeout, true
+	case !known && isUnreachable(err):
+		code, known = ledger.CodeUnavailable, true
 	}
-	return ledger.Wrap(ledger.CodeInternal, err, "internal error")
+	switch {
+	case !known || code == ledger.CodeInternal:
+		return ledger.Wrap(ledger.CodeInternal, err, "internal error")
+	case code == ledger.CodeContention:
+		return &ledger.Error{Code: ledger.CodeContention, Message: "the ledger's store is contended; retry", RetryAfter: s.cfg.RetryCap, Err: err}
+	case code == ledger.CodeUpstreamTimeout:
+		return ledger.TimedOut(err)
+	}
+	return ledger.Unavailable(err)
 }
 
-func isUnavailable(err error, state string) bool {
+// isUnreachable reports whether err says the database could not be
+// reached: no SQLSTATE, but a connection that failed or broke.
+func isUnreachable(err error) bool {
 	var ce *pgconn.ConnectError
 	if errors.As(err, &ce) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true
 	}
-	switch {
-	case strings.HasPrefix(state, "08"), // connection exception
-		strings.HasPrefix(state, "57P"), // operator intervention: shutdown, crash
-		state == "53300",                // too many connections
-		state == "40003":                // ambiguous, unresolved
-		return true
-	}
 	var ne net.Error
-	return state == "" && (errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	return sqlState(err) == "" && (errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, puddle.ErrClosedPool))
 }

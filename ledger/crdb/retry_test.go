@@ -2,11 +2,16 @@ package crdb
 
 import (
 	"context"
+	"io"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	crdbgo "github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
@@ -131,13 +136,100 @@ func TestFailedCommitIsNeverASuccess(t *testing.T) {
 	})
 }
 
+// TestClassify walks the SQLSTATE table and the driver's other errors:
+// every transient failure is retryable with every store's hint, and only
+// what retrying cannot mend is INTERNAL.
 func TestClassify(t *testing.T) {
 	s := &Store{cfg: Config{}.withDefaults()}
-	if got := ledger.CodeOf(s.classify("x", context.DeadlineExceeded)); got != ledger.CodeUpstreamTimeout {
-		t.Fatalf("deadline = %s", got)
+	pg := func(state string) error { return &pgconn.PgError{Code: state, Message: "from the database"} }
+	tests := []struct {
+		name       string
+		err        error
+		want       ledger.Code
+		retryAfter time.Duration
+	}{
+		{"SerializationFailure", pg("40001"), ledger.CodeContention, s.cfg.RetryCap},
+		{"Deadlock", pg("40P01"), ledger.CodeContention, s.cfg.RetryCap},
+		{"CockroachRestart", pg("CR000"), ledger.CodeContention, s.cfg.RetryCap},
+		{"LockTimeout", pg("55P03"), ledger.CodeContention, s.cfg.RetryCap},
+		{"OtherRollback", pg("40002"), ledger.CodeContention, s.cfg.RetryCap},
+		{"AmbiguousCommit", pg("40003"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"StatementTimeout", pg("57014"), ledger.CodeUpstreamTimeout, 0},
+		{"ReadOnly", pg("25006"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"ConnectionFailure", pg("08006"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"DiskFull", pg("53100"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"OutOfMemory", pg("53200"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"TooManyConnections", pg("53300"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"ConfigurationLimit", pg("53400"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"AdminShutdown", pg("57P01"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"CannotConnectNow", pg("57P03"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"IOError", pg("58030"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"InternalError", pg("XX000"), ledger.CodeInternal, 0},
+		{"DataCorrupted", pg("XX001"), ledger.CodeInternal, 0},
+		{"UndefinedTable", pg("42P01"), ledger.CodeInternal, 0},
+		{"UniqueViolation", pg("23505"), ledger.CodeInternal, 0},
+		{"RetriesRanOut", &crdbgo.MaxRetriesExceededError{}, ledger.CodeContention, s.cfg.RetryCap},
+		{"Deadline", context.DeadlineExceeded, ledger.CodeUpstreamTimeout, 0},
+		{"Canceled", context.Canceled, ledger.CodeUpstreamTimeout, 0},
+		{"ClosedPool", puddle.ErrClosedPool, ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"BrokenConnection", io.ErrUnexpectedEOF, ledger.CodeUnavailable, ledger.StoreRetryAfter},
+		{"NoRows", pgx.ErrNoRows, ledger.CodeInternal, 0},
 	}
-	if got := ledger.CodeOf(s.classify("x", pgx.ErrNoRows)); got != ledger.CodeInternal {
-		t.Fatalf("no rows = %s", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			le := ledger.AsError(s.classify("x", tt.err))
+			if le.Code != tt.want || le.RetryAfter != tt.retryAfter || le.Retryable() != tt.want.Retryable() {
+				t.Fatalf("classify = %s (retryable %v, retry-after %s), want %s (retry-after %s)", le.Code, le.Retryable(), le.RetryAfter, tt.want, tt.retryAfter)
+			}
+			if strings.Contains(le.Message, "from the database") {
+				t.Fatalf("the database's text reached the message: %q", le.Message)
+			}
+		})
+	}
+}
+
+// TestCanceledStatementIsRetryable: a claim whose statement the database
+// cancels (statement_timeout, pg_cancel_backend: SQLSTATE 57014) never
+// committed; its caller gets a retryable UPSTREAM_TIMEOUT, and the retry
+// claims.
+func TestCanceledStatementIsRetryable(t *testing.T) {
+	s := newTestStore(t, Config{})
+	lock, err := s.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
+	if _, err := lock.Exec(t.Context(), `LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "canceled"}
+	req := ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Begin(t.Context(), req)
+		done <- err
+	}()
+	// Cancel the claim's statement once it waits for the lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for canceled := false; !canceled; {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited on the lock")
+		}
+		if err := s.pool.QueryRow(t.Context(), `SELECT count(pg_cancel_backend(pid)) > 0 FROM pg_stat_activity
+			WHERE query LIKE '%INSERT INTO idempotency_records%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&canceled); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = <-done
+	if le := ledger.AsError(err); le.Code != ledger.CodeUpstreamTimeout || !le.Retryable() {
+		t.Fatalf("a canceled claim = %v; want a retryable UPSTREAM_TIMEOUT", err)
+	}
+	_ = lock.Rollback(t.Context())
+	res, err := l.Begin(t.Context(), req)
+	if err != nil || res.Claim == nil || res.Claim.Token != 1 {
+		t.Fatalf("the retry = %+v, %v; want the first claim", res, err)
 	}
 }
 

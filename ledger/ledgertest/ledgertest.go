@@ -64,6 +64,7 @@ var rules = []rule{
 	{"Lookup", ruleLookup},
 	{"LookupWait", ruleLookupWait},
 	{"ScopesAreIsolated", ruleScopesAreIsolated},
+	{"CanceledCall", ruleCanceledCall},
 }
 
 // races race many goroutines on the same keys and assert exactly one

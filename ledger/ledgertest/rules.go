@@ -2,6 +2,7 @@ package ledgertest
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -365,5 +366,41 @@ func ruleScopesAreIsolated(t *testing.T, suite Suite) {
 	want(t, e.ledger.Release(t.Context(), foreign, a.Token), ledger.CodeLeaseLost)
 	if rec, err := e.ledger.Lookup(t.Context(), e.scope("k"), 0); err != nil || rec.State != ledger.StateInProgress {
 		t.Fatalf("the first scope's record = %v, %v; want it untouched", rec.State, err)
+	}
+}
+
+// ruleCanceledCall: a call whose context has ended gets the same answer
+// from every store, UPSTREAM_TIMEOUT (retry with the same key), and
+// changes nothing.
+func ruleCanceledCall(t *testing.T, suite Suite) {
+	e := newEnv(t, suite, ledger.Config{})
+	c := e.mustClaim("k", "p")
+	s := e.scope("k")
+	before, err := e.ledger.Lookup(t.Context(), s, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for name, call := range map[string]func() error{
+		"Begin": func() error {
+			_, err := e.ledger.Begin(ctx, ledger.BeginRequest{Scope: e.scope("other"), Fingerprint: Fingerprint("p"), Method: Method})
+			return err
+		},
+		"Complete": func() error { _, err := e.ledger.Complete(ctx, s, c.Token, Response("x")); return err },
+		"Release":  func() error { return e.ledger.Release(ctx, s, c.Token) },
+		"Extend":   func() error { _, err := e.ledger.Extend(ctx, s, c.Token, 0); return err },
+		"Lookup":   func() error { _, err := e.ledger.Lookup(ctx, s, 0); return err },
+	} {
+		if le := WantCode(t, call(), ledger.CodeUpstreamTimeout); !le.Retryable() {
+			t.Fatalf("%s: UPSTREAM_TIMEOUT must be retryable", name)
+		}
+	}
+	after, err := e.ledger.Lookup(t.Context(), s, 0)
+	if err != nil || after.State != before.State || after.Token != before.Token || !after.LeaseExpiresAt.Equal(before.LeaseExpiresAt) {
+		t.Fatalf("the record after canceled calls = %+v, %v; want %+v", after, err, before)
+	}
+	if _, err := e.ledger.Lookup(t.Context(), e.scope("other"), 0); ledger.CodeOf(err) != ledger.CodeNotFound {
+		t.Fatalf("a canceled Begin left a record: %v", err)
 	}
 }

@@ -21,7 +21,8 @@ type Config struct {
 }
 
 // Store is an in-process ledger.Store. It is safe for concurrent use: one
-// mutex serialises every transition, which makes each call atomic.
+// mutex serialises every transition, which makes each call atomic. A call
+// whose context has ended is UPSTREAM_TIMEOUT, as in every store.
 type Store struct {
 	cfg     Config
 	now     func() time.Time
@@ -46,7 +47,10 @@ func New(cfg Config) *Store {
 }
 
 // Claim implements ledger.Store.
-func (s *Store) Claim(_ context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.ClaimResult{}, ledger.TimedOut(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -58,7 +62,10 @@ func (s *Store) Claim(_ context.Context, p ledger.ClaimParams) (ledger.ClaimResu
 }
 
 // Complete implements ledger.Store.
-func (s *Store) Complete(_ context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, ledger.TimedOut(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next, err := ledger.NextComplete(s.records[p.Scope], p, s.now())
@@ -70,7 +77,10 @@ func (s *Store) Complete(_ context.Context, p ledger.CompleteParams) (ledger.Rec
 }
 
 // Release implements ledger.Store.
-func (s *Store) Release(_ context.Context, p ledger.ReleaseParams) error {
+func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	if err := ctx.Err(); err != nil {
+		return ledger.TimedOut(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next, err := ledger.NextRelease(s.records[p.Scope], p, s.now())
@@ -82,7 +92,10 @@ func (s *Store) Release(_ context.Context, p ledger.ReleaseParams) error {
 }
 
 // Extend implements ledger.Store.
-func (s *Store) Extend(_ context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, ledger.TimedOut(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next, err := ledger.NextExtend(s.records[p.Scope], p, s.now())
@@ -94,7 +107,10 @@ func (s *Store) Extend(_ context.Context, p ledger.ExtendParams) (ledger.Record,
 }
 
 // Get implements ledger.Store.
-func (s *Store) Get(_ context.Context, scope ledger.Scope) (ledger.Record, error) {
+func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, ledger.TimedOut(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec := s.records[scope]
