@@ -74,7 +74,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
 	srv := servertest.NewServer(t, func(gs *grpc.Server) {
 		ledgerv1.RegisterLedgerServiceServer(gs, server.New(l, server.Config{Auth: testAuth}))
-	}, grpc.MaxRecvMsgSize(2<<20))
+	}, grpc.MaxRecvMsgSize(2<<20), grpc.ForceServerCodecV2(server.Codec()))
 	raw := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
 	client := raw
 	ctx := as(t, "refunds-token") // every tenant, so tenant checks reach validation
@@ -252,26 +252,27 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	t.Run("OverTheMessageLimit", func(t *testing.T) {
 		big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, 3<<20)}}}
 		_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: big})
-		if status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("a 3 MiB request over a 2 MiB limit: %v", err)
+		if status.Code(err) != codes.ResourceExhausted || ledgerstatus.FromError(err).Code != ledger.CodeOutcomeTooLarge {
+			t.Fatalf("a 3 MiB request over a 2 MiB limit: %v; want gRPC's refusal, decoded as OUTCOME_TOO_LARGE", err)
 		}
 	})
 	// Strings that are not UTF-8 cannot come from a Go client: append a
 	// second value of the field to a valid request's bytes (the last one
-	// wins) and send the bytes as they are. gRPC's codec refuses them
-	// before the ledger sees them.
+	// wins) and send the bytes as they are. The server's codec lets them
+	// through, marked, and the ledger answers them typed.
 	for _, m := range []struct {
 		method string
 		req    proto.Message
 		field  protoreflect.Name
+		want   ledger.Code
 	}{
-		{"Begin", beginReq("fresh"), "tenant"},
-		{"Begin", beginReq("fresh"), "key"},
-		{"Begin", beginReq("fresh"), "method"},
-		{"Complete", &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: out}, "key"},
-		{"Release", &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token}, "key"},
-		{"Extend", &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token}, "tenant"},
-		{"Lookup", &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"}, "key"},
+		{"Begin", beginReq("fresh"), "tenant", ledger.CodeValidationFailed},
+		{"Begin", beginReq("fresh"), "key", ledger.CodeKeyInvalid},
+		{"Begin", beginReq("fresh"), "method", ledger.CodeValidationFailed},
+		{"Complete", &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: out}, "key", ledger.CodeKeyInvalid},
+		{"Release", &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token}, "key", ledger.CodeKeyInvalid},
+		{"Extend", &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token}, "tenant", ledger.CodeValidationFailed},
+		{"Lookup", &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"}, "key", ledger.CodeKeyInvalid},
 	} {
 		t.Run("NotUTF8/"+m.method+"/"+string(m.field), func(t *testing.T) {
 			b, err := proto.Marshal(m.req)
@@ -280,10 +281,33 @@ func badInputCatalogue(t *testing.T, stream bool) {
 			}
 			num := m.req.ProtoReflect().Descriptor().Fields().ByName(m.field).Number()
 			b = protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), []byte("held\xff"))
-			err = srv.Dial(t).Invoke(ctx, "/idemledger.v1.LedgerService/"+m.method, ptr(rawMessage(b)), new(rawMessage), grpc.ForceCodecV2(rawCodec{}))
-			if status.Code(err) != codes.Internal || !strings.Contains(status.Convert(err).Message(), "unmarshal") {
-				t.Fatalf("a string that is not UTF-8: %v, want gRPC's unmarshalling error", err)
+			if !stream {
+				err = srv.Dial(t).Invoke(ctx, "/idemledger.v1.LedgerService/"+m.method, ptr(rawMessage(b)), new(rawMessage), grpc.ForceCodecV2(rawCodec{}))
+				ledgertest.WantStatus(t, err, m.want)
+				return
 			}
+			// On a stream: the call, as raw bytes, inside a StreamRequest.
+			callNum := map[string]protowire.Number{"Begin": 3, "Complete": 4, "Release": 5, "Extend": 6, "Lookup": 7}[m.method]
+			sreq := protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 99)
+			sreq = protowire.AppendBytes(protowire.AppendTag(sreq, callNum, protowire.BytesType), b)
+			st, err := srv.Dial(t).NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
+				ledgerv1.LedgerService_Stream_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.SendMsg(ptr(rawMessage(sreq))); err != nil {
+				t.Fatal(err)
+			}
+			var raw rawMessage
+			if err := st.RecvMsg(&raw); err != nil {
+				t.Fatal(err)
+			}
+			_ = st.CloseSend()
+			var res ledgerv1.StreamResponse
+			if err := proto.Unmarshal(raw, &res); err != nil || res.GetId() != 99 || res.GetError() == nil {
+				t.Fatalf("the stream's answer = %v, %v; want call 99's error", &res, err)
+			}
+			ledgertest.WantStatus(t, ledgerstatus.FromFields(res.GetError()).Err(), m.want)
 		})
 	}
 

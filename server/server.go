@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -101,18 +102,17 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.drain) }) }
 
 // scope authenticates the call and builds the scope of (tenant, key):
-// UNAUTHENTICATED without a principal, PERMISSION_DENIED for a tenant the
-// principal may not act for.
-func (s *Server) scope(ctx context.Context, tenant, key string) (ledger.Scope, error) {
-	if s.auth == nil {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodeUnauthenticated, "no authenticator is configured")
-	}
-	p, err := s.auth.Authenticate(ctx)
+// UNAUTHENTICATED without a principal, KEY_INVALID or VALIDATION_FAILED
+// for a request Codec let through with a field that is not UTF-8,
+// PERMISSION_DENIED for a tenant the principal may not act for.
+func (s *Server) scope(ctx context.Context, req proto.Message, tenant, key string) (ledger.Scope, error) {
+	bad := takeBadUTF8(req)
+	p, err := s.principal(ctx)
 	if err != nil {
 		return ledger.Scope{}, err
 	}
-	if p.Namespace == "" {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodeUnauthenticated, "the caller has no namespace")
+	if bad != nil {
+		return ledger.Scope{}, bad
 	}
 	if tenant == "" {
 		return ledger.Scope{}, ledger.Errorf(ledger.CodeValidationFailed, "tenant is missing")
@@ -127,6 +127,21 @@ func (s *Server) scope(ctx context.Context, tenant, key string) (ledger.Scope, e
 		}
 	}
 	return ledger.Scope{Namespace: p.Namespace, Tenant: tenant, Key: key}, nil
+}
+
+// principal authenticates the call.
+func (s *Server) principal(ctx context.Context) (Principal, error) {
+	if s.auth == nil {
+		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "no authenticator is configured")
+	}
+	p, err := s.auth.Authenticate(ctx)
+	if err != nil {
+		return Principal{}, err
+	}
+	if p.Namespace == "" {
+		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "the caller has no namespace")
+	}
+	return p, nil
 }
 
 func (s *Server) observe(namespace string, d Decision) {
@@ -161,7 +176,7 @@ func (s *Server) fail(ctx context.Context, method string, sc ledger.Scope, err e
 
 // Begin implements LedgerService.Begin.
 func (s *Server) Begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	var res *ledgerv1.BeginResponse
 	if err == nil {
 		res, err = s.begin(ctx, sc, req)
@@ -213,7 +228,7 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 
 // Complete implements LedgerService.Complete.
 func (s *Server) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	if err == nil {
 		var rec ledger.Record
 		if rec, err = s.ledger.Complete(ctx, sc, req.GetToken(), outcomeFromWire(req.GetOutcome())); err == nil {
@@ -226,7 +241,7 @@ func (s *Server) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*
 
 // Release implements LedgerService.Release.
 func (s *Server) Release(ctx context.Context, req *ledgerv1.ReleaseRequest) (*ledgerv1.ReleaseResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	if err == nil {
 		if err = s.ledger.Release(ctx, sc, req.GetToken()); err == nil {
 			s.observe(sc.Namespace, DecisionReleased)
@@ -238,7 +253,7 @@ func (s *Server) Release(ctx context.Context, req *ledgerv1.ReleaseRequest) (*le
 
 // Extend implements LedgerService.Extend.
 func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledgerv1.ExtendResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	var lease time.Duration
 	if err == nil {
 		lease, err = optionalDuration("lease", req.GetLease())
@@ -255,7 +270,7 @@ func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledg
 
 // Lookup implements LedgerService.Lookup.
 func (s *Server) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledgerv1.LookupResponse, error) {
-	sc, err := s.scope(ctx, req.GetTenant(), req.GetKey())
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	var wait time.Duration
 	if err == nil {
 		wait, err = optionalDuration("wait", req.GetWait())

@@ -105,6 +105,13 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 				if cancel, ok := inFlight[req.GetId()]; ok {
 					cancel()
 				}
+			case hasBadUTF8(req):
+				// Codec let it through: answer it typed, as its unary call.
+				bad := takeBadUTF8(req)
+				if _, err := s.principal(ctx); err != nil {
+					bad = err
+				}
+				send(streamError(req.GetId(), bad))
 			case inFlight[req.GetId()] != nil:
 				send(streamError(req.GetId(), ledger.Errorf(ledger.CodeValidationFailed, "call %d is already in flight on this stream", req.GetId())))
 			default:

@@ -103,6 +103,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(append(server.TransportOptions(),
 		grpc.Creds(creds),
+		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
 		grpc.MaxConcurrentStreams(1024),
