@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger"
@@ -45,6 +46,7 @@ type interceptor struct {
 type method struct {
 	policy Policy
 	output protoreflect.MessageType
+	print  fingerprint.ProtoOptions // the skip list and the resolver of Anys
 	// lease and retention are the policy's, as sent to the ledger (nil
 	// for the ledger's default). Read only.
 	lease, retention *durationpb.Duration
@@ -76,41 +78,46 @@ func UnaryServerInterceptor(client ledgerv1.LedgerServiceClient, opts ...Option)
 		i.skip = []protoreflect.Name{o.keyField}
 	}
 	for name, p := range o.methods {
-		out, err := o.resolve(name)
+		in, out, err := o.resolve(name)
 		if err != nil {
 			return nil, err
 		}
-		i.methods[name] = &method{policy: p, output: out, lease: optionalDuration(p.Lease), retention: optionalDuration(p.Retention)}
+		prints := fingerprint.ProtoOptions{Skip: i.skip, Resolve: fingerprint.Related(in.ParentFile())}
+		if o.registry {
+			prints.Resolve = fingerprint.FromTypes(o.types)
+		}
+		i.methods[name] = &method{policy: p, output: out, print: prints, lease: optionalDuration(p.Lease), retention: optionalDuration(p.Retention)}
 	}
 	return i.intercept, nil
 }
 
-// resolve finds the response type of a unary method by its full name.
-func (o *options) resolve(fullMethod string) (protoreflect.MessageType, error) {
+// resolve finds the request's descriptor and the response type of a unary
+// method by its full name.
+func (o *options) resolve(fullMethod string) (protoreflect.MessageDescriptor, protoreflect.MessageType, error) {
 	service, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || !strings.HasPrefix(fullMethod, "/") || name == "" || strings.Contains(name, "/") {
-		return nil, fmt.Errorf("idempotency: %q is not a full method name like /pkg.Service/Method", fullMethod)
+		return nil, nil, fmt.Errorf("idempotency: %q is not a full method name like /pkg.Service/Method", fullMethod)
 	}
 	d, err := o.files.FindDescriptorByName(protoreflect.FullName(service))
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: %s: service not in the registry: %w", fullMethod, err)
+		return nil, nil, fmt.Errorf("idempotency: %s: service not in the registry: %w", fullMethod, err)
 	}
 	sd, ok := d.(protoreflect.ServiceDescriptor)
 	if !ok {
-		return nil, fmt.Errorf("idempotency: %s: %s is not a service", fullMethod, service)
+		return nil, nil, fmt.Errorf("idempotency: %s: %s is not a service", fullMethod, service)
 	}
 	md := sd.Methods().ByName(protoreflect.Name(name))
 	if md == nil {
-		return nil, fmt.Errorf("idempotency: %s: no such method", fullMethod)
+		return nil, nil, fmt.Errorf("idempotency: %s: no such method", fullMethod)
 	}
 	if md.IsStreamingClient() || md.IsStreamingServer() {
-		return nil, fmt.Errorf("idempotency: %s: only unary methods can be protected", fullMethod)
+		return nil, nil, fmt.Errorf("idempotency: %s: only unary methods can be protected", fullMethod)
 	}
 	out, err := o.types.FindMessageByName(md.Output().FullName())
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: %s: response type %s not in the registry: %w", fullMethod, md.Output().FullName(), err)
+		return nil, nil, fmt.Errorf("idempotency: %s: response type %s not in the registry: %w", fullMethod, md.Output().FullName(), err)
 	}
-	return out, nil
+	return md.Input(), out, nil
 }
 
 func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -143,7 +150,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	res, err := i.ledger.Begin(ctx, &ledgerv1.BeginRequest{
 		Tenant:         tenant,
 		Key:            key,
-		Fingerprint:    Fingerprint(info.FullMethod, msg, i.skip...),
+		Fingerprint:    fingerprint.Proto(info.FullMethod, msg, m.print),
 		Method:         info.FullMethod,
 		Lease:          m.lease,
 		Retention:      m.retention,

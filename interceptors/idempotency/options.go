@@ -75,6 +75,7 @@ type options struct {
 	keyField        protoreflect.Name
 	files           *protoregistry.Files
 	types           *protoregistry.Types
+	registry        bool // WithRegistry was given: it also resolves the Anys of requests
 	completeTimeout time.Duration
 	completeTries   int
 	maxOutcomeBytes int
@@ -112,9 +113,12 @@ func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } 
 func WithKeyField(name protoreflect.Name) Option { return func(o *options) { o.keyField = name } }
 
 // WithRegistry resolves methods and response types in files and types
-// instead of the global registries.
+// instead of the global registries, and the Anys of requests, for the
+// fingerprint, in types. Without it, a request's Anys are resolved among
+// the messages of the request's own file and its imports, so that the
+// fingerprint never depends on which unrelated types a binary links.
 func WithRegistry(files *protoregistry.Files, types *protoregistry.Types) Option {
-	return func(o *options) { o.files, o.types = files, types }
+	return func(o *options) { o.files, o.types, o.registry = files, types, true }
 }
 
 // WithCompletion sets the timeout of each Complete or Release call (5 s)

@@ -1,4 +1,4 @@
-package idempotency_test
+package fingerprint_test
 
 import (
 	"cmp"
@@ -12,14 +12,22 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 )
+
+const createInvoice = "/idemledger.testing.v1.InvoiceService/CreateInvoice"
+
+// printOf is how the gRPC interceptor prints a request by default.
+func printOf(method string, msg proto.Message, skip ...protoreflect.Name) string {
+	return fingerprint.Proto(method, msg, fingerprint.ProtoOptions{Skip: skip})
+}
 
 func full() *testpb.CreateInvoiceRequest {
 	memo := "thanks"
@@ -35,7 +43,7 @@ func full() *testpb.CreateInvoiceRequest {
 }
 
 func TestFingerprintIsCanonical(t *testing.T) {
-	base := idempotency.Fingerprint(createInvoice, full())
+	base := printOf(createInvoice, full())
 	if !regexp.MustCompile(`^v1:[0-9a-f]{64}$`).MatchString(base) {
 		t.Fatalf("fingerprint %q is not v1:<64 hex>", base)
 	}
@@ -69,16 +77,16 @@ func TestFingerprintIsCanonical(t *testing.T) {
 	if err := proto.Unmarshal(reversed, parsed); err != nil {
 		t.Fatal(err)
 	}
-	if got := idempotency.Fingerprint(createInvoice, parsed); got != base {
+	if got := printOf(createInvoice, parsed); got != base {
 		t.Fatal("the same message decoded from reordered bytes with an unknown field prints differently")
 	}
 	for range 20 { // map iteration order is random
-		if got := idempotency.Fingerprint(createInvoice, full()); got != base {
+		if got := printOf(createInvoice, full()); got != base {
 			t.Fatal("the print depends on map order")
 		}
 	}
 	zero := &testpb.CreateInvoiceRequest{Tenant: "acme", SendNow: false, Currency: ""}
-	if idempotency.Fingerprint(createInvoice, zero) != idempotency.Fingerprint(createInvoice, &testpb.CreateInvoiceRequest{Tenant: "acme"}) {
+	if printOf(createInvoice, zero) != printOf(createInvoice, &testpb.CreateInvoiceRequest{Tenant: "acme"}) {
 		t.Fatal("an explicit proto3 zero prints unlike an unset field")
 	}
 
@@ -112,21 +120,24 @@ func TestFingerprintIsCanonical(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := full()
 			change(r)
-			if idempotency.Fingerprint(createInvoice, r) == base {
+			if printOf(createInvoice, r) == base {
 				t.Fatal("the change did not change the print")
 			}
 		})
 	}
-	if idempotency.Fingerprint("/idemledger.testing.v1.InvoiceService/GetInvoice", full()) == base {
+	if printOf("/idemledger.testing.v1.InvoiceService/GetInvoice", full()) == base {
 		t.Fatal("the method is not part of the print")
 	}
 	other := full()
 	other.RequestId = "another key"
-	if idempotency.Fingerprint(createInvoice, other, "request_id") != idempotency.Fingerprint(createInvoice, full(), "request_id") {
+	if printOf(createInvoice, other, "request_id") != printOf(createInvoice, full(), "request_id") {
 		t.Fatal("a skipped field changed the print")
 	}
 }
 
+// TestFingerprintOfAny: an Any whose type the resolver knows prints as
+// the message it holds, whatever the order of its fields on the wire; any
+// other Any prints by its type URL and bytes.
 func TestFingerprintOfAny(t *testing.T) {
 	ts := timestamppb.New(time.Date(2030, 1, 2, 0, 0, 0, 0, time.UTC))
 	a, err := anypb.New(ts)
@@ -140,13 +151,83 @@ func TestFingerprintOfAny(t *testing.T) {
 	swapped = protowire.AppendVarint(protowire.AppendTag(swapped, 1, protowire.VarintType), uint64(ts.GetSeconds()))
 	b := &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: swapped}
 	c := &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: append(swapped, protowire.AppendVarint(protowire.AppendTag(nil, 77, protowire.VarintType), 1)...)}
-	if idempotency.Fingerprint("/x.Y/Z", a) != idempotency.Fingerprint("/x.Y/Z", b) || idempotency.Fingerprint("/x.Y/Z", b) != idempotency.Fingerprint("/x.Y/Z", c) {
-		t.Fatal("a registered Any prints by its encoding")
+	knows := fingerprint.ProtoOptions{Resolve: fingerprint.Related(timestamppb.File_google_protobuf_timestamp_proto)}
+	at := func(m proto.Message) string { return fingerprint.Proto("/x.Y/Z", m, knows) }
+	if at(a) != at(b) || at(b) != at(c) {
+		t.Fatal("an Any of a known type prints by its encoding")
+	}
+	// Without the type in the resolver, the bytes are the print.
+	if fingerprint.Proto("/x.Y/Z", a, fingerprint.ProtoOptions{}) == fingerprint.Proto("/x.Y/Z", b, fingerprint.ProtoOptions{}) {
+		t.Fatal("an Any of an unknown type prints alike for different bytes")
 	}
 	unknown := &anypb.Any{TypeUrl: "type.googleapis.com/nope.Unknown", Value: []byte{1}}
-	if idempotency.Fingerprint("/x.Y/Z", unknown) == idempotency.Fingerprint("/x.Y/Z", &anypb.Any{TypeUrl: unknown.TypeUrl, Value: []byte{2}}) {
-		t.Fatal("an unregistered Any's bytes are not in the print")
+	if at(unknown) == at(&anypb.Any{TypeUrl: unknown.TypeUrl, Value: []byte{2}}) {
+		t.Fatal("an unresolved Any's bytes are not in the print")
 	}
+}
+
+// TestFingerprintDoesNotDependOnLinkedTypes: two builds of a service, one
+// of which links (registers) a type the other does not, print a request
+// that carries an Any of that type alike, because the default resolver
+// knows only the request's own file and its imports. With an explicit
+// registry, the print follows that registry, and two registries that
+// differ only in an unrelated type print alike.
+func TestFingerprintDoesNotDependOnLinkedTypes(t *testing.T) {
+	inner, err := structpb.NewStruct(map[string]any{"b": 2, "a": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	packed, err := anypb.New(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The request: an Any holding a Struct (linked into this test binary,
+	// so in the global registry, but not imported by any.proto).
+	req := packed
+	withoutLinking := fingerprint.Proto("/x.Y/Z", req, fingerprint.ProtoOptions{Resolve: fingerprint.FromTypes(new(protoregistry.Types))})
+	if got := fingerprint.Proto("/x.Y/Z", req, fingerprint.ProtoOptions{}); got != withoutLinking {
+		t.Fatal("the default print of an Any depends on the types linked into the binary")
+	}
+	// Two explicit registries: one with Struct, and one with Struct and an
+	// unrelated type.
+	one, two := new(protoregistry.Types), new(protoregistry.Types)
+	for _, reg := range []*protoregistry.Types{one, two} {
+		for _, mt := range []protoreflect.MessageType{(&structpb.Struct{}).ProtoReflect().Type(), (&structpb.Value{}).ProtoReflect().Type(), (&structpb.ListValue{}).ProtoReflect().Type()} {
+			if err := reg.RegisterMessage(mt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := two.RegisterMessage((&timestamppb.Timestamp{}).ProtoReflect().Type()); err != nil {
+		t.Fatal(err)
+	}
+	a := fingerprint.Proto("/x.Y/Z", req, fingerprint.ProtoOptions{Resolve: fingerprint.FromTypes(one)})
+	b := fingerprint.Proto("/x.Y/Z", req, fingerprint.ProtoOptions{Resolve: fingerprint.FromTypes(two)})
+	if a != b {
+		t.Fatal("two registries that differ in an unrelated type print a request apart")
+	}
+	// Struct is resolved there: its map prints by its entries, not by the
+	// order Go put them on the wire.
+	reordered := &anypb.Any{TypeUrl: packed.GetTypeUrl(), Value: reverseEntries(t, packed.GetValue())}
+	if fingerprint.Proto("/x.Y/Z", reordered, fingerprint.ProtoOptions{Resolve: fingerprint.FromTypes(one)}) != a {
+		t.Fatal("a resolved Struct prints by its encoding")
+	}
+}
+
+// reverseEntries reverses the order of a Struct's map entries on the wire.
+func reverseEntries(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var fields [][]byte
+	for rest := b; len(rest) > 0; {
+		_, _, n := protowire.ConsumeField(rest)
+		if n < 0 {
+			t.Fatal("bad wire")
+		}
+		fields = append(fields, rest[:n])
+		rest = rest[n:]
+	}
+	slices.Reverse(fields)
+	return slices.Concat(fields...)
 }
 
 // FuzzFingerprint builds a structpb.Struct (maps, lists, nesting, numbers,
@@ -180,8 +261,8 @@ func FuzzFingerprint(f *testing.F) {
 			}
 			return s
 		}
-		base := idempotency.Fingerprint("/x.Y/Z", build(false))
-		if got := idempotency.Fingerprint("/x.Y/Z", build(true)); got != base {
+		base := printOf("/x.Y/Z", build(false))
+		if got := printOf("/x.Y/Z", build(true)); got != base {
 			t.Fatal("equal messages print differently")
 		}
 		// Through the wire, when it can go there (strings must be UTF-8).
@@ -190,7 +271,7 @@ func FuzzFingerprint(f *testing.F) {
 			if err := proto.Unmarshal(wire, parsed); err != nil {
 				t.Fatal(err)
 			}
-			if got := idempotency.Fingerprint("/x.Y/Z", parsed); got != base {
+			if got := printOf("/x.Y/Z", parsed); got != base {
 				t.Fatal("the message through the wire prints differently")
 			}
 		}
@@ -243,7 +324,7 @@ func FuzzFingerprint(f *testing.F) {
 				return done
 			}
 			mutate(changed.ProtoReflect())
-			if idempotency.Fingerprint("/x.Y/Z", changed) == base {
+			if printOf("/x.Y/Z", changed) == base {
 				t.Fatalf("changing leaf %d of %d did not change the print", leaf, leaves)
 			}
 		}
