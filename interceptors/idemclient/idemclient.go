@@ -100,8 +100,9 @@ func WithMethods(fullMethods ...string) Option {
 // errors by their flag, foreign statuses by their code (UNAVAILABLE,
 // RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED). It waits at least the
 // server's retry-after, caps the attempts, and stops when the context ends
-// (the call then fails with the context's error). It is safe for
-// concurrent use.
+// (the call then fails with the context's error). A retry-after longer than
+// the time left before the context's deadline is not waited out: the call
+// returns that typed error at once. It is safe for concurrent use.
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	o := options{maxAttempts: 5, base: 50 * time.Millisecond, cap: 5 * time.Second}
 	for _, opt := range opts {
@@ -132,6 +133,12 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 			retry.WithRetriable(func(err error) bool {
 				le := ledgerstatus.FromError(err)
 				hint = le.RetryAfter
+				if dl, ok := ctx.Deadline(); ok && hint > time.Until(dl) {
+					// The server's hint outlasts the deadline: the typed
+					// answer now (IN_PROGRESS, retry after 2 s) tells the
+					// caller more than DEADLINE_EXCEEDED would later.
+					return false
+				}
 				return le.Retryable()
 			}),
 			retry.WithBackoff(func(_ context.Context, attempt uint) time.Duration {

@@ -3,6 +3,7 @@ package idemclient_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -140,13 +142,29 @@ func TestCapsAttempts(t *testing.T) {
 }
 
 func TestStopsAtTheDeadline(t *testing.T) {
-	svc := &invoices{failures: []error{typed(ledger.CodeRateLimited, time.Hour)}}
+	unavailable := typed(ledger.CodeUnavailable, 0) // no hint: the backoff alone paces the retries
+	svc := &invoices{failures: slices.Repeat([]error{unavailable}, 100)}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
+	_, err := client(t, svc, idemclient.WithMaxAttempts(100)).CreateInvoice(ctx, request())
+	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) > 5*time.Second || svc.runs.Load() < 2 {
+		t.Fatalf("after %v and %d runs: %v; want retries, then DEADLINE_EXCEEDED at the deadline", time.Since(start), svc.runs.Load(), err)
+	}
+}
+
+// TestHintPastTheDeadlineAnswersAtOnce: when the server says IN_PROGRESS,
+// retry after 2 s, and the call has 500 ms left, the caller gets the typed
+// IN_PROGRESS at once, not DEADLINE_EXCEEDED after a useless wait.
+func TestHintPastTheDeadlineAnswersAtOnce(t *testing.T) {
+	svc := &invoices{failures: []error{typed(ledger.CodeInProgress, 2*time.Second)}}
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
 	_, err := client(t, svc).CreateInvoice(ctx, request())
-	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) > 5*time.Second || svc.runs.Load() != 1 {
-		t.Fatalf("after %v and %d runs: %v; want DEADLINE_EXCEEDED at the deadline", time.Since(start), svc.runs.Load(), err)
+	le := ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+	if took := time.Since(start); took > 250*time.Millisecond || le.RetryAfter != 2*time.Second || svc.runs.Load() != 1 {
+		t.Fatalf("after %v and %d runs: %+v; want IN_PROGRESS with its 2s hint at once", took, svc.runs.Load(), le)
 	}
 }
 

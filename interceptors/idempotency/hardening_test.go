@@ -1,12 +1,18 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
@@ -79,4 +85,64 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFailClosedIsOneAnswer: with the ledger down, a protected call gets
+// the same answer (UNAVAILABLE, its message, a 1 s retry-after) and the
+// service logs one line, whether the interceptor calls the ledger with
+// unary calls or over a Stream; the handler does not run.
+func TestFailClosedIsOneAnswer(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := lis.Addr().String()
+	_ = lis.Close() // nothing listens there now
+	answers := map[ledgerAPI]string{}
+	forEachAPI(t, func(t *testing.T, api ledgerAPI) {
+		conn, err := grpc.NewClient(down, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		var logs syncBuffer
+		svc := &invoices{}
+		client := serve(t, api.client(t, conn), svc, append(protect(idempotency.Policy{}),
+			idempotency.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))...)
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err = client.CreateInvoice(ctx, request("k"))
+		le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+		if !le.Retryable() || le.RetryAfter != time.Second {
+			t.Fatalf("%+v: want retryable after 1s", le)
+		}
+		answers[api] = fmt.Sprintf("%s %q %s", le.Code, le.Message, le.RetryAfter)
+		if n := strings.Count(logs.String(), "failing closed"); n != 1 {
+			t.Fatalf("%d log lines, want 1:\n%s", n, logs.String())
+		}
+		if svc.runs.Load() != 0 {
+			t.Fatal("the handler ran without a claim")
+		}
+	})
+	if answers[unaryAPI] != answers[streamAPI] {
+		t.Fatalf("unary: %s; stream: %s; want one answer", answers[unaryAPI], answers[streamAPI])
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger that several goroutines use.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

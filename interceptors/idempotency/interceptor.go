@@ -201,11 +201,15 @@ func (i *interceptor) beginError(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the call ended before the ledger answered")
-	case !ledgerstatus.IsTyped(err):
-		i.opts.log.WarnContext(ctx, "idempotency ledger unreachable: failing closed", "error", err)
-		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the idempotency ledger is unreachable", RetryAfter: unreachableRetryAfter, Err: err}
 	}
 	le := ledgerstatus.FromError(err)
+	if !ledgerstatus.IsTyped(err) || le.Code == ledger.CodeUnavailable {
+		// Fail closed, with one answer whatever the path: the connection
+		// failed (untyped), the stream client could not reach the ledger,
+		// or the ledger could not reach its store.
+		i.opts.log.WarnContext(ctx, "idempotency ledger unreachable: failing closed", "error", err)
+		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the idempotency ledger is unreachable", RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
+	}
 	if le.Code == ledger.CodeUnauthenticated {
 		i.opts.log.ErrorContext(ctx, "the idempotency ledger refused this service's credentials", "error", err)
 		return ledger.Wrap(ledger.CodeInternal, err, "internal error")
