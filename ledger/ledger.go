@@ -15,6 +15,7 @@ const (
 	DefaultMaxOutcomeBytes = 1 << 20
 	DefaultMaxRetryAfter   = 2 * time.Second
 	DefaultMaxLookupWait   = time.Minute
+	DefaultStoreTimeout    = 10 * time.Second
 )
 
 // minRetryAfter is the least IN_PROGRESS hint, so that a lease about to run
@@ -35,6 +36,10 @@ type Config struct {
 	// their lease runs out, so a waiting duplicate should look again soon.
 	MaxRetryAfter time.Duration
 	MaxLookupWait time.Duration // the longest wait of a Lookup: 1 min
+	// StoreTimeout bounds every call to the store, whatever the caller's
+	// deadline (a caller may have none): 10 s. A call past it is
+	// UPSTREAM_TIMEOUT, retryable. A Lookup's wait is not counted.
+	StoreTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -49,6 +54,7 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxRetention, DefaultMaxRetention)
 	def(&c.MaxRetryAfter, DefaultMaxRetryAfter)
 	def(&c.MaxLookupWait, DefaultMaxLookupWait)
+	def(&c.StoreTimeout, DefaultStoreTimeout)
 	if c.MaxOutcomeBytes <= 0 {
 		c.MaxOutcomeBytes = DefaultMaxOutcomeBytes
 	}
@@ -115,6 +121,8 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, er
 	if err := l.validateClaim(&p); err != nil {
 		return BeginResponse{}, err
 	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
 	res, err := l.store.Claim(ctx, p)
 	if err != nil {
 		return BeginResponse{}, err
@@ -204,6 +212,8 @@ func (l *Ledger) Complete(ctx context.Context, s Scope, token uint64, o *Outcome
 			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
 		}
 	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
 	return l.store.Complete(ctx, CompleteParams{Scope: s, Token: token, Outcome: o})
 }
 
@@ -214,6 +224,8 @@ func (l *Ledger) Release(ctx context.Context, s Scope, token uint64) error {
 	if err := l.validateToken(s, token); err != nil {
 		return err
 	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
 	return l.store.Release(ctx, ReleaseParams{Scope: s, Token: token})
 }
 
@@ -228,7 +240,21 @@ func (l *Ledger) Extend(ctx context.Context, s Scope, token uint64, lease time.D
 	if err != nil {
 		return Record{}, err
 	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
 	return l.store.Extend(ctx, ExtendParams{Scope: s, Token: token, Lease: lease})
+}
+
+// bound is ctx bounded by StoreTimeout, for one call to the store.
+func (l *Ledger) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, l.cfg.StoreTimeout)
+}
+
+// get is one bounded read of the store.
+func (l *Ledger) get(ctx context.Context, s Scope) (Record, error) {
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
+	return l.store.Get(ctx, s)
 }
 
 func (l *Ledger) validateToken(s Scope, token uint64) error {
@@ -253,7 +279,7 @@ func (l *Ledger) Lookup(ctx context.Context, s Scope, wait time.Duration) (Recor
 	if wait < 0 || wait > l.cfg.MaxLookupWait {
 		return Record{}, Errorf(CodeValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait)
 	}
-	rec, err := l.store.Get(ctx, s)
+	rec, err := l.get(ctx, s)
 	if err != nil || wait == 0 || rec.State != StateInProgress {
 		return rec, err
 	}
@@ -268,10 +294,10 @@ func (l *Ledger) Lookup(ctx context.Context, s Scope, wait time.Duration) (Recor
 			return Record{}, Wrap(CodeUpstreamTimeout, ctx.Err(), "lookup wait ended with the call")
 		case <-deadline.C:
 			poll.Stop()
-			return l.store.Get(ctx, s)
+			return l.get(ctx, s)
 		case <-poll.C:
 		}
-		rec, err = l.store.Get(ctx, s)
+		rec, err = l.get(ctx, s)
 		if err != nil || rec.State != StateInProgress {
 			return rec, err
 		}

@@ -70,6 +70,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.ledger.DefaultRetention, "retention", ledger.DefaultRetention, "retention of a record when the request sets none")
 	fs.DurationVar(&c.ledger.MaxRetention, "max-retention", ledger.DefaultMaxRetention, "longest retention a request may ask")
 	fs.IntVar(&c.ledger.MaxOutcomeBytes, "max-outcome-bytes", ledger.DefaultMaxOutcomeBytes, "largest stored outcome")
+	fs.DurationVar(&c.ledger.StoreTimeout, "store-timeout", ledger.DefaultStoreTimeout, "bound on every store call, whatever the caller's deadline; SQL sessions get it as statement_timeout and half of it as lock_timeout")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
 	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means --max-outcome-bytes plus 64 KiB")
@@ -110,6 +111,8 @@ func (c config) check() error {
 		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
 	case c.maxRecvBytes < ledgerclient.MaxStreamedBytes+4<<10:
 		return fmt.Errorf("--max-recv-bytes must be at least %d: clients send calls of up to %d bytes on a Stream", ledgerclient.MaxStreamedBytes+4<<10, ledgerclient.MaxStreamedBytes)
+	case c.ledger.StoreTimeout <= 0:
+		return errors.New("--store-timeout must be positive")
 	case c.streamMaxAge <= 0:
 		return errors.New("--stream-max-age must be positive")
 	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0:

@@ -142,7 +142,10 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func()
 			}
 		}, nil
 	}
-	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{SweepInterval: cfg.sweepInterval, Batching: cfg.sqlBatching})
+	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{
+		SweepInterval: cfg.sweepInterval, Batching: cfg.sqlBatching,
+		StatementTimeout: cfg.ledger.StoreTimeout, LockTimeout: cfg.ledger.StoreTimeout / 2,
+	})
 	if err != nil {
 		return nil, nil, err
 	}

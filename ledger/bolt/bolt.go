@@ -194,7 +194,10 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 		}
 		return &next, nil
 	})
-	return res, err
+	if err != nil {
+		return ledger.ClaimResult{}, err // res may still be written by a batch that outlived the call
+	}
+	return res, nil
 }
 
 // Complete implements ledger.Store.
@@ -205,7 +208,10 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 		rec = next
 		return &next, err
 	})
-	return rec, err
+	if err != nil {
+		return ledger.Record{}, err // rec may still be written by a batch that outlived the call
+	}
+	return rec, nil
 }
 
 // Release implements ledger.Store.
@@ -224,7 +230,10 @@ func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Recor
 		rec = next
 		return &next, err
 	})
-	return rec, err
+	if err != nil {
+		return ledger.Record{}, err // rec may still be written by a batch that outlived the call
+	}
+	return rec, nil
 }
 
 // Get implements ledger.Store.
@@ -263,16 +272,18 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 	}
 	key := scopeKey(scope)
 	var ruleErr error
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		cur, err := get(tx, scope, key)
-		if err != nil {
-			return err
-		}
-		rec, err := next(cur, s.cfg.Now())
-		if ruleErr = err; err != nil || rec == nil {
-			return nil //nolint:nilerr // a rule error is an answer, not a failed transaction
-		}
-		return put(tx, key, cur, rec)
+	err := waitFor(ctx, func() error {
+		return s.db.Batch(func(tx *bbolt.Tx) error {
+			cur, err := get(tx, scope, key)
+			if err != nil {
+				return err
+			}
+			rec, err := next(cur, s.cfg.Now())
+			if ruleErr = err; err != nil || rec == nil {
+				return nil //nolint:nilerr // a rule error is an answer, not a failed transaction
+			}
+			return put(tx, key, cur, rec)
+		})
 	})
 	if err != nil {
 		return s.classify(op, err)
@@ -308,6 +319,24 @@ func put(tx *bbolt.Tx, key []byte, cur, rec *ledger.Record) error {
 		return err
 	}
 	return tx.Bucket(recordsBucket).Put(key, v)
+}
+
+// waitFor runs f, and returns its error, or ctx's when ctx ends first: a
+// commit that a stalled disk holds up answers at the call's bound (the
+// transaction may still commit later, as a call cut off by a broken
+// connection may have).
+func waitFor(ctx context.Context, f func() error) error {
+	if ctx.Done() == nil {
+		return f()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Sweep deletes up to limit records past their retention, oldest first, and

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,9 +80,15 @@ type Config struct {
 	// 128.
 	MaxBatch int
 	// BatchInFlight caps the batches running at once; calls beyond wait
-	// for the next batch: 1, which measured best on PostgreSQL (see the
-	// README's benchmarks).
+	// for the next batch: 1, which measured best on PostgreSQL (see
+	// docs/performance.md).
 	BatchInFlight int
+	// StatementTimeout and LockTimeout are the sessions' statement_timeout
+	// and lock_timeout, set by Open: 10 s and 5 s. The database itself then
+	// ends a statement that runs or waits too long, whatever the client's
+	// deadline, with a retryable error (SQLSTATE 57014: UPSTREAM_TIMEOUT;
+	// 55P03: CONTENTION). Negative leaves the database's own setting.
+	StatementTimeout, LockTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +112,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BatchInFlight <= 0 {
 		c.BatchInFlight = 1
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = 10 * time.Second
+	}
+	if c.LockTimeout == 0 {
+		c.LockTimeout = 5 * time.Second
 	}
 	return c
 }
@@ -132,6 +145,12 @@ func Open(ctx context.Context, url string, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("crdb: parse url: %w", err)
 	}
 	pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	full := cfg.withDefaults()
+	for param, d := range map[string]time.Duration{"statement_timeout": full.StatementTimeout, "lock_timeout": full.LockTimeout} {
+		if d > 0 {
+			pc.ConnConfig.RuntimeParams[param] = strconv.FormatInt(d.Milliseconds(), 10)
+		}
+	}
 	pc.AfterConnect = ConfigureConn
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

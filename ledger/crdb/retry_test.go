@@ -321,3 +321,52 @@ func TestMixedBatchFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestStoreCallsAreBounded: with the table locked by another session, a
+// Begin with no deadline of its own answers a retryable error at the
+// ledger's bound, instead of waiting for the lock; and a store opened with
+// a lock_timeout answers CONTENTION when the database gives up first.
+func TestStoreCallsAreBounded(t *testing.T) {
+	url := crdbtest.NewDatabase(t)
+	migrated, err := Open(t.Context(), url, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(migrated.Close)
+	if _, err := migrated.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := migrated.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(context.WithoutCancel(t.Context())) }()
+	if _, err := lock.Exec(t.Context(), `LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	req := func(key string) ledger.BeginRequest {
+		return ledger.BeginRequest{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: key}, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
+	}
+	for name, tt := range map[string]struct {
+		cfg    Config
+		ledger ledger.Config
+		want   ledger.Code
+	}{
+		"LedgerBound":     {Config{StatementTimeout: -1, LockTimeout: -1}, ledger.Config{StoreTimeout: time.Second}, ledger.CodeUpstreamTimeout},
+		"DatabaseLockOut": {Config{LockTimeout: 500 * time.Millisecond}, ledger.Config{StoreTimeout: time.Minute}, ledger.CodeContention},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, err := Open(t.Context(), url, tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Close)
+			start := time.Now()
+			_, err = ledger.New(s, tt.ledger).Begin(context.Background(), req(name))
+			took := time.Since(start)
+			if le := ledger.AsError(err); le.Code != tt.want || !le.Retryable() || took > 5*time.Second {
+				t.Fatalf("a Begin on a locked table: %v after %v; want a retryable %s within the bound", err, took, tt.want)
+			}
+		})
+	}
+}
