@@ -121,6 +121,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...),
 	)...)
 	st := newLateStore(cfg, log)
+	clockSteps := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "idemledger", Name: "clock_steps_total",
+		Help: "Steps of the wall clock the embedded store noticed; none of them expired a lease or a record early."})
+	reg.MustRegister(clockSteps)
+	st.onClockStep = func(d time.Duration) {
+		clockSteps.Inc()
+		log.WarnContext(ctx, "the wall clock stepped: the embedded store keeps time by the monotonic clock until ledgerd restarts", "step", d.String())
+	}
 	if cfg.databaseURL != "" && cfg.sqlBatching {
 		reg.MustRegister(st.batchMetrics()...)
 	}

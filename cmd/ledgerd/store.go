@@ -28,6 +28,8 @@ type lateStore struct {
 	log    *slog.Logger
 	s      atomic.Pointer[store]
 	opened chan struct{} // closed once s is set
+	// onClockStep hears of the embedded store's clock steps.
+	onClockStep func(time.Duration)
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
@@ -102,7 +104,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	for pause := 250 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
 		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		var err error
-		s, closeStore, err = openStore(octx, l.cfg, l.log)
+		s, closeStore, err = openStore(octx, l.cfg, l.log, l.onClockStep)
 		cancel()
 		if err == nil {
 			break
@@ -123,9 +125,9 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	return s.Run(ctx, onError)
 }
 
-func openStore(ctx context.Context, cfg config, log *slog.Logger) (store, func(), error) {
+func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval})
+		s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
 		if err != nil {
 			return nil, nil, err
 		}

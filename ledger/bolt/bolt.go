@@ -38,8 +38,14 @@ var (
 
 // Config configures a Store. The zero value works.
 type Config struct {
-	// Now is the clock; nil means time.Now.
+	// Now is the clock, for tests. nil means the wall clock read at Open,
+	// moved on by the monotonic clock, so that a step of the wall clock
+	// never expires a lease or a record early (see monoClock).
 	Now func() time.Time
+	// OnClockStep, when set, hears of each step of the wall clock that the
+	// store noticed (with Now nil), with its size; ledgerd logs and counts
+	// them. It must not block.
+	OnClockStep func(time.Duration)
 	// MaxBatchDelay is how long a transition waits for others to share its
 	// transaction and fsync: 1 ms. A lone caller pays it once per call.
 	MaxBatchDelay time.Duration
@@ -55,9 +61,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	if c.MaxBatchDelay <= 0 {
 		c.MaxBatchDelay = time.Millisecond
 	}
@@ -81,6 +84,7 @@ func (c Config) withDefaults() Config {
 type Store struct {
 	db      *bbolt.DB
 	cfg     Config
+	clock   *monoClock // nil when Config.Now is set
 	id      string
 	created bool
 }
@@ -138,7 +142,20 @@ func Open(dir string, cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, id: id, created: created}, nil
+	s := &Store{db: db, cfg: cfg, id: id, created: created}
+	if cfg.Now == nil {
+		s.clock = newMonoClock(cfg.OnClockStep)
+		s.cfg.Now = s.clock.Now
+	}
+	return s, nil
+}
+
+// ClockSteps returns how many steps of the wall clock the store noticed.
+func (s *Store) ClockSteps() uint64 {
+	if s.clock == nil {
+		return 0
+	}
+	return s.clock.steps.Load()
 }
 
 // Identity returns the ledger's identity, as the marker beside its file
