@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"google.golang.org/grpc/credentials"
@@ -53,6 +54,36 @@ func ParseCertificates(r io.Reader) (*Certificates, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// LoadCertificates reads the certificate principal file at path (see
+// ParseCertificates). It refuses a file that the group or others may
+// write.
+func LoadCertificates(path string) (*Certificates, error) {
+	f, err := openCredentials(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseCertificates(f)
+}
+
+// openCredentials opens a credentials file that only its owner may write.
+func openCredentials(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	if st.Mode().Perm()&0o022 != 0 {
+		_ = f.Close()
+		return nil, fmt.Errorf("server: %s is writable by its group or by others (mode %04o), and whoever can write it can add a principal: chmod go-w %s", path, st.Mode().Perm(), path)
+	}
+	return f, nil
 }
 
 // Authenticate implements Authenticator: UNAUTHENTICATED without a verified
@@ -111,6 +142,10 @@ func AnyOf(auths ...Authenticator) Authenticator {
 	})
 }
 
+// ReservedPrefix starts the namespaces ledgerd keeps for itself (its
+// readiness canary); no credentials may name one.
+const ReservedPrefix = "_"
+
 // parsePrincipals reads the common shape of principal files: an identity, a
 // namespace and a comma-separated tenant list a line, with blank lines and #
 // comments skipped. add checks and keeps each entry.
@@ -127,6 +162,9 @@ func parsePrincipals(r io.Reader, what string, add func(id string, p Principal) 
 		}
 		if err := ledger.ValidateScope(ledger.Scope{Namespace: f[1], Tenant: "x", Key: "x"}, ledger.MaxKeyBytes); err != nil {
 			return fmt.Errorf("server: %s line %d: %w", what, n, err)
+		}
+		if strings.HasPrefix(f[1], ReservedPrefix) {
+			return fmt.Errorf("server: %s line %d: namespaces that start with %q are ledgerd's own", what, n, ReservedPrefix)
 		}
 		tenants := strings.Split(f[2], ",")
 		for _, t := range tenants {

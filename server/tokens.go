@@ -37,11 +37,16 @@ var _ Authenticator = (*Tokens)(nil)
 // with # are skipped. HashToken gives the first field for a token.
 func ParseTokens(r io.Reader) (*Tokens, error) {
 	t := &Tokens{}
+	seen := map[string]bool{}
 	err := parsePrincipals(r, "token file", func(id string, p Principal) error {
 		raw, err := hex.DecodeString(strings.TrimPrefix(id, "sha256:"))
 		if !strings.HasPrefix(id, "sha256:") || err != nil || len(raw) != sha256.Size {
 			return fmt.Errorf("the hash is not sha256: and 64 hex digits")
 		}
+		if seen[strings.ToLower(id)] {
+			return fmt.Errorf("the hash is listed twice: one token names one principal")
+		}
+		seen[strings.ToLower(id)] = true
 		e := tokenEntry{principal: p}
 		copy(e.hash[:], raw)
 		t.entries = append(t.entries, e)
@@ -51,6 +56,18 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// LoadTokens reads the token file at path (see ParseTokens). It refuses a
+// file that the group or others may write: whoever can write it can add a
+// principal of any namespace.
+func LoadTokens(path string) (*Tokens, error) {
+	f, err := openCredentials(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseTokens(f)
 }
 
 // HashToken returns the token file's first field for token.

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -83,5 +85,47 @@ func BenchmarkTokenLookup(b *testing.B) {
 				_, _ = tokens.Authenticate(ctx)
 			}
 		})
+	}
+}
+
+// TestCredentialFilesAreGuarded: a token or certificate file that its group
+// or others may write is refused (whoever can write it can add a `*`
+// principal), and so is a file that lists one token twice or names a
+// namespace of ledgerd's own.
+func TestCredentialFilesAreGuarded(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string, mode os.FileMode) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	line := server.HashToken("s3cret") + " billing acme\n"
+	for _, mode := range []os.FileMode{0o666, 0o620, 0o602} {
+		if _, err := server.LoadTokens(write("tokens", line, mode)); err == nil || !strings.Contains(err.Error(), "writable") {
+			t.Errorf("a token file of mode %04o: %v; want it refused", mode, err)
+		}
+		if _, err := server.LoadCertificates(write("certs", "cn:billing billing acme\n", mode)); err == nil || !strings.Contains(err.Error(), "writable") {
+			t.Errorf("a certificate file of mode %04o: %v; want it refused", mode, err)
+		}
+	}
+	for _, mode := range []os.FileMode{0o600, 0o640, 0o444} {
+		if _, err := server.LoadTokens(write("tokens", line, mode)); err != nil {
+			t.Errorf("a token file of mode %04o: %v", mode, err)
+		}
+	}
+	for name, body := range map[string]string{
+		"TwiceForOneNamespace":  line + line,
+		"TwiceForTwoNamespaces": line + server.HashToken("s3cret") + " refunds acme\n",
+		"ReservedNamespace":     server.HashToken("other") + " _canary *\n",
+	} {
+		if _, err := server.LoadTokens(write("tokens", body, 0o600)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }

@@ -44,6 +44,7 @@ type config struct {
 	logLevel      string
 	logFormat     string
 	version       bool
+	reflection    bool
 }
 
 // parseConfig reads the flags and the LEDGER_* environment. Errors are
@@ -80,11 +81,17 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
+	fs.BoolVar(&c.reflection, "reflection", false, "serve gRPC reflection (default: on in dev mode, off with credentials)")
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("LEDGER")); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	reflectionSet := false
+	fs.Visit(func(f *flag.Flag) { reflectionSet = reflectionSet || f.Name == "reflection" })
+	if !reflectionSet {
+		c.reflection = c.devMode()
 	}
 	if c.maxRecvBytes == 0 {
 		c.maxRecvBytes = c.ledger.MaxOutcomeBytes + 64<<10
@@ -120,8 +127,12 @@ func (c config) check() error {
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")
 	}
-	if c.devMode() && !loopback(c.listen) && !c.migrateOnly {
-		return fmt.Errorf("no --tokens or --certs: dev mode accepts every caller and listens on loopback only, not %q", c.listen)
+	if c.devMode() && !c.migrateOnly {
+		for _, l := range []struct{ flag, addr string }{{"--listen", c.listen}, {"--admin-listen", c.adminListen}, {"--health-listen", c.healthListen}} {
+			if l.addr != "" && !loopback(l.addr) {
+				return fmt.Errorf("no --tokens or --certs: dev mode accepts every caller and listens on loopback only, not %s %q", l.flag, l.addr)
+			}
+		}
 	}
 	return nil
 }

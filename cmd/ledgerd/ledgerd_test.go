@@ -347,6 +347,39 @@ func TestBearerTokensEndToEnd(t *testing.T) {
 	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodePermissionDenied {
 		t.Fatalf("another tenant: %v", err)
 	}
+	if reflects(t, conn) {
+		t.Fatal("reflection is on with credentials; it is off unless --reflection says otherwise")
+	}
+}
+
+// TestReflectionFlag: reflection is on in dev mode and off with --reflection=false.
+func TestReflectionFlag(t *testing.T) {
+	for flag, want := range map[string]bool{"--reflection=true": true, "--reflection=false": false} {
+		p := start(t, "--data-dir", t.TempDir(), flag)
+		conn := p.dial(t)
+		p.waitServing(t, conn)
+		if got := reflects(t, conn); got != want {
+			t.Fatalf("%s: reflection served = %v", flag, got)
+		}
+	}
+}
+
+// reflects reports whether the server at conn serves gRPC reflection.
+func reflects(t *testing.T, conn *grpc.ClientConn) bool {
+	t.Helper()
+	refl, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := refl.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = refl.Recv()
+	_ = refl.CloseSend()
+	if err != nil && status.Code(err) != codes.Unimplemented {
+		t.Fatal(err)
+	}
+	return err == nil
 }
 
 // TestRefusesBadConfiguration: usage errors exit 2 before anything listens.
@@ -359,6 +392,8 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"UnknownFlag":         {"--no-such-flag"},
 		"NegativeRateLimit":   {"--rate-limit", "-1"},
 		"RecvUnderStreamed":   {"--max-outcome-bytes", "1024", "--max-recv-bytes", "2048"},
+		"DevModeAdminOpen":    {"--admin-listen", "0.0.0.0:0"},
+		"DevModeHealthOpen":   {"--health-listen", ":0"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
@@ -565,5 +600,62 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	out, _ := cmd.CombinedOutput()
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
 		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+}
+
+// TestSIGHUPReloadsCredentials: a token file rewritten and signalled with
+// SIGHUP takes effect without a restart: the old token is refused and the
+// new one accepted; a reload that fails (a file others may write) keeps
+// the tokens in force. A file others may write is refused at start too.
+func TestSIGHUPReloadsCredentials(t *testing.T) {
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	write := func(token string, mode os.FileMode) {
+		t.Helper()
+		if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(tokens, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-secret", 0o666)
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", t.TempDir(), "--tokens", tokens)
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "writable") {
+		t.Fatalf("a token file others may write: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+	write("old-secret", 0o600)
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	lookup := func(token string) ledger.Code {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token)
+		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+		return ledgerstatus.FromError(err).Code
+	}
+	if lookup("old-secret") != ledger.CodeNotFound || lookup("new-secret") != ledger.CodeUnauthenticated {
+		t.Fatal("before the reload: want the old token accepted and the new one refused")
+	}
+	hup := func(want string) {
+		t.Helper()
+		before := strings.Count(p.logs(), want)
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(p.logs(), want) == before; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log after SIGHUP:\n%s", want, p.logs())
+			}
+		}
+	}
+	write("new-secret", 0o600)
+	hup("credentials reloaded")
+	if lookup("old-secret") != ledger.CodeUnauthenticated || lookup("new-secret") != ledger.CodeNotFound {
+		t.Fatal("after the reload: want the new token accepted and the old one refused")
+	}
+	write("third-secret", 0o622)
+	hup("credentials not reloaded")
+	if lookup("new-secret") != ledger.CodeNotFound || lookup("third-secret") != ledger.CodeUnauthenticated {
+		t.Fatal("after a failed reload: want the tokens in force kept")
 	}
 }

@@ -7,8 +7,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,8 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -87,10 +83,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
-	auth, creds, err := credentialsFor(cfg, log)
+	cs, err := newCredentialSet(cfg, log)
 	if err != nil {
 		return err
 	}
+	auth, creds := cs.authenticator(), cs.transport()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
@@ -137,7 +134,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, healthSrv)
-	reflection.Register(gs)
+	if cfg.reflection {
+		reflection.Register(gs)
+	}
 	grpcMetrics.InitializeMetrics(gs)
 
 	lis, err := net.Listen("tcp", cfg.listen)
@@ -171,6 +170,21 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
+	// SIGHUP reloads the credentials files (tokens, certificate principals,
+	// the server's certificate and the client CA).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	wg.Go(func() {
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case <-hup:
+				cs.reload(bg)
+			}
+		}
+	})
 	// The store ends early only when it refuses to open (a damaged or
 	// replaced embedded store): then ledgerd stops.
 	storeDone := make(chan error, 1)
@@ -259,68 +273,6 @@ func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
 		log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
 		return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
 	}
-}
-
-// credentialsFor builds the authenticator and the transport credentials.
-func credentialsFor(cfg config, log *slog.Logger) (server.Authenticator, credentials.TransportCredentials, error) {
-	var auths []server.Authenticator
-	if cfg.tokensFile != "" {
-		f, err := os.Open(cfg.tokensFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("tokens: %w", err)
-		}
-		defer f.Close()
-		t, err := server.ParseTokens(f)
-		if err != nil {
-			return nil, nil, err
-		}
-		auths = append(auths, t)
-	}
-	if cfg.certsFile != "" {
-		f, err := os.Open(cfg.certsFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("certs: %w", err)
-		}
-		defer f.Close()
-		c, err := server.ParseCertificates(f)
-		if err != nil {
-			return nil, nil, err
-		}
-		auths = append(auths, c)
-	}
-	creds := insecure.NewCredentials() // loopback, or behind a proxy that terminates TLS
-	if cfg.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
-		if err != nil {
-			return nil, nil, fmt.Errorf("tls: %w", err)
-		}
-		tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		if cfg.clientCA != "" {
-			pem, err := os.ReadFile(cfg.clientCA)
-			if err != nil {
-				return nil, nil, fmt.Errorf("client CA: %w", err)
-			}
-			tc.ClientCAs = x509.NewCertPool()
-			if !tc.ClientCAs.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("client CA: no certificate in %s", cfg.clientCA)
-			}
-			// With tokens as another way in, a certificate is verified when
-			// given; without them it is required.
-			tc.ClientAuth = tls.RequireAndVerifyClientCert
-			if cfg.tokensFile != "" {
-				tc.ClientAuth = tls.VerifyClientCertIfGiven
-			}
-		}
-		creds = credentials.NewTLS(tc)
-	} else if cfg.tokensFile != "" && !loopback(cfg.listen) {
-		log.Warn("bearer tokens travel in plaintext: set --tls-cert and --tls-key unless a proxy terminates TLS in front of ledgerd")
-	}
-	if cfg.devMode() {
-		log.Warn("DEV MODE: no --tokens or --certs, so every caller is namespace \"dev\" with every tenant; loopback only, never in production", "listen", cfg.listen)
-		dev := server.Principal{Namespace: "dev", Tenants: []string{"*"}}
-		return server.AuthenticatorFunc(func(context.Context) (server.Principal, error) { return dev, nil }), creds, nil
-	}
-	return server.AnyOf(auths...), creds, nil
 }
 
 // watchHealth reports SERVING while the store answers a ping, checked at
