@@ -275,13 +275,19 @@ func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
 	}
 }
 
-// watchHealth reports SERVING while the store answers a ping, checked at
-// once and then every few seconds, and NOT_SERVING otherwise.
+// watchHealth reports SERVING while the store takes a write (the canary),
+// checked at once and then every few seconds, and NOT_SERVING otherwise:
+// a store that reads but cannot write (a full disk, a read-only database)
+// is not ready.
 func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog.Logger) {
 	serving := false
+	canary := newCanary()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.Ping(pctx)
+		if err == nil {
+			err = canary.write(pctx, st)
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return

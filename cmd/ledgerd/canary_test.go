@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/memory"
+)
+
+// fullDisk is a store that reads but, while full is set, writes nothing:
+// the embedded store on a full disk.
+type fullDisk struct {
+	*memory.Store
+	full atomic.Bool
+}
+
+var errNoSpace = ledger.Unavailable(errors.New("bolt: write: no space left on device"))
+
+func (s *fullDisk) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if s.full.Load() {
+		return ledger.ClaimResult{}, errNoSpace
+	}
+	return s.Store.Claim(ctx, p)
+}
+
+func (s *fullDisk) Ping(context.Context) error { return nil }
+
+// TestReadinessNeedsAWrite: the health watcher turns NOT_SERVING when the
+// store's pings (reads) work but its writes fail, and SERVING again when
+// they work.
+func TestReadinessNeedsAWrite(t *testing.T) {
+	st := newLateStore(config{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	fd := &fullDisk{Store: memory.New(memory.Config{})}
+	var s store = fd
+	st.s.Store(&s)
+	close(st.opened)
+	h := health.NewServer()
+	h.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING) // as ledgerd starts
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { watchHealth(ctx, st, h, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
+		t.Helper()
+		for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) {
+			res, err := h.Check(t.Context(), &healthpb.HealthCheckRequest{})
+			if err == nil && res.GetStatus() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("health is not %s within %s", want, within)
+			}
+		}
+	}
+	waitFor(healthpb.HealthCheckResponse_SERVING, 2*time.Second)
+	fd.full.Store(true)
+	waitFor(healthpb.HealthCheckResponse_NOT_SERVING, 8*time.Second)
+	fd.full.Store(false)
+	waitFor(healthpb.HealthCheckResponse_SERVING, 2*time.Second)
+}
+
+func (s *fullDisk) Run(ctx context.Context, _ func(error)) error { <-ctx.Done(); return nil }
