@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -38,7 +37,7 @@ func (s *fullDisk) Ping(context.Context) error { return nil }
 // store's pings (reads) work but its writes fail, and SERVING again when
 // they work.
 func TestReadinessNeedsAWrite(t *testing.T) {
-	st := newLateStore(config{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	st := newLateStore(config{}, slog.New(slog.DiscardHandler))
 	fd := &fullDisk{Store: memory.New(memory.Config{})}
 	var s store = fd
 	st.s.Store(&s)
@@ -47,7 +46,7 @@ func TestReadinessNeedsAWrite(t *testing.T) {
 	h.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING) // as ledgerd starts
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { watchHealth(ctx, st, h, slog.New(slog.NewTextHandler(io.Discard, nil))); close(done) }()
+	go func() { watchHealth(ctx, st, h, slog.New(slog.DiscardHandler)); close(done) }()
 	defer func() { cancel(); <-done }()
 	waitFor := func(want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
 		t.Helper()
