@@ -139,6 +139,13 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 				return nil
 			}
 			return err
+		case <-ctx.Done():
+			// The stream ended under us (its client went away) while
+			// the reader was held back by a full queue: nobody hears
+			// the answers, so end the calls and free the stream now.
+			cancelAll()
+			answered()
+			return ctx.Err()
 		case <-drainC:
 			startDrain()
 		case <-ageC:

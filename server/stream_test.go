@@ -1,10 +1,12 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -320,4 +322,50 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}
 	metrics.want(t, map[string]int{"billing claimed": 1, "billing in_progress": 1, "billing rate_limited": 1})
+}
+
+// TestDeadStreamIsFreed: a client that queues more calls than a stream
+// runs at once (waiting Lookups) and then dies leaves nothing behind: the
+// stream's goroutines and calls are gone within seconds, not at the
+// stream's maximum age.
+func TestDeadStreamIsFreed(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, StreamMaxAge: time.Hour})))
+	ctl := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
+	if _, err := ctl.Begin(as(t, "billing-token"), beginReq("held")); err != nil {
+		t.Fatal(err)
+	}
+	baseline := runtime.NumGoroutine()
+	conn := srv.Dial(t)
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer billing-token"))
+	st, err := ledgerv1.NewLedgerServiceClient(conn).Stream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = server.MaxStreamCalls + 100
+	for id := range uint64(calls) {
+		req := &ledgerv1.StreamRequest{Id: id + 1, Call: &ledgerv1.StreamRequest_Lookup{Lookup: &ledgerv1.LookupRequest{
+			Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)}}}
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the server runs 1024 and holds the rest back
+	if n := runtime.NumGoroutine(); n < baseline+server.MaxStreamCalls {
+		t.Fatalf("%d goroutines with the calls waiting, baseline %d: the calls did not start", n, baseline)
+	}
+	cancel() // the client dies
+	_ = conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v: the dead stream was kept",
+				runtime.NumGoroutine(), baseline, streamsRunning())
+		}
+	}
+}
+
+// streamsRunning reports whether a Stream handler is still running.
+func streamsRunning() bool {
+	buf := make([]byte, 1<<20)
+	return bytes.Contains(buf[:runtime.Stack(buf, true)], []byte("server.(*Server).Stream("))
 }

@@ -2,19 +2,30 @@ package server
 
 import "google.golang.org/grpc"
 
-// windowSize is the HTTP/2 flow-control window of every stream and
-// connection. The ledger's messages are small (an outcome is at most 1 MiB),
-// so a fixed window that holds any of them turns off gRPC's bandwidth-delay
+// The transport's bounds. A fixed window turns off gRPC's bandwidth-delay
 // probing and its window updates: fewer frames, fewer syscalls per call.
-// ledgerclient.DialOptions gives clients the same window.
-const windowSize = 4 << 20
+// The stream window is what one call may make the server buffer before
+// the server reads it; gRPC takes data for the connection as it comes, so
+// what one connection may make the server buffer is
+// MaxConnectionStreams × streamWindow (64 MiB). The ledger's calls are
+// small; a larger one (an outcome of up to 1 MiB) takes a few window
+// updates.
+const (
+	streamWindow = 256 << 10
+	connWindow   = 4 << 20
+	// MaxConnectionStreams is the most calls one connection runs at once.
+	MaxConnectionStreams = 256
+	// MaxHeaderListBytes bounds a call's metadata, which the server reads
+	// before it knows who is calling.
+	MaxHeaderListBytes = 64 << 10
+)
 
 // TransportOptions are the server's transport settings for LedgerService:
-// fixed flow-control windows (gRPC shares write buffers by default). ledgerd
-// uses them.
+// fixed flow-control windows. ledgerd uses them, with MaxConnectionStreams
+// and MaxHeaderListBytes.
 func TransportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.InitialWindowSize(windowSize),
-		grpc.InitialConnWindowSize(windowSize),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 	}
 }

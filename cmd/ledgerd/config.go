@@ -35,16 +35,17 @@ type config struct {
 
 	ledger ledger.Config
 
-	rateLimit     float64
-	rateBurst     int
-	maxRecvBytes  int
-	drainTimeout  time.Duration
-	streamMaxAge  time.Duration
-	sweepInterval time.Duration
-	logLevel      string
-	logFormat     string
-	version       bool
-	reflection    bool
+	rateLimit      float64
+	rateBurst      int
+	maxRecvBytes   int
+	maxConnections int
+	drainTimeout   time.Duration
+	streamMaxAge   time.Duration
+	sweepInterval  time.Duration
+	logLevel       string
+	logFormat      string
+	version        bool
+	reflection     bool
 }
 
 // parseConfig reads the flags and the LEDGER_* environment. Errors are
@@ -75,6 +76,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
 	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means --max-outcome-bytes plus 64 KiB")
+	fs.IntVar(&c.maxConnections, "max-connections", 10000, "connections served at once on --listen; more wait in the kernel's backlog")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
 	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
@@ -118,6 +120,8 @@ func (c config) check() error {
 		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
 	case c.maxRecvBytes < ledgerclient.MaxStreamedBytes+4<<10:
 		return fmt.Errorf("--max-recv-bytes must be at least %d: clients send calls of up to %d bytes on a Stream", ledgerclient.MaxStreamedBytes+4<<10, ledgerclient.MaxStreamedBytes)
+	case c.maxConnections <= 0:
+		return errors.New("--max-connections must be positive")
 	case c.ledger.StoreTimeout <= 0:
 		return errors.New("--store-timeout must be positive")
 	case c.streamMaxAge <= 0:

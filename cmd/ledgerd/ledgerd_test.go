@@ -732,3 +732,61 @@ func TestReadinessFollowsWrites(t *testing.T) {
 	}
 	waitFor(http.StatusOK)
 }
+
+// TestPreAuthenticationBounds: what a caller can make ledgerd spend before
+// it is authenticated is bounded. A call with more metadata than
+// server.MaxHeaderListBytes is refused before it is read into a call;
+// past --max-connections new connections wait in the backlog while
+// /metrics still answers; and every line ledgerd writes, gRPC's own
+// included (a client that speaks no HTTP/2), is one JSON object.
+func TestPreAuthenticationBounds(t *testing.T) {
+	p := start(t, "--data-dir", t.TempDir(), "--max-connections", "2")
+	conn := p.dial(t)
+	p.waitServing(t, conn) // one connection
+	client := ledgerv1.NewLedgerServiceClient(conn)
+
+	big := metadata.AppendToOutgoingContext(t.Context(), "x-padding", strings.Repeat("x", 256<<10))
+	if _, err := client.Lookup(big, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); err == nil {
+		t.Fatal("a call with 256 KiB of metadata was served")
+	}
+	if _, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+		t.Fatalf("after the refused call: %v", err)
+	}
+
+	// A client that speaks no HTTP/2 takes the second connection, and says
+	// nothing gRPC understands.
+	raw, err := net.Dial("tcp", p.grpc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = raw.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	time.Sleep(200 * time.Millisecond)
+	// A third connection waits: its call runs out of time.
+	third, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := ledgerv1.NewLedgerServiceClient(third).Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); err == nil {
+		t.Fatal("a connection past --max-connections was served")
+	}
+	if m := p.metrics(t); !strings.Contains(m, "idemledger_decisions_total") && !strings.Contains(m, "grpc_server_handled_total") {
+		t.Fatal("/metrics did not answer past the connection limit")
+	}
+	_ = raw.Close() // a place frees up: the waiting connection is served
+	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := ledgerv1.NewLedgerServiceClient(third).Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.WaitForReady(true)); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+		t.Fatalf("once a connection closed: %v", err)
+	}
+	if !strings.Contains(p.logs(), `"logger":"grpc"`) {
+		t.Errorf("gRPC logged nothing of the client that spoke no HTTP/2:\n%s", p.logs())
+	}
+	for _, line := range strings.Split(strings.TrimSpace(p.logs()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("a log line is not JSON: %q", line)
+		}
+	}
+}

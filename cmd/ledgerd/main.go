@@ -27,8 +27,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -68,6 +70,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ledgerd:", err)
 		return 2
 	}
+	// gRPC's own log lines (accept errors, bad clients) go to the same
+	// structured log, at warn and above.
+	grpclog.SetLoggerV2(grpcLogger{log})
 	if cfg.migrateOnly {
 		if err := migrateOnly(ctx, cfg, log); err != nil {
 			log.ErrorContext(ctx, "migration failed", "error", err)
@@ -103,7 +108,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
-		grpc.MaxConcurrentStreams(1024),
+		grpc.MaxConcurrentStreams(server.MaxConnectionStreams),
+		// Metadata is read before a call is authenticated: bound it.
+		grpc.MaxHeaderListSize(server.MaxHeaderListBytes),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle: 15 * time.Minute,
 			MaxConnectionAge:  30 * time.Minute, // spread clients over new replicas
@@ -143,6 +150,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	// Past --max-connections, accepting waits: new clients queue in the
+	// kernel's backlog instead of exhausting file descriptors.
+	lis = netutil.LimitListener(lis, cfg.maxConnections)
 	var healthOnly *grpc.Server
 	healthAddr := ""
 	if cfg.healthListen != "" {
