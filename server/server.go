@@ -8,11 +8,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -159,19 +161,46 @@ var errorDecisions = map[ledger.Code]Decision{
 	ledger.CodeLeaseLost:    DecisionLeaseLost,
 }
 
-// fail counts the decision err stands for, encodes err for the wire, sets
-// the pushback trailer, and logs what callers must not see. sc is the
-// call's scope, zero when the call failed before it had one.
+// fail counts the decision err stands for, encodes err for the wire and
+// sets the pushback trailer. sc is the call's scope, zero when the call
+// failed before it had one.
+//
+// A failure is logged once: a unary call by the server's logging
+// interceptor, which finds the cause callers must not see with Cause; a
+// call on a Stream, which that interceptor logs only as a whole, here, when
+// it is INTERNAL or UNAVAILABLE.
 func (s *Server) fail(ctx context.Context, method string, sc ledger.Scope, err error) error {
 	le := ledger.AsError(err)
 	if d, ok := errorDecisions[le.Code]; ok && sc.Namespace != "" {
 		s.observe(sc.Namespace, d)
 	}
-	if le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable {
+	if _, onStream := grpc.ServerTransportStreamFromContext(ctx).(noTrailers); onStream && (le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable) {
 		s.log.ErrorContext(ctx, "ledger call failed", "grpc.method", method, "code", le.Code.String(), "error", err)
 	}
 	ledgerstatus.SetPushback(ctx, le)
-	return ledgerstatus.Err(le)
+	return causedError{status: ledgerstatus.Encode(le), cause: le.Err}
+}
+
+// causedError is the status a call fails with, which is all gRPC sends,
+// and its cause, which stays in the process for the log (Cause).
+type causedError struct {
+	status *status.Status
+	cause  error
+}
+
+func (e causedError) Error() string              { return e.status.Err().Error() }
+func (e causedError) GRPCStatus() *status.Status { return e.status }
+func (e causedError) Unwrap() error              { return e.cause }
+
+// Cause returns the cause of a call's error that callers are not told (a
+// database's or a disk's error), or nil: for the server's logging
+// interceptor (go-grpc-middleware's logging.WithErrorFields).
+func Cause(err error) error {
+	var ce causedError
+	if errors.As(err, &ce) {
+		return ce.cause
+	}
+	return nil
 }
 
 // Begin implements LedgerService.Begin.

@@ -790,3 +790,63 @@ func TestPreAuthenticationBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestLogsDoNotAmplify: a call that fails UNAVAILABLE is logged once (it
+// was logged by the server and again by the logging interceptor), with
+// the cause callers are not told; and a hundred calls without valid
+// credentials make one INFO line, not a hundred.
+func TestLogsDoNotAmplify(t *testing.T) {
+	t.Run("Unavailable", func(t *testing.T) {
+		url := crdbtest.NewDatabase(t)
+		p := start(t, "--database-url", url, "--migrate", "--log-level", "info")
+		conn := p.dial(t)
+		p.waitServing(t, conn)
+		db, err := pgx.Connect(t.Context(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close(context.WithoutCancel(t.Context())) })
+		if _, err := db.Exec(t.Context(), `CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = '53100'; END $$;
+			CREATE TRIGGER disk_full BEFORE INSERT OR UPDATE ON idempotency_records FOR EACH ROW EXECUTE FUNCTION disk_full()`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("once"))
+		ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+		time.Sleep(100 * time.Millisecond)
+		var lines []string
+		for _, line := range strings.Split(p.logs(), "\n") {
+			if strings.Contains(line, `"grpc.method":"Begin"`) || strings.Contains(line, "ledger call failed") {
+				lines = append(lines, line)
+			}
+		}
+		if len(lines) != 1 || !strings.Contains(lines[0], `"error.cause"`) || !strings.Contains(lines[0], "53100") {
+			t.Fatalf("the failed Begin is logged %d times, want once with its cause:\n%s", len(lines), strings.Join(lines, "\n"))
+		}
+	})
+	t.Run("NoCredentials", func(t *testing.T) {
+		tokens := filepath.Join(t.TempDir(), "tokens")
+		if err := os.WriteFile(tokens, []byte(server.HashToken("s3cret")+" billing acme\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--log-level", "info")
+		client := ledgerv1.NewLedgerServiceClient(p.dial(t))
+		for range 100 {
+			_, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
+			ledgertest.WantStatus(t, err, ledger.CodeUnauthenticated)
+		}
+		time.Sleep(100 * time.Millisecond)
+		n := 0
+		for _, line := range strings.Split(p.logs(), "\n") {
+			if strings.Contains(line, `"Unauthenticated"`) || strings.Contains(line, "code = Unauthenticated") || strings.Contains(line, "refused for their credentials") {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Fatalf("100 unauthenticated calls made %d log lines:\n%s", n, p.logs())
+		}
+		if !strings.Contains(p.logs(), "calls refused for their credentials") {
+			t.Fatal("no summary of the refused calls")
+		}
+	})
+}

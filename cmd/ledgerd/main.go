@@ -35,6 +35,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
@@ -254,11 +255,18 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 }
 
 // unaryInterceptors are ledgerd's interceptors, outermost first: metrics,
-// logging of every finished call, and recovery from panics, which are
-// logged with their stack and answered INTERNAL.
+// a summary of refused credentials, logging of every finished call (once,
+// with the cause callers are not told), and recovery from panics, which
+// are logged with their stack and answered INTERNAL.
 func unaryInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc.UnaryServerInterceptor {
+	refused := newRefusals(log)
 	return []grpc.UnaryServerInterceptor{
 		metrics.UnaryServerInterceptor(),
+		func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			res, err := next(ctx, req)
+			refused.note(ctx, err)
+			return res, err
+		},
 		logging.UnaryServerInterceptor(slogAdapter(log), logOptions...),
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(recovered(log))),
 	}
@@ -268,14 +276,54 @@ func unaryInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc
 // stream is counted and logged once, when it ends; each call on it is
 // counted by the decision counters and answered like a unary call.
 func streamInterceptors(log *slog.Logger, metrics *grpcprom.ServerMetrics) []grpc.StreamServerInterceptor {
+	refused := newRefusals(log)
 	return []grpc.StreamServerInterceptor{
 		metrics.StreamServerInterceptor(),
+		func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+			err := next(srv, ss)
+			refused.note(ss.Context(), err)
+			return err
+		},
 		logging.StreamServerInterceptor(slogAdapter(log), logOptions...),
 		recovery.StreamServerInterceptor(recovery.WithRecoveryHandlerContext(recovered(log))),
 	}
 }
 
-var logOptions = []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(codeToLevel)}
+var logOptions = []logging.Option{
+	logging.WithLogOnEvents(logging.FinishCall),
+	logging.WithLevels(codeToLevel),
+	logging.WithErrorFields(func(err error) logging.Fields {
+		if cause := server.Cause(err); cause != nil {
+			return logging.Fields{"error.cause", cause.Error()}
+		}
+		return nil
+	}),
+}
+
+// refusals turns calls refused for their credentials into one INFO line a
+// minute at most, with their count: each one is logged at debug only, so
+// that a scanner or a misconfigured client does not flood the log.
+type refusals struct {
+	log  *slog.Logger
+	mu   sync.Mutex
+	n    int
+	next time.Time // the next summary is due then
+}
+
+func newRefusals(log *slog.Logger) *refusals { return &refusals{log: log} }
+
+func (r *refusals) note(ctx context.Context, err error) {
+	if status.Code(err) != codes.Unauthenticated {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	if now := time.Now(); !now.Before(r.next) {
+		r.log.InfoContext(ctx, "calls refused for their credentials", "count", r.n, "error", err.Error())
+		r.n, r.next = 0, now.Add(time.Minute)
+	}
+}
 
 // recovered logs a panic with its stack and answers INTERNAL.
 func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
@@ -399,7 +447,9 @@ func codeToLevel(c codes.Code) logging.Level {
 	switch c {
 	case codes.OK, codes.NotFound, codes.Aborted, codes.FailedPrecondition, codes.Canceled:
 		return logging.LevelDebug
-	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.ResourceExhausted:
+	case codes.Unauthenticated:
+		return logging.LevelDebug // summarized by refusals
+	case codes.InvalidArgument, codes.PermissionDenied, codes.ResourceExhausted:
 		return logging.LevelInfo
 	case codes.Unavailable, codes.DeadlineExceeded:
 		return logging.LevelWarn
