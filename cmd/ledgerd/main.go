@@ -123,7 +123,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
-		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...),
+		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...), //nolint:contextcheck // a stream interceptor takes its context from the stream
 	)...)
 	st := newLateStore(cfg, log)
 	clockSteps := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "idemledger", Name: "clock_steps_total",
