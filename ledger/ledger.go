@@ -40,6 +40,14 @@ type Config struct {
 	// deadline (a caller may have none): 10 s. A call past it is
 	// UPSTREAM_TIMEOUT, retryable. A Lookup's wait is not counted.
 	StoreTimeout time.Duration
+	// MaxWaiters bounds the Lookups with a wait that one namespace may
+	// have waiting at once: 10,000. Past it, a Lookup with a wait is
+	// RATE_LIMITED.
+	MaxWaiters int
+	// PollInterval is how often the waiters' one shared poller reads the
+	// waited scopes, for changes another ledger instance made: 250 ms.
+	// Changes made by this Ledger wake the waiters at once.
+	PollInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -55,6 +63,10 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxRetryAfter, DefaultMaxRetryAfter)
 	def(&c.MaxLookupWait, DefaultMaxLookupWait)
 	def(&c.StoreTimeout, DefaultStoreTimeout)
+	def(&c.PollInterval, DefaultPollInterval)
+	if c.MaxWaiters <= 0 {
+		c.MaxWaiters = DefaultMaxWaiters
+	}
 	if c.MaxOutcomeBytes <= 0 {
 		c.MaxOutcomeBytes = DefaultMaxOutcomeBytes
 	}
@@ -68,8 +80,9 @@ func (c Config) withDefaults() Config {
 // input, so a Store sees only well-formed requests. A Ledger is safe for
 // concurrent use.
 type Ledger struct {
-	store Store
-	cfg   Config
+	store   Store
+	cfg     Config
+	waiters waiters
 }
 
 // New returns a Ledger over store.
@@ -214,7 +227,11 @@ func (l *Ledger) Complete(ctx context.Context, s Scope, token uint64, o *Outcome
 	}
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	return l.store.Complete(ctx, CompleteParams{Scope: s, Token: token, Outcome: o})
+	rec, err := l.store.Complete(ctx, CompleteParams{Scope: s, Token: token, Outcome: o})
+	if err == nil {
+		l.waiters.notify(s)
+	}
+	return rec, err
 }
 
 // Release gives the scope back after an attempt that applied nothing. It
@@ -226,7 +243,11 @@ func (l *Ledger) Release(ctx context.Context, s Scope, token uint64) error {
 	}
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	return l.store.Release(ctx, ReleaseParams{Scope: s, Token: token})
+	err := l.store.Release(ctx, ReleaseParams{Scope: s, Token: token})
+	if err == nil {
+		l.waiters.notify(s)
+	}
+	return err
 }
 
 // Extend renews the lease of the attempt that holds token for lease from
@@ -268,39 +289,20 @@ func (l *Ledger) validateToken(s Scope, token uint64) error {
 }
 
 // Lookup returns the live record of the scope or NOT_FOUND. With a wait
-// (at most MaxLookupWait, else VALIDATION_FAILED) it polls, with backoff,
-// until the record is completed or absent or the wait runs out, and then
-// answers with the record as it is. It returns early with the context's
-// error when ctx ends.
+// (at most MaxLookupWait, else VALIDATION_FAILED) it waits, while the
+// record is in progress, until it is completed or absent or the wait runs
+// out, and then answers with the record as it is. A waiter is woken by the
+// Complete or Release of this Ledger, or by the shared poller (changes made
+// elsewhere); it makes no reads of its own while it waits. It returns
+// RATE_LIMITED when the namespace has MaxWaiters waiting already, and
+// UPSTREAM_TIMEOUT when ctx ends first.
 func (l *Ledger) Lookup(ctx context.Context, s Scope, wait time.Duration) (Record, error) {
-	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
-		return Record{}, err
+	type answer struct {
+		rec Record
+		err error
 	}
-	if wait < 0 || wait > l.cfg.MaxLookupWait {
-		return Record{}, Errorf(CodeValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait)
-	}
-	rec, err := l.get(ctx, s)
-	if err != nil || wait == 0 || rec.State != StateInProgress {
-		return rec, err
-	}
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	pause := 5 * time.Millisecond
-	for {
-		poll := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			poll.Stop()
-			return Record{}, Wrap(CodeUpstreamTimeout, ctx.Err(), "lookup wait ended with the call")
-		case <-deadline.C:
-			poll.Stop()
-			return l.get(ctx, s)
-		case <-poll.C:
-		}
-		rec, err = l.get(ctx, s)
-		if err != nil || rec.State != StateInProgress {
-			return rec, err
-		}
-		pause = min(pause*2, 250*time.Millisecond)
-	}
+	ch := make(chan answer, 1)
+	l.LookupFunc(ctx, s, wait, func(rec Record, err error) { ch <- answer{rec, err} })
+	a := <-ch
+	return a.rec, a.err
 }

@@ -299,18 +299,36 @@ func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledg
 
 // Lookup implements LedgerService.Lookup.
 func (s *Server) Lookup(ctx context.Context, req *ledgerv1.LookupRequest) (*ledgerv1.LookupResponse, error) {
+	type answer struct {
+		res *ledgerv1.LookupResponse
+		err error
+	}
+	ch := make(chan answer, 1)
+	s.lookup(ctx, req, func(res *ledgerv1.LookupResponse, err error) { ch <- answer{res, err} })
+	a := <-ch
+	return a.res, a.err
+}
+
+// lookup is Lookup that does not hold its caller while it waits (see
+// ledger.LookupFunc): a Stream runs its waiting Lookups this way, so that
+// they cost no goroutine each. It calls done once.
+func (s *Server) lookup(ctx context.Context, req *ledgerv1.LookupRequest, done func(*ledgerv1.LookupResponse, error)) {
 	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
 	var wait time.Duration
 	if err == nil {
 		wait, err = optionalDuration("wait", req.GetWait())
 	}
-	if err == nil {
-		var rec ledger.Record
-		if rec, err = s.ledger.Lookup(ctx, sc, wait); err == nil {
-			return &ledgerv1.LookupResponse{Record: recordToWire(rec)}, nil
-		}
+	if err != nil {
+		done(nil, s.fail(ctx, "Lookup", sc, err))
+		return
 	}
-	return nil, s.fail(ctx, "Lookup", sc, err)
+	s.ledger.LookupFunc(ctx, sc, wait, func(rec ledger.Record, err error) {
+		if err != nil {
+			done(nil, s.fail(ctx, "Lookup", sc, err))
+			return
+		}
+		done(&ledgerv1.LookupResponse{Record: recordToWire(rec)}, nil)
+	})
 }
 
 // optionalDuration reads a duration field: unset is 0 (the default); a set

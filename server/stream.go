@@ -121,12 +121,23 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 					continue
 				}
 				inFlight[req.GetId()] = cancel
-				go func() {
-					res := s.streamCall(callCtx, req)
+				answer := func(res *ledgerv1.StreamResponse) {
 					cancel()
 					send(res)
 					done <- req.GetId()
-				}()
+				}
+				if lookup := req.GetLookup(); lookup != nil {
+					// A Lookup may wait: it holds no goroutine while it does.
+					go s.lookup(callCtx, lookup, func(res *ledgerv1.LookupResponse, err error) {
+						if err != nil {
+							answer(&ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}})
+							return
+						}
+						answer(&ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Lookup{Lookup: res}})
+					})
+					continue
+				}
+				go func() { answer(s.streamCall(callCtx, req)) }()
 			}
 		case id := <-done:
 			delete(inFlight, id)

@@ -32,7 +32,7 @@ import (
 )
 
 // streamClient is a ledgerclient client whose streams carry token.
-func streamClient(t *testing.T, conn grpc.ClientConnInterface, token string) *ledgerclient.Client {
+func streamClient(t testing.TB, conn grpc.ClientConnInterface, token string) *ledgerclient.Client {
 	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+token)))
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -350,16 +350,18 @@ func TestDeadStreamIsFreed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // the server runs 1024 and holds the rest back
-	if n := runtime.NumGoroutine(); n < baseline+server.MaxStreamCalls {
-		t.Fatalf("%d goroutines with the calls waiting, baseline %d: the calls did not start", n, baseline)
+	// The server runs 1024 and holds the rest back.
+	for deadline := time.Now().Add(5 * time.Second); l.Waiters() < server.MaxStreamCalls; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d Lookups waiting, want %d", l.Waiters(), server.MaxStreamCalls)
+		}
 	}
 	cancel() // the client dies
 	_ = conn.Close()
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning(); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning() || l.Waiters() > 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v: the dead stream was kept",
-				runtime.NumGoroutine(), baseline, streamsRunning())
+			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v, %d Lookups waiting: the dead stream was kept",
+				runtime.NumGoroutine(), baseline, streamsRunning(), l.Waiters())
 		}
 	}
 }

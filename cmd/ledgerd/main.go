@@ -136,7 +136,10 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.databaseURL != "" && cfg.sqlBatching {
 		reg.MustRegister(st.batchMetrics()...)
 	}
-	ledgerSrv := server.New(ledger.New(st, cfg.ledger), srvCfg)
+	l := ledger.New(st, cfg.ledger)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
+		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters)."}, func() float64 { return float64(l.Waiters()) }))
+	ledgerSrv := server.New(l, srvCfg)
 	ledgerv1.RegisterLedgerServiceServer(gs, ledgerSrv)
 	healthSrv := health.NewServer()
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

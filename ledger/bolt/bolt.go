@@ -89,7 +89,10 @@ type Store struct {
 	created bool
 }
 
-var _ ledger.Store = (*Store)(nil)
+var (
+	_ ledger.Store      = (*Store)(nil)
+	_ ledger.ManyGetter = (*Store)(nil)
+)
 
 // Open opens the store in the directory dir, which is created with mode
 // 0700 if it does not exist. Close the Store when done.
@@ -271,6 +274,31 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
 	}
 	return *rec, nil
+}
+
+// GetMany implements ledger.ManyGetter in one read transaction.
+func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, s.classify("get", err)
+	}
+	recs := make([]ledger.Record, len(scopes))
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		now := s.cfg.Now()
+		for i, sc := range scopes {
+			rec, err := get(tx, sc, scopeKey(sc))
+			if err != nil {
+				return err
+			}
+			if rec.Live(now) {
+				recs[i] = *rec
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.classify("get", err)
+	}
+	return recs, nil
 }
 
 // transition computes the record to store from the stored one (nil when

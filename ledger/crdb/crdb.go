@@ -133,7 +133,10 @@ type Store struct {
 	batchFailed func(error) // tests: sees the error of a batch before its calls fall back
 }
 
-var _ ledger.Store = (*Store)(nil)
+var (
+	_ ledger.Store      = (*Store)(nil)
+	_ ledger.ManyGetter = (*Store)(nil)
+)
 
 // Open connects to the database at url (a PostgreSQL or CockroachDB
 // connection string), makes SERIALIZABLE the default isolation of every
@@ -385,6 +388,39 @@ func (s *Store) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error)
 		return ledger.Record{}, s.classify("get", err)
 	}
 	return r.rec, nil
+}
+
+// GetMany implements ledger.ManyGetter in one statement.
+func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	ns, tenants, keys := make([]string, len(scopes)), make([]string, len(scopes)), make([]string, len(scopes))
+	at := make(map[ledger.Scope]int, len(scopes))
+	for i, sc := range scopes {
+		ns[i], tenants[i], keys[i] = sc.Namespace, sc.Tenant, sc.Key
+		at[sc] = i
+	}
+	recs := make([]ledger.Record, len(scopes))
+	err := s.retry(ctx, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, getManySQL, s.now(), ns, tenants, keys)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		clear(recs)
+		for rows.Next() {
+			var r row
+			if err := scanInto(rows, &r, &r.now); err != nil {
+				return err
+			}
+			if i, ok := at[r.rec.Scope]; ok && r.rec.Live(r.now) {
+				recs[i] = r.rec
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.classify("get", err)
+	}
+	return recs, nil
 }
 
 func (s *Store) get(ctx context.Context, sc ledger.Scope) (row, error) {

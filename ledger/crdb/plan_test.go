@@ -48,6 +48,7 @@ func TestPlansUseIndexes(t *testing.T) {
 		{"release", releaseSQL, []string{pkey}},
 		{"extend", extendSQL, []string{pkey}},
 		{"get", getSQL, []string{pkey}},
+		{"get many", getManySQL, []string{pkey}},
 		{"claim batch", claimBatchSQL, []string{pkey}},
 		{"complete batch", completeBatchSQL, []string{pkey}},
 		{"sweep", sweepPostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Tid Scan"}},

@@ -104,6 +104,12 @@ SET lease_expires_at = (SELECT lease_end FROM v),
 WHERE ` + scope + ` AND token = $5 AND state = 1 AND expires_at > COALESCE($1::TIMESTAMPTZ, now())
 RETURNING ` + columns
 
+// getManySQL reads the rows of many scopes ($2, $3, $4: arrays of
+// namespaces, tenants and keys) and the clock, in one statement; the
+// caller matches them to the scopes and checks that each is live.
+const getManySQL = `SELECT ` + columns + `, COALESCE($1::TIMESTAMPTZ, now()) FROM idempotency_records
+WHERE (namespace, tenant, idem_key) IN (SELECT * FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[]))`
+
 // getSQL reads the row and the clock; the caller checks that it is live.
 const getSQL = `SELECT ` + columns + `, COALESCE($1::TIMESTAMPTZ, now()) FROM idempotency_records WHERE ` + scope
 

@@ -30,7 +30,10 @@ type Store struct {
 	records map[ledger.Scope]*ledger.Record
 }
 
-var _ ledger.Store = (*Store)(nil)
+var (
+	_ ledger.Store      = (*Store)(nil)
+	_ ledger.ManyGetter = (*Store)(nil)
+)
 
 // New returns an empty Store.
 func New(cfg Config) *Store {
@@ -118,6 +121,24 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
 	}
 	return copyOf(*rec), nil
+}
+
+// GetMany implements ledger.ManyGetter: the live record of each scope, a
+// zero Record where there is none.
+func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, ledger.TimedOut(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	recs := make([]ledger.Record, len(scopes))
+	for i, sc := range scopes {
+		if rec := s.records[sc]; rec.Live(now) {
+			recs[i] = copyOf(*rec)
+		}
+	}
+	return recs, nil
 }
 
 // Sweep deletes up to limit records that are past their retention and

@@ -1,0 +1,265 @@
+package ledger
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// ManyGetter is a Store that reads many scopes in one call: the live
+// record of each scope, in order, and a zero Record (StateAbsent) for a
+// scope without one. The Lookup waiters' shared poller uses it, so that
+// the store's read rate does not grow with the number of waiters; a Store
+// without it is read one scope at a time.
+type ManyGetter interface {
+	GetMany(ctx context.Context, scopes []Scope) ([]Record, error)
+}
+
+// Defaults of the waiters (Config).
+const (
+	DefaultMaxWaiters   = 10000
+	DefaultPollInterval = 250 * time.Millisecond
+	// pollChunk is the most scopes one GetMany reads.
+	pollChunk = 10000
+)
+
+// watch is one Lookup waiting for its scope's record to change. It holds
+// no goroutine while it waits: a timer for its wait, a hook on its
+// context, and its place among its scope's watches. Whichever comes first
+// (the record changes, the wait runs out, the context ends) finishes it,
+// once.
+type watch struct {
+	l     *Ledger
+	ctx   context.Context //nolint:containedctx // the waiting call's context, held while it waits
+	scope Scope
+	done  func(Record, error)
+
+	mu       sync.Mutex
+	finished bool
+	timer    *time.Timer
+	stopCtx  func() bool
+}
+
+// finish answers the Lookup, once, and forgets the watch.
+func (w *watch) finish(rec Record, err error) {
+	w.mu.Lock()
+	if w.finished {
+		w.mu.Unlock()
+		return
+	}
+	w.finished = true
+	timer, stopCtx := w.timer, w.stopCtx
+	w.mu.Unlock()
+	w.l.waiters.remove(w)
+	timer.Stop()
+	stopCtx()
+	w.done(rec, err)
+}
+
+func (w *watch) isFinished() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.finished
+}
+
+// check reads the record: a record no longer in progress, or a failed
+// read, finishes the watch; otherwise it keeps waiting.
+func (w *watch) check() {
+	rec, err := w.l.get(w.ctx, w.scope)
+	if err != nil || rec.State != StateInProgress {
+		w.finish(rec, err)
+	}
+}
+
+// waiters are the watches of a Ledger, by scope. They are woken by the
+// Complete or Release of this Ledger that changes their record, or by one
+// shared poller that reads every watched scope each PollInterval (for
+// changes made by other ledger instances, and records that expire).
+type waiters struct {
+	mu      sync.Mutex
+	scopes  map[Scope]map[*watch]struct{}
+	perNS   map[string]int
+	n       int
+	polling bool
+}
+
+// add registers w, and returns false when its namespace holds limit
+// watches already.
+func (ws *waiters) add(w *watch, limit int) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.scopes == nil {
+		ws.scopes, ws.perNS = map[Scope]map[*watch]struct{}{}, map[string]int{}
+	}
+	if ws.perNS[w.scope.Namespace] >= limit {
+		return false
+	}
+	g := ws.scopes[w.scope]
+	if g == nil {
+		g = map[*watch]struct{}{}
+		ws.scopes[w.scope] = g
+	}
+	g[w] = struct{}{}
+	ws.perNS[w.scope.Namespace]++
+	ws.n++
+	return true
+}
+
+// remove unregisters w, if it is registered.
+func (ws *waiters) remove(w *watch) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	g := ws.scopes[w.scope]
+	if _, ok := g[w]; !ok {
+		return
+	}
+	delete(g, w)
+	if len(g) == 0 {
+		delete(ws.scopes, w.scope)
+	}
+	if ws.perNS[w.scope.Namespace]--; ws.perNS[w.scope.Namespace] <= 0 {
+		delete(ws.perNS, w.scope.Namespace)
+	}
+	ws.n--
+}
+
+// notify has the watches of s read their record again.
+func (ws *waiters) notify(s Scope) {
+	ws.mu.Lock()
+	g := ws.scopes[s]
+	woken := make([]*watch, 0, len(g))
+	for w := range g {
+		woken = append(woken, w)
+	}
+	ws.mu.Unlock()
+	for _, w := range woken {
+		go w.check()
+	}
+}
+
+// count returns how many watches there are.
+func (ws *waiters) count() int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.n
+}
+
+// startPolling reports whether the caller must start the poller: there
+// are watches and none runs.
+func (ws *waiters) startPolling() bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.polling || len(ws.scopes) == 0 {
+		return false
+	}
+	ws.polling = true
+	return true
+}
+
+// watchedScopes returns the scopes watched now, or stops the poller
+// (false) when there are none.
+func (ws *waiters) watchedScopes() ([]Scope, bool) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if len(ws.scopes) == 0 {
+		ws.polling = false
+		return nil, false
+	}
+	scopes := make([]Scope, 0, len(ws.scopes))
+	for s := range ws.scopes {
+		scopes = append(scopes, s)
+	}
+	return scopes, true
+}
+
+// LookupFunc is Lookup for a caller that does not want to be held while
+// the Lookup waits (the server's Stream): it calls done, once, with what
+// Lookup would return, from another goroutine when it had to wait. A
+// waiting Lookup costs a timer and a few small values, no goroutine.
+func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, done func(Record, error)) {
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		done(Record{}, err)
+		return
+	}
+	if wait < 0 || wait > l.cfg.MaxLookupWait {
+		done(Record{}, Errorf(CodeValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait))
+		return
+	}
+	rec, err := l.get(ctx, s)
+	if err != nil || wait == 0 || rec.State != StateInProgress {
+		done(rec, err)
+		return
+	}
+	w := &watch{l: l, ctx: ctx, scope: s, done: done}
+	w.mu.Lock() // the callbacks finish the watch only once it is set up
+	w.timer = time.AfterFunc(wait, func() {
+		rec, err := l.get(ctx, s)
+		w.finish(rec, err)
+	})
+	w.stopCtx = context.AfterFunc(ctx, func() {
+		w.finish(Record{}, Wrap(CodeUpstreamTimeout, ctx.Err(), "lookup wait ended with the call"))
+	})
+	w.mu.Unlock()
+	if !l.waiters.add(w, l.cfg.MaxWaiters) {
+		w.finish(Record{}, &Error{Code: CodeRateLimited, Message: "the namespace has too many Lookups waiting", RetryAfter: time.Second})
+		return
+	}
+	if w.isFinished() { // it finished before it was registered
+		l.waiters.remove(w)
+		return
+	}
+	if l.waiters.startPolling() {
+		go l.poll()
+	}
+	// Read again now that the watch is registered, so that a change
+	// between the first read and the registration is not missed.
+	w.check()
+}
+
+// poll reads every watched scope each PollInterval, in chunks, and has
+// the watches of each one whose record is no longer in progress read it
+// again. It runs while there are watches, and is started by the first.
+func (l *Ledger) poll() {
+	t := time.NewTicker(l.cfg.PollInterval)
+	defer t.Stop()
+	for range t.C {
+		scopes, ok := l.waiters.watchedScopes()
+		if !ok {
+			return
+		}
+		for len(scopes) > 0 {
+			chunk := scopes[:min(len(scopes), pollChunk)]
+			scopes = scopes[len(chunk):]
+			recs, err := l.getMany(chunk)
+			if err != nil {
+				continue // the watches read for themselves when their wait ends
+			}
+			for i, rec := range recs {
+				if rec.State != StateInProgress {
+					l.waiters.notify(chunk[i])
+				}
+			}
+		}
+	}
+}
+
+// getMany reads scopes with the store's GetMany, or one at a time.
+func (l *Ledger) getMany(scopes []Scope) ([]Record, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
+	defer cancel()
+	if mg, ok := l.store.(ManyGetter); ok {
+		return mg.GetMany(ctx, scopes)
+	}
+	recs := make([]Record, len(scopes))
+	for i, s := range scopes {
+		rec, err := l.store.Get(ctx, s)
+		if err != nil && CodeOf(err) != CodeNotFound {
+			return nil, err
+		}
+		recs[i] = rec
+	}
+	return recs, nil
+}
+
+// Waiters returns how many Lookups wait now.
+func (l *Ledger) Waiters() int { return l.waiters.count() }
