@@ -209,7 +209,7 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		return
 	}
 	if l.waiters.startPolling() {
-		go l.poll()
+		go l.poll() //nolint:contextcheck // the poller serves every waiter, not this call
 	}
 	// Read again now that the watch is registered, so that a change
 	// between the first read and the registration is not missed.

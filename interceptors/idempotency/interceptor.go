@@ -198,8 +198,7 @@ func firstAttempt(ctx context.Context) (*timestamppb.Timestamp, error) {
 // error as it is, except that an unreachable ledger is UNAVAILABLE (fail
 // closed) and the write service's own credential problems are INTERNAL.
 func (i *interceptor) beginError(ctx context.Context, err error) error {
-	switch {
-	case ctx.Err() != nil:
+	if ctx.Err() != nil {
 		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the call ended before the ledger answered")
 	}
 	le := ledgerstatus.FromError(err)
