@@ -19,8 +19,8 @@ const stepThreshold = time.Second
 // restarts the wall clock rules: a step while the store was closed reads
 // as time that passed.
 type monoClock struct {
-	anchor  time.Time           // the wall clock at the start, no monotonic reading
-	wall    func() time.Time    // the wall clock
+	anchor  time.Time            // the wall clock at the start, no monotonic reading
+	wall    func() time.Time     // the wall clock
 	elapsed func() time.Duration // monotonic time since the start
 	onStep  func(time.Duration)
 	skew    atomic.Int64 // wall - store clock when last looked at, in ns
