@@ -13,7 +13,7 @@ import (
 // idemledger.v1.ErrorCode on the wire.
 type Code int32
 
-// The codes of the taxonomy (SPEC "Error taxonomy").
+// The codes of the taxonomy (docs/contract.md, "Errors").
 const (
 	CodeUnspecified      Code = 0
 	CodeRateLimited      Code = 1
@@ -32,6 +32,8 @@ const (
 	CodeUnauthenticated  Code = 14
 	CodePermissionDenied Code = 15
 	CodeInternal         Code = 16
+	CodeOutcomeUnknown   Code = 17
+	CodeKeyExpired       Code = 18
 )
 
 // codeTable is the one table of the taxonomy: the name, the gRPC code and
@@ -59,6 +61,8 @@ var codeTable = [...]struct {
 	CodeUnauthenticated:  {"UNAUTHENTICATED", codes.Unauthenticated, false},
 	CodePermissionDenied: {"PERMISSION_DENIED", codes.PermissionDenied, false},
 	CodeInternal:         {"INTERNAL", codes.Internal, false},
+	CodeOutcomeUnknown:   {"OUTCOME_UNKNOWN", codes.FailedPrecondition, false},
+	CodeKeyExpired:       {"KEY_EXPIRED", codes.FailedPrecondition, false},
 }
 
 // Codes returns every code of the taxonomy, CodeUnspecified excluded.

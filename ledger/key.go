@@ -90,14 +90,21 @@ func ValidateFingerprint(fp string) error {
 	return nil
 }
 
-// ValidateMethod checks that m is a full gRPC method name, "/service/method".
+// ValidateMethod checks that m names an operation: 1 to 255 bytes of
+// printable ASCII, spaces allowed inside. The adapters name them by
+// convention: "/pkg.Service/Method" for gRPC, "mcp:tools/<tool>" for MCP,
+// "http:<METHOD> <route pattern>" for HTTP.
 func ValidateMethod(m string) error {
-	if why := printable(m, MaxMethodBytes); why != "" {
-		return Errorf(CodeValidationFailed, "method %s", why)
+	if m == "" || len(m) > MaxMethodBytes {
+		return Errorf(CodeValidationFailed, "method must be 1 to %d bytes", MaxMethodBytes)
 	}
-	service, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
-	if !strings.HasPrefix(m, "/") || !ok || service == "" || method == "" || strings.Contains(method, "/") {
-		return Errorf(CodeValidationFailed, "method must be a full gRPC method name such as /pkg.Service/Method")
+	if strings.TrimSpace(m) != m {
+		return Errorf(CodeValidationFailed, "method starts or ends with a space")
+	}
+	for i := range len(m) {
+		if c := m[i]; c < 0x20 || c > 0x7e {
+			return Errorf(CodeValidationFailed, "method has byte 0x%02x at %d; only printable ASCII is allowed", c, i)
+		}
 	}
 	return nil
 }

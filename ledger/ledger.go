@@ -16,6 +16,10 @@ const (
 	DefaultMaxRetryAfter   = 2 * time.Second
 	DefaultMaxLookupWait   = time.Minute
 	DefaultStoreTimeout    = 10 * time.Second
+	// DefaultTombstoneRetention is how long a completed record stays a
+	// tombstone after its retention.
+	DefaultTombstoneRetention = 7 * 24 * time.Hour
+	DefaultMaxTombstone       = 90 * 24 * time.Hour
 )
 
 // minRetryAfter is the least IN_PROGRESS hint, so that a lease about to run
@@ -40,6 +44,14 @@ type Config struct {
 	// deadline (a caller may have none): 10 s. A call past it is
 	// UPSTREAM_TIMEOUT, retryable. A Lookup's wait is not counted.
 	StoreTimeout time.Duration
+	// DefaultTombstoneRetention is how long a completed record stays a
+	// tombstone after its retention when a Begin does not say: 7 days. A
+	// Begin on a tombstone with the same fingerprint is KEY_EXPIRED, never
+	// a second run. Negative turns tombstones off by default.
+	DefaultTombstoneRetention time.Duration
+	// MaxTombstoneRetention is the longest tombstone retention a Begin may
+	// ask: 90 days.
+	MaxTombstoneRetention time.Duration
 	// MaxWaiters bounds the Lookups with a wait that one namespace may
 	// have waiting at once: 10,000. Past it, a Lookup with a wait is
 	// RATE_LIMITED.
@@ -64,6 +76,13 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxLookupWait, DefaultMaxLookupWait)
 	def(&c.StoreTimeout, DefaultStoreTimeout)
 	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.MaxTombstoneRetention, DefaultMaxTombstone)
+	switch {
+	case c.DefaultTombstoneRetention == 0:
+		c.DefaultTombstoneRetention = DefaultTombstoneRetention
+	case c.DefaultTombstoneRetention < 0:
+		c.DefaultTombstoneRetention = 0
+	}
 	if c.MaxWaiters <= 0 {
 		c.MaxWaiters = DefaultMaxWaiters
 	}
@@ -101,6 +120,10 @@ type BeginRequest struct {
 	Lease          time.Duration // 0: the default
 	Retention      time.Duration // 0: the default
 	FirstAttemptAt time.Time     // zero: unknown
+	OnLeaseExpiry  LeaseExpiry   // TAKEOVER unless HOLD
+	// TombstoneRetention is how long the completed record stays a
+	// tombstone after Retention: nil takes the default, 0 keeps none.
+	TombstoneRetention *time.Duration
 }
 
 // Claim is held by the one attempt that may run the write.
@@ -130,7 +153,13 @@ type BeginResponse struct {
 // no record is left, VALIDATION_FAILED, KEY_MISSING or KEY_INVALID for bad
 // input, and the store's UNAVAILABLE or CONTENTION.
 func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, error) {
-	p := ClaimParams(req)
+	p := ClaimParams{
+		Scope: req.Scope, Fingerprint: req.Fingerprint, Method: req.Method, Lease: req.Lease, Retention: req.Retention,
+		FirstAttemptAt: req.FirstAttemptAt, OnLeaseExpiry: req.OnLeaseExpiry, TombstoneRetention: l.cfg.DefaultTombstoneRetention,
+	}
+	if req.TombstoneRetention != nil {
+		p.TombstoneRetention = *req.TombstoneRetention
+	}
 	if err := l.validateClaim(&p); err != nil {
 		return BeginResponse{}, err
 	}
@@ -141,27 +170,43 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, er
 		return BeginResponse{}, err
 	}
 	rec := res.Record
+	view := rec.View(res.Now)
 	switch {
 	case res.Claimed:
 		return BeginResponse{Claim: &Claim{Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}}, nil
-	case !rec.Live(res.Now):
+	case view == StateAbsent:
 		return BeginResponse{}, Errorf(CodeRetryTooLate,
-			"the first attempt (%s) is older than the retention window (%s); the ledger can no longer vouch for this intent",
-			req.FirstAttemptAt.UTC().Format(time.RFC3339), p.Retention)
+			"the first attempt (%s) is older than the retention and tombstone windows (%s and %s); the ledger can no longer vouch for this intent",
+			req.FirstAttemptAt.UTC().Format(time.RFC3339), p.Retention, p.TombstoneRetention)
 	case rec.Fingerprint != p.Fingerprint:
 		return BeginResponse{}, &Error{
 			Code:     CodeKeyReused,
 			Message:  "the idempotency key was first used with another request",
 			Metadata: map[string]string{"method": rec.Method},
 		}
-	case rec.State == StateCompleted:
+	case view == StateCompleted:
 		return BeginResponse{Replay: &Replay{Outcome: rec.Outcome, CompletedAt: rec.CompletedAt, Attempt: rec.Attempt}}, nil
+	case view == StateExpired:
+		return BeginResponse{}, &Error{
+			Code:     CodeKeyExpired,
+			Message:  "the write was done, but its answer is past its retention: it is not run again, and it cannot be replayed",
+			Metadata: map[string]string{"completedAt": rec.CompletedAt.UTC().Format(time.RFC3339Nano)},
+		}
+	case view == StateUnknown:
+		return BeginResponse{}, &Error{
+			Code:    CodeOutcomeUnknown,
+			Message: "an attempt's lease ran out and nobody knows whether the write happened: it is not run again until the key is resolved",
+			Metadata: map[string]string{
+				"attempt": strconv.FormatUint(uint64(rec.Attempt), 10), "leaseExpiredAt": rec.LeaseExpiresAt.UTC().Format(time.RFC3339Nano),
+			},
+		}
 	default:
 		wait := min(max(rec.LeaseExpiresAt.Sub(res.Now), minRetryAfter), l.cfg.MaxRetryAfter)
 		return BeginResponse{}, &Error{
 			Code:       CodeInProgress,
 			Message:    "another attempt holds the key; retry later",
 			RetryAfter: wait,
+			Metadata:   map[string]string{"leaseExpiresAt": rec.LeaseExpiresAt.UTC().Format(time.RFC3339Nano)},
 		}
 	}
 }
@@ -185,6 +230,12 @@ func (l *Ledger) validateClaim(p *ClaimParams) error {
 	}
 	if p.Retention < p.Lease {
 		return Errorf(CodeValidationFailed, "retention %s is shorter than the lease %s", p.Retention, p.Lease)
+	}
+	if p.TombstoneRetention < 0 || p.TombstoneRetention > l.cfg.MaxTombstoneRetention {
+		return Errorf(CodeValidationFailed, "tombstone retention %s is outside 0 to %s", p.TombstoneRetention, l.cfg.MaxTombstoneRetention)
+	}
+	if p.OnLeaseExpiry != Takeover && p.OnLeaseExpiry != Hold {
+		return Errorf(CodeValidationFailed, "on_lease_expiry %d is neither TAKEOVER nor HOLD", p.OnLeaseExpiry)
 	}
 	if !p.FirstAttemptAt.IsZero() && (p.FirstAttemptAt.Year() < 2000 || p.FirstAttemptAt.Year() > 9999) {
 		return Errorf(CodeValidationFailed, "first_attempt_at is out of range")
@@ -214,16 +265,8 @@ func (l *Ledger) Complete(ctx context.Context, s Scope, token uint64, o *Outcome
 	if err := l.validateToken(s, token); err != nil {
 		return Record{}, err
 	}
-	b, err := o.MarshalBinary()
-	if err != nil {
+	if err := l.checkOutcome(o); err != nil {
 		return Record{}, err
-	}
-	if len(b) > l.cfg.MaxOutcomeBytes {
-		return Record{}, &Error{
-			Code:     CodeOutcomeTooLarge,
-			Message:  "the outcome is larger than the limit",
-			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
-		}
 	}
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
@@ -266,6 +309,31 @@ func (l *Ledger) Extend(ctx context.Context, s Scope, token uint64, lease time.D
 	return l.store.Extend(ctx, ExtendParams{Scope: s, Token: token, Lease: lease})
 }
 
+// Resolve settles a record whose outcome nobody knows: an OUTCOME_UNKNOWN
+// record, or one in progress whose lease ran out. With an outcome (the
+// write happened) the record is completed with it; with nil (it did not)
+// the record becomes absent. It returns the record after the call (zero
+// when absent), IN_PROGRESS for a live lease, VALIDATION_FAILED for a
+// completed record or a malformed outcome, OUTCOME_TOO_LARGE, and
+// NOT_FOUND.
+func (l *Ledger) Resolve(ctx context.Context, s Scope, o *Outcome) (Record, error) {
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		return Record{}, err
+	}
+	if o != nil {
+		if err := l.checkOutcome(o); err != nil {
+			return Record{}, err
+		}
+	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
+	rec, err := l.store.Resolve(ctx, ResolveParams{Scope: s, Outcome: o})
+	if err == nil {
+		l.waiters.notify(s)
+	}
+	return rec, err
+}
+
 // bound is ctx bounded by StoreTimeout, for one call to the store.
 func (l *Ledger) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, l.cfg.StoreTimeout)
@@ -276,6 +344,23 @@ func (l *Ledger) get(ctx context.Context, s Scope) (Record, error) {
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	return l.store.Get(ctx, s)
+}
+
+// checkOutcome refuses a malformed outcome (VALIDATION_FAILED) and one
+// over the size limit (OUTCOME_TOO_LARGE).
+func (l *Ledger) checkOutcome(o *Outcome) error {
+	b, err := o.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	if len(b) > l.cfg.MaxOutcomeBytes {
+		return &Error{
+			Code:     CodeOutcomeTooLarge,
+			Message:  "the outcome is larger than the limit",
+			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
+		}
+	}
+	return nil
 }
 
 func (l *Ledger) validateToken(s Scope, token uint64) error {

@@ -25,6 +25,14 @@ const (
 	// StateReleased is a tombstone that keeps the token counter after a
 	// Release; it reads as absent.
 	StateReleased
+	// StateExpired is a tombstone: the write happened, and its outcome is
+	// past its retention (the sweeper dropped it, or will). Begin answers
+	// KEY_EXPIRED until ForgetAt.
+	StateExpired
+	// StateUnknown is never stored: it is how an IN_PROGRESS record of the
+	// HOLD policy reads once its lease ran out. Begin answers
+	// OUTCOME_UNKNOWN until someone resolves it.
+	StateUnknown
 )
 
 func (s State) String() string {
@@ -37,8 +45,31 @@ func (s State) String() string {
 		return "COMPLETED"
 	case StateReleased:
 		return "RELEASED"
+	case StateExpired:
+		return "EXPIRED"
+	case StateUnknown:
+		return "OUTCOME_UNKNOWN"
 	}
 	return fmt.Sprintf("State(%d)", s)
+}
+
+// LeaseExpiry is what a Begin does with an attempt whose lease ran out. It
+// is stored with the record at its first claim.
+type LeaseExpiry uint8
+
+const (
+	// Takeover takes the record over with the token plus one (the default).
+	Takeover LeaseExpiry = iota
+	// Hold turns the record OUTCOME_UNKNOWN: nothing runs again until
+	// someone resolves it.
+	Hold
+)
+
+func (p LeaseExpiry) String() string {
+	if p == Hold {
+		return "HOLD"
+	}
+	return "TAKEOVER"
 }
 
 // Record is the stored record of a scope.
@@ -52,14 +83,73 @@ type Record struct {
 	CreatedAt      time.Time
 	LeaseExpiresAt time.Time
 	CompletedAt    time.Time // zero unless completed
-	ExpiresAt      time.Time
-	Outcome        *Outcome // nil unless completed
+	ExpiresAt      time.Time // the end of the outcome's retention
+	// ForgetAt is when the record is gone for good: ExpiresAt plus the
+	// tombstone retention. Until then a completed record past ExpiresAt is
+	// a tombstone, and a record of the HOLD policy whose lease ran out
+	// stays OUTCOME_UNKNOWN.
+	ForgetAt      time.Time
+	OnLeaseExpiry LeaseExpiry
+	Outcome       *Outcome // nil unless completed
 }
 
-// Live reports whether the record is visible at now: in progress or
-// completed, and not past its retention.
-func (r *Record) Live(now time.Time) bool {
-	return r != nil && (r.State == StateInProgress || r.State == StateCompleted) && now.Before(r.ExpiresAt)
+// View returns the state the record is in at now, as every read and rule
+// sees it: StateAbsent for no record, a released one, an attempt of the
+// TAKEOVER policy past its retention, or anything past ForgetAt;
+// StateUnknown for an attempt of the HOLD policy whose lease ran out;
+// StateExpired for a completed record past its retention.
+func (r *Record) View(now time.Time) State {
+	switch {
+	case r == nil || r.State == StateReleased || !now.Before(r.forgetAt()):
+		return StateAbsent
+	case r.State == StateInProgress && r.OnLeaseExpiry == Hold && !now.Before(r.LeaseExpiresAt):
+		return StateUnknown
+	case r.State == StateInProgress && !now.Before(r.ExpiresAt):
+		return StateAbsent
+	case r.State == StateCompleted && !now.Before(r.ExpiresAt), r.State == StateExpired:
+		return StateExpired
+	}
+	return r.State
+}
+
+// forgetAt is ForgetAt, or ExpiresAt for a record written before records
+// had one.
+func (r *Record) forgetAt() time.Time {
+	if r.ForgetAt.IsZero() {
+		return r.ExpiresAt
+	}
+	return r.ForgetAt
+}
+
+// Forgotten reports whether the record is past ForgetAt: a sweeper may
+// delete it. A record that reads as absent before then (released, or an
+// attempt past its retention) is kept until then, so that the next claim's
+// token is above its own.
+func (r *Record) Forgotten(now time.Time) bool { return !now.Before(r.forgetAt()) }
+
+// Shrinkable reports whether the record is completed and past its
+// retention: a sweeper may drop its outcome and keep it as a tombstone.
+func (r *Record) Shrinkable(now time.Time) bool {
+	return r.State == StateCompleted && !now.Before(r.ExpiresAt) && !r.Forgotten(now)
+}
+
+// Live reports whether the record is visible at now: anything but absent.
+func (r *Record) Live(now time.Time) bool { return r.View(now) != StateAbsent }
+
+// AsOf returns the record as a read at now shows it: its State is its view,
+// and a tombstone has no outcome. It reports false when the record is
+// absent at now.
+func (r *Record) AsOf(now time.Time) (Record, bool) {
+	v := r.View(now)
+	if v == StateAbsent {
+		return Record{}, false
+	}
+	c := *r
+	c.State = v
+	if v == StateExpired {
+		c.Outcome = nil
+	}
+	return c, true
 }
 
 // Outcome is what a write produced: exactly one of a response (type URL and

@@ -26,7 +26,11 @@ type Store interface {
 	// Extend renews the lease of the attempt that holds p.Token (see
 	// NextExtend) and returns the record after the call.
 	Extend(ctx context.Context, p ExtendParams) (Record, error)
-	// Get returns the live record of the scope, or NOT_FOUND.
+	// Resolve settles a record whose outcome nobody knows (see
+	// NextResolve) and returns the record after the call.
+	Resolve(ctx context.Context, p ResolveParams) (Record, error)
+	// Get returns the record of the scope as of now (Record.AsOf), or
+	// NOT_FOUND.
 	Get(ctx context.Context, s Scope) (Record, error)
 }
 
@@ -39,6 +43,10 @@ type ClaimParams struct {
 	Lease          time.Duration
 	Retention      time.Duration
 	FirstAttemptAt time.Time // zero when the client did not say
+	OnLeaseExpiry  LeaseExpiry
+	// TombstoneRetention is how long a completed record stays a tombstone
+	// after Retention; 0 keeps none.
+	TombstoneRetention time.Duration
 }
 
 // ClaimResult is the answer of Store.Claim.
@@ -68,18 +76,28 @@ type ExtendParams struct {
 	Lease time.Duration
 }
 
+// ResolveParams are the inputs of Store.Resolve: Outcome is the write's
+// outcome when it happened (applied), nil when it did not.
+type ResolveParams struct {
+	Scope   Scope
+	Outcome *Outcome
+}
+
 // NextClaim is the rule of Claim. cur is the stored row or nil. It returns
 // the row to store and whether the caller claimed it:
-//   - no live record (absent, released or expired): a new IN_PROGRESS record
-//     with attempt 1 and a token above any stored one, unless
-//     FirstAttemptAt is older than the retention window, in which case
-//     nothing changes and the result is the zero (absent) record;
-//   - IN_PROGRESS with an expired lease and the same fingerprint: a takeover,
-//     token and attempt plus one;
-//   - anything else: the live record unchanged, not claimed.
+//   - no record (absent, released, past its retention, forgotten): a new
+//     IN_PROGRESS record with attempt 1 and a token above any stored one,
+//     unless FirstAttemptAt is older than the retention and tombstone
+//     windows together, in which case nothing changes and the result is
+//     the zero (absent) record;
+//   - IN_PROGRESS of the TAKEOVER policy, lease expired, same fingerprint:
+//     a takeover, token and attempt plus one;
+//   - anything else (a live lease, OUTCOME_UNKNOWN, completed, a tombstone,
+//     another fingerprint): the record unchanged, not claimed.
 func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
-	if !cur.Live(now) {
-		if !p.FirstAttemptAt.IsZero() && p.FirstAttemptAt.Before(now.Add(-p.Retention)) {
+	switch cur.View(now) {
+	case StateAbsent:
+		if !p.FirstAttemptAt.IsZero() && p.FirstAttemptAt.Before(now.Add(-p.Retention-p.TombstoneRetention)) {
 			return Record{}, false
 		}
 		var token uint64 = 1
@@ -87,6 +105,7 @@ func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
 			token = cur.Token + 1
 		}
 		lease := now.Add(p.Lease)
+		expires := later(now.Add(p.Retention), lease)
 		return Record{
 			Scope:          p.Scope,
 			State:          StateInProgress,
@@ -96,50 +115,69 @@ func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
 			Attempt:        1,
 			CreatedAt:      now,
 			LeaseExpiresAt: lease,
-			ExpiresAt:      later(now.Add(p.Retention), lease),
+			ExpiresAt:      expires,
+			ForgetAt:       expires.Add(p.TombstoneRetention),
+			OnLeaseExpiry:  p.OnLeaseExpiry,
 		}, true
-	}
-	if cur.State == StateInProgress && !now.Before(cur.LeaseExpiresAt) && cur.Fingerprint == p.Fingerprint {
-		next := *cur
-		next.Token++
-		next.Attempt++
-		next.LeaseExpiresAt = now.Add(p.Lease)
-		next.ExpiresAt = later(next.ExpiresAt, next.LeaseExpiresAt)
-		return next, true
+	case StateInProgress:
+		if !now.Before(cur.LeaseExpiresAt) && cur.Fingerprint == p.Fingerprint {
+			next := *cur
+			next.Token++
+			next.Attempt++
+			next.extendTo(now.Add(p.Lease))
+			return next, true
+		}
 	}
 	return *cur, false
 }
 
+// extendTo gives the record a lease until lease, and keeps it (and its
+// tombstone window) at least as long.
+func (r *Record) extendTo(lease time.Time) {
+	r.LeaseExpiresAt = lease
+	if lease.After(r.ExpiresAt) {
+		if !r.ForgetAt.IsZero() {
+			r.ForgetAt = r.ForgetAt.Add(lease.Sub(r.ExpiresAt))
+		}
+		r.ExpiresAt = lease
+	}
+}
+
 // NextComplete is the rule of Complete. Only the holder of the current token
-// may complete, even after its lease ran out as long as nobody took over.
-// The same Complete repeated succeeds; another outcome for a completed
-// record, a stale token or a record that is not live is LEASE_LOST.
+// may complete, also after its lease ran out as long as nobody took over
+// (an OUTCOME_UNKNOWN record included). The same Complete repeated
+// succeeds; another outcome for a completed record, a stale token or a
+// record that is neither in progress nor completed is LEASE_LOST.
 // ExpiresAt does not change.
 func NextComplete(cur *Record, p CompleteParams, now time.Time) (Record, error) {
-	if !cur.Live(now) || cur.Token != p.Token {
+	if cur == nil || cur.Token != p.Token {
 		return Record{}, leaseLost(p.Token)
 	}
-	if cur.State == StateCompleted {
+	switch cur.View(now) {
+	case StateCompleted:
 		if cur.Outcome.Equal(p.Outcome) {
 			return *cur, nil
 		}
 		return Record{}, Errorf(CodeLeaseLost, "the record is already completed with another outcome")
+	case StateInProgress, StateUnknown:
+		next := *cur
+		next.State = StateCompleted
+		next.CompletedAt = now
+		next.Outcome = p.Outcome.Clone()
+		return next, nil
 	}
-	next := *cur
-	next.State = StateCompleted
-	next.CompletedAt = now
-	next.Outcome = p.Outcome.Clone()
-	return next, nil
+	return Record{}, leaseLost(p.Token)
 }
 
-// NextRelease is the rule of Release: the holder of the current token of an
-// IN_PROGRESS record turns it into a tombstone. Releasing again with the
-// same token succeeds; anything else is LEASE_LOST.
+// NextRelease is the rule of Release: the holder of the current token of a
+// record in progress (or OUTCOME_UNKNOWN) turns it into a tombstone that
+// reads as absent. Releasing again with the same token succeeds; anything
+// else is LEASE_LOST.
 func NextRelease(cur *Record, p ReleaseParams, now time.Time) (Record, error) {
 	if cur != nil && cur.State == StateReleased && cur.Token == p.Token && now.Before(cur.ExpiresAt) {
 		return *cur, nil
 	}
-	if !cur.Live(now) || cur.Token != p.Token || cur.State != StateInProgress {
+	if v := cur.View(now); cur == nil || cur.Token != p.Token || (v != StateInProgress && v != StateUnknown) {
 		return Record{}, leaseLost(p.Token)
 	}
 	next := *cur
@@ -147,16 +185,46 @@ func NextRelease(cur *Record, p ReleaseParams, now time.Time) (Record, error) {
 	return next, nil
 }
 
-// NextExtend is the rule of Extend: the holder of the current token of an
-// IN_PROGRESS record gets a lease of p.Lease from now; the record is kept at
-// least as long as the lease. Anything else is LEASE_LOST.
+// NextExtend is the rule of Extend: the holder of the current token of a
+// record in progress (or OUTCOME_UNKNOWN: its holder is back) gets a lease
+// of p.Lease from now; the record is kept at least as long as the lease.
+// Anything else is LEASE_LOST.
 func NextExtend(cur *Record, p ExtendParams, now time.Time) (Record, error) {
-	if !cur.Live(now) || cur.Token != p.Token || cur.State != StateInProgress {
+	if v := cur.View(now); cur == nil || cur.Token != p.Token || (v != StateInProgress && v != StateUnknown) {
 		return Record{}, leaseLost(p.Token)
 	}
 	next := *cur
-	next.LeaseExpiresAt = now.Add(p.Lease)
-	next.ExpiresAt = later(next.ExpiresAt, next.LeaseExpiresAt)
+	next.extendTo(now.Add(p.Lease))
+	return next, nil
+}
+
+// NextResolve is the rule of Resolve. It settles an OUTCOME_UNKNOWN record,
+// or an IN_PROGRESS record whose lease ran out: with an outcome (applied)
+// the record is completed with it; without (not applied) it becomes a
+// released tombstone that reads as absent, so the next Begin claims it
+// afresh with a higher token. A live lease is IN_PROGRESS; a completed
+// record or a tombstone is VALIDATION_FAILED (its outcome is known); no
+// record is NOT_FOUND.
+func NextResolve(cur *Record, p ResolveParams, now time.Time) (Record, error) {
+	switch cur.View(now) {
+	case StateAbsent:
+		return Record{}, Errorf(CodeNotFound, "no record for this key")
+	case StateCompleted, StateExpired:
+		return Record{}, Errorf(CodeValidationFailed, "the record is completed: its outcome is known, there is nothing to resolve")
+	case StateInProgress:
+		if now.Before(cur.LeaseExpiresAt) {
+			return Record{}, &Error{Code: CodeInProgress, Message: "an attempt holds a live lease on the key; resolve it once the lease has run out",
+				RetryAfter: max(cur.LeaseExpiresAt.Sub(now), minRetryAfter)}
+		}
+	}
+	next := *cur
+	if p.Outcome == nil {
+		next.State = StateReleased
+		return next, nil
+	}
+	next.State = StateCompleted
+	next.CompletedAt = now
+	next.Outcome = p.Outcome.Clone()
 	return next, nil
 }
 

@@ -31,7 +31,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 	small := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}}}
 	huge := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: []byte(strings.Repeat("x", ledger.DefaultMaxOutcomeBytes))}}}
 	tooLate := beginReq("late")
-	tooLate.FirstAttemptAt = timestamppb.New(f.clock.Now().Add(-48 * time.Hour))
+	tooLate.FirstAttemptAt = timestamppb.New(f.clock.Now().Add(-9 * 24 * time.Hour))
 	tests := []struct {
 		name string
 		call func() error
@@ -46,7 +46,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 		}, ledger.CodeValidationFailed},
 		{"Begin/BadMethod", func() error {
 			r := beginReq("m")
-			r.Method = "CreateInvoice"
+			r.Method = "Create\nInvoice"
 			_, err := f.client.Begin(ctx, r)
 			return err
 		}, ledger.CodeValidationFailed},
@@ -163,5 +163,9 @@ func (downStore) Extend(context.Context, ledger.ExtendParams) (ledger.Record, er
 	return ledger.Record{}, errDown
 }
 func (downStore) Get(context.Context, ledger.Scope) (ledger.Record, error) {
+	return ledger.Record{}, errDown
+}
+
+func (downStore) Resolve(context.Context, ledger.ResolveParams) (ledger.Record, error) {
 	return ledger.Record{}, errDown
 }

@@ -155,10 +155,12 @@ func (s *Server) observe(namespace string, d Decision) {
 // errorDecisions are the errors that are decisions of the ledger rather
 // than failures.
 var errorDecisions = map[ledger.Code]Decision{
-	ledger.CodeInProgress:   DecisionInProgress,
-	ledger.CodeKeyReused:    DecisionKeyReused,
-	ledger.CodeRetryTooLate: DecisionTooLate,
-	ledger.CodeLeaseLost:    DecisionLeaseLost,
+	ledger.CodeInProgress:     DecisionInProgress,
+	ledger.CodeKeyReused:      DecisionKeyReused,
+	ledger.CodeRetryTooLate:   DecisionTooLate,
+	ledger.CodeLeaseLost:      DecisionLeaseLost,
+	ledger.CodeOutcomeUnknown: DecisionUnknown,
+	ledger.CodeKeyExpired:     DecisionExpired,
 }
 
 // fail counts the decision err stands for, encodes err for the wire and
@@ -232,10 +234,25 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 		}
 		first = req.GetFirstAttemptAt().AsTime()
 	}
-	res, err := s.ledger.Begin(ctx, ledger.BeginRequest{
+	breq := ledger.BeginRequest{
 		Scope: sc, Fingerprint: req.GetFingerprint(), Method: req.GetMethod(),
 		Lease: lease, Retention: retention, FirstAttemptAt: first,
-	})
+	}
+	switch req.GetOnLeaseExpiry() {
+	case ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_UNSPECIFIED, ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER:
+	case ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD:
+		breq.OnLeaseExpiry = ledger.Hold
+	default:
+		return nil, ledger.Errorf(ledger.CodeValidationFailed, "on_lease_expiry %d is not a known policy", req.GetOnLeaseExpiry())
+	}
+	if t := req.GetTombstoneRetention(); t != nil {
+		if t.CheckValid() != nil || t.AsDuration() < 0 {
+			return nil, ledger.Errorf(ledger.CodeValidationFailed, "tombstone_retention must be zero or a positive duration")
+		}
+		d := t.AsDuration()
+		breq.TombstoneRetention = &d
+	}
+	res, err := s.ledger.Begin(ctx, breq)
 	if err != nil {
 		return nil, err
 	}
@@ -331,6 +348,38 @@ func (s *Server) lookup(ctx context.Context, req *ledgerv1.LookupRequest, done f
 	})
 }
 
+// Resolve implements LedgerService.Resolve. Every resolution is written to
+// the log, with the principal that made it: an audit line.
+func (s *Server) Resolve(ctx context.Context, req *ledgerv1.ResolveRequest) (*ledgerv1.ResolveResponse, error) {
+	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
+	var applied *ledger.Outcome
+	if err == nil {
+		switch r := req.GetResolution().(type) {
+		case *ledgerv1.ResolveRequest_Applied:
+			if applied = outcomeFromWire(r.Applied); applied == nil {
+				err = ledger.Errorf(ledger.CodeValidationFailed, "applied needs an outcome")
+			}
+		case *ledgerv1.ResolveRequest_NotApplied:
+		default:
+			err = ledger.Errorf(ledger.CodeValidationFailed, "the resolution is missing: applied (with the outcome) or not_applied")
+		}
+	}
+	if err == nil {
+		var rec ledger.Record
+		if rec, err = s.ledger.Resolve(ctx, sc, applied); err == nil {
+			s.observe(sc.Namespace, DecisionResolved)
+			s.log.InfoContext(ctx, "audit: record resolved", "audit", true, "principal", sc.Namespace,
+				"tenant", sc.Tenant, "key", sc.Key, "applied", applied != nil, "attempt", rec.Attempt)
+			res := &ledgerv1.ResolveResponse{}
+			if rec.State != ledger.StateAbsent && rec.State != ledger.StateReleased {
+				res.Record = recordToWire(rec)
+			}
+			return res, nil
+		}
+	}
+	return nil, s.fail(ctx, "Resolve", sc, err)
+}
+
 // optionalDuration reads a duration field: unset is 0 (the default); a set
 // duration must be valid and positive.
 func optionalDuration(name string, d *durationpb.Duration) (time.Duration, error) {
@@ -363,19 +412,33 @@ func outcomeToWire(o *ledger.Outcome) *ledgerv1.Outcome {
 	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(status.FromProto(o.Status))}}
 }
 
+// recordToWire is the view of a record as a read returns it (Record.AsOf).
 func recordToWire(r ledger.Record) *ledgerv1.Record {
 	v := &ledgerv1.Record{
 		Method: r.Method, Fingerprint: r.Fingerprint, Attempt: r.Attempt,
 		CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
+		OnLeaseExpiry: ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER,
+	}
+	if r.OnLeaseExpiry == ledger.Hold {
+		v.OnLeaseExpiry = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD
+	}
+	if !r.ForgetAt.IsZero() {
+		v.ForgetAt = timestamppb.New(r.ForgetAt)
 	}
 	switch r.State {
 	case ledger.StateInProgress:
 		v.State = ledgerv1.State_STATE_IN_PROGRESS
 		v.LeaseExpiresAt = timestamppb.New(r.LeaseExpiresAt)
+	case ledger.StateUnknown:
+		v.State = ledgerv1.State_STATE_OUTCOME_UNKNOWN
+		v.LeaseExpiresAt = timestamppb.New(r.LeaseExpiresAt)
 	case ledger.StateCompleted:
 		v.State = ledgerv1.State_STATE_COMPLETED
 		v.CompletedAt = timestamppb.New(r.CompletedAt)
 		v.Outcome = outcomeToWire(r.Outcome)
+	case ledger.StateExpired:
+		v.State = ledgerv1.State_STATE_EXPIRED
+		v.CompletedAt = timestamppb.New(r.CompletedAt)
 	}
 	return v
 }

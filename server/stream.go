@@ -228,6 +228,11 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 		if r, err = s.Lookup(ctx, c.Lookup); err == nil {
 			res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r}
 		}
+	case *ledgerv1.StreamRequest_Resolve:
+		var r *ledgerv1.ResolveResponse
+		if r, err = s.Resolve(ctx, c.Resolve); err == nil {
+			res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r}
+		}
 	default:
 		err = ledgerstatus.Err(ledger.Errorf(ledger.CodeValidationFailed, "the call is missing"))
 	}

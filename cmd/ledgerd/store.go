@@ -12,9 +12,11 @@ import (
 	"github.com/idemledger/idemledger/ledger/crdb"
 )
 
-// store is what ledgerd needs of a store beyond ledger.Store.
+// store is what ledgerd needs of a store beyond ledger.Store: every store
+// of ledgerd also reads many scopes at once (ledger.ManyGetter).
 type store interface {
 	ledger.Store
+	ledger.ManyGetter
 	Ping(ctx context.Context) error
 	Run(ctx context.Context, onError func(error)) error
 }
@@ -77,6 +79,27 @@ func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.R
 		return ledger.Record{}, err
 	}
 	return s.Extend(ctx, p)
+}
+
+func (l *lateStore) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return s.Resolve(ctx, p)
+}
+
+// GetMany implements ledger.ManyGetter with the store's own, so that the
+// Lookup waiters' poller reads in one statement.
+func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	s, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	if mg, ok := s.(ledger.ManyGetter); ok {
+		return mg.GetMany(ctx, scopes)
+	}
+	return nil, ledger.Errorf(ledger.CodeInternal, "the store reads one scope at a time")
 }
 
 func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {

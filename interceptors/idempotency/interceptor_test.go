@@ -382,7 +382,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	noTenant.Tenant = ""
 	_, err = strict.CreateInvoice(t.Context(), noTenant)
 	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
-	old := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, time.Now().Add(-48*time.Hour).Format(time.RFC3339Nano))
+	old := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, time.Now().Add(-9*24*time.Hour).Format(time.RFC3339Nano))
 	_, err = strict.CreateInvoice(old, request("k-old"))
 	ledgertest.WantStatus(t, err, ledger.CodeRetryTooLate)
 	bad := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, "yesterday")

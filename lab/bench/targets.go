@@ -123,12 +123,13 @@ func (s *SQL) claim(ctx context.Context, key string) (token int64, ours bool, er
 			state                        int16
 			attempt                      int32
 			created, lease, expires, now time.Time
-			completed                    *time.Time
+			completed, forget            *time.Time
 			outcome, claimID             []byte
+			policy                       int16
 		)
 		err := s.Pool.QueryRow(ctx, crdb.Statements.Claim, nil, "bench", "sql", key, method, fingerprint,
-			int64(30e6), int64(86400e6), nil, nonce).Scan(&ns, &tenant, &k, &state, &m, &fp, &token, &attempt,
-			&created, &lease, &completed, &expires, &outcome, &claimID, &now)
+			int64(30e6), int64(86400e6), nil, nonce, 0, int64(7*86400e6)).Scan(&ns, &tenant, &k, &state, &m, &fp, &token, &attempt,
+			&created, &lease, &completed, &expires, &outcome, &claimID, &policy, &forget, &now)
 		ours = err == nil && state == 1 && bytes.Equal(claimID, nonce)
 		return err
 	})

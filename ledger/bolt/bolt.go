@@ -256,6 +256,22 @@ func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Recor
 	return rec, nil
 }
 
+// Resolve implements ledger.Store.
+func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	var rec ledger.Record
+	var now time.Time
+	err := s.update(ctx, "resolve", p.Scope, func(cur *ledger.Record, at time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextResolve(cur, p, at)
+		rec, now = next, at
+		return &next, err
+	})
+	if err != nil {
+		return ledger.Record{}, err // rec may still be written by a batch that outlived the call
+	}
+	view, _ := rec.AsOf(now)
+	return view, nil
+}
+
 // Get implements ledger.Store.
 func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, error) {
 	if err := ctx.Err(); err != nil {
@@ -270,10 +286,11 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	if err != nil {
 		return ledger.Record{}, s.classify("get", err)
 	}
-	if !rec.Live(s.cfg.Now()) {
+	view, ok := rec.AsOf(s.cfg.Now())
+	if !ok {
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
 	}
-	return *rec, nil
+	return view, nil
 }
 
 // GetMany implements ledger.ManyGetter in one read transaction.
@@ -289,8 +306,8 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 			if err != nil {
 				return err
 			}
-			if rec.Live(now) {
-				recs[i] = *rec
+			if view, ok := rec.AsOf(now); ok {
+				recs[i] = view
 			}
 		}
 		return nil
@@ -355,12 +372,12 @@ func put(tx *bbolt.Tx, key []byte, cur, rec *ledger.Record) error {
 		return err
 	}
 	expiry := tx.Bucket(expiryBucket)
-	if cur != nil && !cur.ExpiresAt.Equal(rec.ExpiresAt) {
-		if err := expiry.Delete(expiryKey(cur.ExpiresAt, key)); err != nil {
+	if cur != nil && !sweepAt(cur).Equal(sweepAt(rec)) {
+		if err := expiry.Delete(expiryKey(sweepAt(cur), key)); err != nil {
 			return err
 		}
 	}
-	if err := expiry.Put(expiryKey(rec.ExpiresAt, key), nil); err != nil {
+	if err := expiry.Put(expiryKey(sweepAt(rec), key), nil); err != nil {
 		return err
 	}
 	return tx.Bucket(recordsBucket).Put(key, v)
@@ -384,9 +401,11 @@ func waitFor(ctx context.Context, f func() error) error {
 	}
 }
 
-// Sweep deletes up to limit records past their retention, oldest first, and
-// returns how many it deleted. Reads already treat such records as absent;
-// the sweep only frees the space.
+// Sweep works through up to limit records whose time came, oldest first: a
+// completed record past its retention shrinks to a tombstone (its outcome
+// dropped), a record past ForgetAt is deleted. It returns how many it
+// handled. Reads already see such records as tombstones or absent; the
+// sweep only frees the space.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, s.classify("sweep", err)
@@ -394,20 +413,44 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	n := 0
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		n = 0
-		now := uint64(s.cfg.Now().UnixNano())
+		now := s.cfg.Now()
 		records := tx.Bucket(recordsBucket)
 		c := tx.Bucket(expiryBucket).Cursor()
 		for k, _ := c.First(); k != nil && n < limit; k, _ = c.First() {
-			if len(k) < 8 || binary.BigEndian.Uint64(k[:8]) > now {
+			if len(k) < 8 || binary.BigEndian.Uint64(k[:8]) > uint64(now.UnixNano()) {
 				break
 			}
-			if err := records.Delete(k[8:]); err != nil {
-				return err
-			}
+			key := append([]byte(nil), k[8:]...)
 			if err := c.Delete(); err != nil {
 				return err
 			}
 			n++
+			v := records.Get(key)
+			if v == nil {
+				continue
+			}
+			scope, err := decodeScopeKey(key)
+			if err != nil {
+				return err
+			}
+			rec, err := decodeRecord(scope, v)
+			if err != nil {
+				return err
+			}
+			if rec.Forgotten(now) {
+				if err := records.Delete(key); err != nil {
+					return err
+				}
+				continue
+			}
+			if rec.Shrinkable(now) {
+				rec.State, rec.Outcome = ledger.StateExpired, nil
+			}
+			// Index it again at its next event, the record rewritten
+			// without its outcome if it shrank.
+			if err := put(tx, key, nil, &rec); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

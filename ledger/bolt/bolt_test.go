@@ -250,6 +250,10 @@ func (r *restarting) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.
 	return r.cur.Load().Extend(ctx, p)
 }
 
+func (r *restarting) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	return r.cur.Load().Resolve(ctx, p)
+}
+
 func (r *restarting) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
 	return r.cur.Load().Get(ctx, sc)
 }

@@ -9,8 +9,9 @@ import (
 )
 
 // recordVersion is the first byte of every stored value; a new layout gets a
-// new version and decodeRecord keeps reading the old ones.
-const recordVersion = 1
+// new version and decodeRecord keeps reading the old ones. Version 2 adds,
+// after version 1's fields, the forget time and the lease-expiry policy.
+const recordVersion = 2
 
 // scopeKey is the bucket key of a scope: each part length-prefixed, so no
 // two scopes share a key and every scope of a namespace shares a prefix.
@@ -38,7 +39,17 @@ func decodeScopeKey(b []byte) (ledger.Scope, error) {
 	return ledger.Scope{Namespace: parts[0], Tenant: parts[1], Key: parts[2]}, nil
 }
 
-// expiryKey is the key of a record in the expiry index: its expiry as
+// sweepAt is when the sweeper next has work on a record: at the end of a
+// completed record's retention it drops the outcome (a tombstone is left),
+// at ForgetAt it deletes the record.
+func sweepAt(r *ledger.Record) time.Time {
+	if r.State == ledger.StateCompleted && r.ExpiresAt.Before(r.ForgetAt) {
+		return r.ExpiresAt
+	}
+	return r.ForgetAt
+}
+
+// expiryKey is the key of a record in the expiry index: its sweepAt as
 // big-endian nanoseconds (so the index sorts by time), then its scope key.
 func expiryKey(expires time.Time, scope []byte) []byte {
 	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(scope)), uint64(expires.UnixNano()))
@@ -56,7 +67,7 @@ func encodeRecord(r *ledger.Record) ([]byte, error) {
 			return nil, err
 		}
 	}
-	b := make([]byte, 0, 64+len(r.Method)+len(r.Fingerprint)+len(outcome))
+	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+len(outcome))
 	b = append(b, recordVersion, byte(r.State))
 	b = binary.AppendUvarint(b, r.Token)
 	b = binary.AppendUvarint(b, uint64(r.Attempt))
@@ -67,13 +78,18 @@ func encodeRecord(r *ledger.Record) ([]byte, error) {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
-	return b, nil
+	b = binary.AppendVarint(b, unixNano(r.ForgetAt))
+	return append(b, byte(r.OnLeaseExpiry)), nil
 }
 
 // decodeRecord reads what encodeRecord wrote. It never panics: anything it
 // cannot read is errCorrupt.
 func decodeRecord(scope ledger.Scope, b []byte) (ledger.Record, error) {
-	if len(b) < 2 || b[0] != recordVersion || ledger.State(b[1]) > ledger.StateReleased {
+	version := byte(0)
+	if len(b) >= 2 {
+		version = b[0]
+	}
+	if (version != 1 && version != recordVersion) || ledger.State(b[1]) > ledger.StateExpired || (version == 1 && ledger.State(b[1]) > ledger.StateReleased) {
 		return ledger.Record{}, errCorrupt
 	}
 	r := ledger.Record{Scope: scope, State: ledger.State(b[1])}
@@ -100,6 +116,15 @@ func decodeRecord(scope ledger.Scope, b []byte) (ledger.Record, error) {
 		if *s, b, err = readString(b); err != nil {
 			return ledger.Record{}, err
 		}
+	}
+	if version >= 2 {
+		n, k := binary.Varint(b)
+		if k <= 0 || len(b) != k+1 || ledger.LeaseExpiry(b[k]) > ledger.Hold {
+			return ledger.Record{}, errCorrupt
+		}
+		r.ForgetAt, r.OnLeaseExpiry, b = fromUnixNano(n), ledger.LeaseExpiry(b[k]), nil
+	} else {
+		r.ForgetAt = r.ExpiresAt // written before tombstones: none
 	}
 	if len(b) != 0 {
 		return ledger.Record{}, errCorrupt

@@ -167,24 +167,27 @@ func prefixed(alias string) string {
 	return strings.Join(cols, ", ")
 }
 
-// claimBatchSQL is claimSQL over arrays: $2..$10 hold, per row, namespace,
-// tenant, key, method, fingerprint, lease µs, retention µs,
-// first_attempt_at and nonce.
+// claimBatchSQL is claimSQL over arrays: $2..$12 hold, per row,
+// namespace, tenant, key, method, fingerprint, lease µs, retention µs,
+// first_attempt_at, nonce, on_lease_expiry and tombstone retention µs.
 var claimBatchSQL = `
 WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n),
 q AS (
-	SELECT b.namespace, b.tenant, b.idem_key, b.method, b.fingerprint, b.nonce,
+	SELECT b.namespace, b.tenant, b.idem_key, b.method, b.fingerprint, b.nonce, b.policy,
 	       v.n AS now,
 	       v.n + b.lease * INTERVAL '1 microsecond' AS lease_end,
 	       v.n + GREATEST(b.lease, b.retention) * INTERVAL '1 microsecond' AS expires,
-	       (b.first IS NOT NULL AND b.first < v.n - b.retention * INTERVAL '1 microsecond') AS too_late
-	FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::INT8[], $8::INT8[], $9::TIMESTAMPTZ[], $10::BYTEA[])
-	     AS b(namespace, tenant, idem_key, method, fingerprint, lease, retention, first, nonce), v
+	       v.n + (GREATEST(b.lease, b.retention) + b.tombstone) * INTERVAL '1 microsecond' AS forget,
+	       (b.first IS NOT NULL AND b.first < v.n - (b.retention + b.tombstone) * INTERVAL '1 microsecond') AS too_late
+	FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::INT8[], $8::INT8[], $9::TIMESTAMPTZ[], $10::BYTEA[],
+	            $11::INT2[], $12::INT8[])
+	     AS b(namespace, tenant, idem_key, method, fingerprint, lease, retention, first, nonce, policy, tombstone), v
 ), ins AS (
 	INSERT INTO idempotency_records AS r (` + columns + `)
 	SELECT q.namespace, q.tenant, q.idem_key, CASE WHEN q.too_late THEN 3 ELSE 1 END, q.method, q.fingerprint,
 	       CASE WHEN q.too_late THEN 0 ELSE 1 END, 1, q.now, q.lease_end, NULL,
-	       CASE WHEN q.too_late THEN q.now ELSE q.expires END, NULL, q.nonce
+	       CASE WHEN q.too_late THEN q.now ELSE q.expires END, NULL, q.nonce, q.policy,
+	       CASE WHEN q.too_late THEN q.now ELSE q.forget END
 	FROM q
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
 	RETURNING ` + columns + `
@@ -206,7 +209,7 @@ q AS (
 	UPDATE idempotency_records AS r SET state = 2, completed_at = (SELECT now FROM v), outcome = q.outcome
 	FROM q
 	WHERE r.namespace = q.namespace AND r.tenant = q.tenant AND r.idem_key = q.idem_key
-	  AND r.token = q.token AND r.state = 1 AND r.expires_at > (SELECT now FROM v)
+	  AND r.token = q.token AND ` + holdsAt("r", "(SELECT now FROM v)") + `
 	RETURNING ` + prefixed("r") + `
 )
 SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
@@ -368,18 +371,19 @@ func scanCASRow(rows pgx.Rows) (casRow, ledger.Scope, error) {
 func claimArgs(now any, calls []*call[op, opResult]) []any {
 	n := len(calls)
 	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	leases, retentions := make([]int64, n), make([]int64, n)
-	firsts, nonces := make([]*time.Time, n), make([][]byte, n)
+	leases, retentions, tombstones := make([]int64, n), make([]int64, n), make([]int64, n)
+	firsts, nonces, policies := make([]*time.Time, n), make([][]byte, n), make([]int16, n)
 	for i, c := range calls {
 		p := c.p.claim.p
 		ns[i], tenants[i], keys[i], methods[i], fps[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, p.Method, p.Fingerprint
 		leases[i], retentions[i], nonces[i] = p.Lease.Microseconds(), p.Retention.Microseconds(), c.p.claim.nonce
+		policies[i], tombstones[i] = int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds()
 		if !p.FirstAttemptAt.IsZero() {
 			t := p.FirstAttemptAt
 			firsts[i] = &t
 		}
 	}
-	return []any{now, ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces}
+	return []any{now, ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces, policies, tombstones}
 }
 
 // completeArgs are the arguments of completeBatchSQL for calls.

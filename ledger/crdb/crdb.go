@@ -268,7 +268,8 @@ func (s *Store) claimOne(ctx context.Context, p ledger.ClaimParams, nonce []byte
 	var res ledger.ClaimResult
 	claim := func(ctx context.Context) error {
 		r, err := s.scanOne(ctx, claimSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
-			p.Method, p.Fingerprint, p.Lease.Microseconds(), p.Retention.Microseconds(), first, nonce)
+			p.Method, p.Fingerprint, p.Lease.Microseconds(), p.Retention.Microseconds(), first, nonce,
+			int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds())
 		if err != nil {
 			return err
 		}
@@ -332,7 +333,7 @@ func completeAnswer(r row, updated bool, p ledger.CompleteParams) (ledger.Record
 	if updated {
 		return r.rec, nil
 	}
-	if r.rec.State == ledger.StateCompleted && r.rec.Token == p.Token && r.rec.Live(r.now) {
+	if r.rec.Token == p.Token && r.rec.View(r.now) == ledger.StateCompleted {
 		if r.rec.Outcome.Equal(p.Outcome) {
 			return r.rec, nil
 		}
@@ -362,32 +363,68 @@ func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
 
 // Extend implements ledger.Store.
 func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
-	var rec ledger.Record
-	err := s.retryAmbiguous(ctx, func(ctx context.Context) error {
-		var err error
-		rec, err = scanRecord(s.pool.QueryRow(ctx, extendSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
-			int64(p.Token), p.Lease.Microseconds()))
+	var r row
+	var updated bool
+	err := s.retryAmbiguous(ctx, func(ctx context.Context) (err error) {
+		r, updated, err = s.scanCAS(ctx, extendSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
+			int64(p.Token), p.Lease.Microseconds())
 		return err
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !updated):
 		return ledger.Record{}, leaseLost(p.Token)
 	case err != nil:
 		return ledger.Record{}, s.classify("extend", err)
 	}
+	return r.rec, nil
+}
+
+// Resolve implements ledger.Store in one statement (resolveSQL). When the
+// statement does not apply, the rule (ledger.NextResolve) says why, from
+// the row it read.
+func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	var outcome []byte
+	if p.Outcome != nil {
+		var err error
+		if outcome, err = p.Outcome.MarshalBinary(); err != nil {
+			return ledger.Record{}, err
+		}
+	}
+	var r row
+	var updated bool
+	err := s.retryAmbiguous(ctx, func(ctx context.Context) (err error) {
+		r, updated, err = s.scanCAS(ctx, resolveSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, p.Outcome != nil, outcome)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	case err != nil:
+		return ledger.Record{}, s.classify("resolve", err)
+	case !updated:
+		if _, err := ledger.NextResolve(&r.rec, p, r.now); err != nil {
+			return ledger.Record{}, err
+		}
+		// An ambiguous first try that did apply: the row is resolved.
+	}
+	rec, _ := r.rec.AsOf(r.now)
 	return rec, nil
 }
 
 // Get implements ledger.Store with a strong (non-stale) read.
 func (s *Store) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
 	r, err := s.get(ctx, sc)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && !r.rec.Live(r.now)):
+	if errors.Is(err, pgx.ErrNoRows) {
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
-	case err != nil:
+	}
+	if err != nil {
 		return ledger.Record{}, s.classify("get", err)
 	}
-	return r.rec, nil
+	rec, ok := r.rec.AsOf(r.now)
+	if !ok {
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	}
+	return rec, nil
 }
 
 // GetMany implements ledger.ManyGetter in one statement.
@@ -411,8 +448,8 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 			if err := scanInto(rows, &r, &r.now); err != nil {
 				return err
 			}
-			if i, ok := at[r.rec.Scope]; ok && r.rec.Live(r.now) {
-				recs[i] = r.rec
+			if i, ok := at[r.rec.Scope]; ok {
+				recs[i], _ = r.rec.AsOf(r.now)
 			}
 		}
 		return rows.Err()

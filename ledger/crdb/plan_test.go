@@ -51,7 +51,10 @@ func TestPlansUseIndexes(t *testing.T) {
 		{"get many", getManySQL, []string{pkey}},
 		{"claim batch", claimBatchSQL, []string{pkey}},
 		{"complete batch", completeBatchSQL, []string{pkey}},
-		{"sweep", sweepPostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Tid Scan"}},
+		{"resolve", resolveSQL, []string{pkey}},
+		{"shrink", shrinkPostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Tid Scan"}},
+		{"forget", forgetPostgresSQL, []string{"Index Scan using idempotency_records_forget_at", "Tid Scan"}},
+		{"forget version 1", forgetVersion1PostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Index Scan using idempotency_records_forget_at", "Tid Scan"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := 0

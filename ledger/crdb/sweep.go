@@ -6,24 +6,33 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// Sweep deletes up to limit rows past their retention and returns how many
-// it deleted. Reads already treat such rows as absent; the sweep only frees
-// the space.
+// Sweep drops the outcomes of up to limit completed rows past their
+// retention (they stay as tombstones) and deletes up to limit rows past
+// their tombstone window, and returns how many rows it changed, at most
+// limit. Reads already treat such rows as tombstones or absent; the sweep
+// only frees the space.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
-	sql := sweepPostgresSQL
+	statements := []string{shrinkPostgresSQL, forgetPostgresSQL, forgetVersion1PostgresSQL}
 	if s.dialect == Cockroach {
-		sql = sweepCockroachSQL
+		statements = []string{shrinkCockroachSQL, forgetCockroachSQL}
 	}
-	var n int64
-	err := s.retry(ctx, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, sql, s.now(), limit)
-		n = tag.RowsAffected()
-		return err
-	})
-	if err != nil {
-		return 0, s.classify("sweep", err)
+	n := 0
+	for _, sql := range statements {
+		if n >= limit {
+			break
+		}
+		err := s.retry(ctx, func(ctx context.Context) error {
+			tag, err := s.pool.Exec(ctx, sql, s.now(), limit-n)
+			if err == nil {
+				n += int(tag.RowsAffected())
+			}
+			return err
+		})
+		if err != nil {
+			return n, s.classify("sweep", err)
+		}
 	}
-	return int(n), nil
+	return min(n, limit), nil
 }
 
 // Run sweeps expired rows in batches of Config.SweepBatch every

@@ -135,6 +135,15 @@ func (c *Client) Lookup(ctx context.Context, req *ledgerv1.LookupRequest, opts .
 	return answer(res, err, (*ledgerv1.StreamResponse).GetLookup)
 }
 
+// Resolve implements ledgerv1.LedgerServiceClient over the stream.
+func (c *Client) Resolve(ctx context.Context, req *ledgerv1.ResolveRequest, opts ...grpc.CallOption) (*ledgerv1.ResolveResponse, error) {
+	if proto.Size(req) > MaxStreamedBytes {
+		return c.raw.Resolve(c.unaryContext(ctx), req, opts...)
+	}
+	res, err := c.call(ctx, &ledgerv1.StreamRequest{Call: &ledgerv1.StreamRequest_Resolve{Resolve: req}})
+	return answer(res, err, (*ledgerv1.StreamResponse).GetResolve)
+}
+
 // MaxStreamedBytes is the largest request sent on the stream. A larger one
 // (a large outcome) goes as a unary call: a message over the server's
 // limit would break the stream and fail every call on it, where a unary

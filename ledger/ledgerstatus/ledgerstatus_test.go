@@ -49,6 +49,9 @@ var specTable = []struct {
 	{"UNAUTHENTICATED", codes.Unauthenticated, false},
 	{"PERMISSION_DENIED", codes.PermissionDenied, false},
 	{"INTERNAL", codes.Internal, false},
+	// Part 2.
+	{"OUTCOME_UNKNOWN", codes.FailedPrecondition, false},
+	{"KEY_EXPIRED", codes.FailedPrecondition, false},
 }
 
 func TestTableMatchesSpec(t *testing.T) {

@@ -65,6 +65,12 @@ var rules = []rule{
 	{"LookupWait", ruleLookupWait},
 	{"ScopesAreIsolated", ruleScopesAreIsolated},
 	{"CanceledCall", ruleCanceledCall},
+	// Part 2.
+	{"Tombstone", ruleTombstone},
+	{"NoTombstones", ruleNoTombstones},
+	{"Hold", ruleHold},
+	{"Resolve", ruleResolve},
+	{"ResolveRefusals", ruleResolveRefusals},
 }
 
 // races race many goroutines on the same keys and assert exactly one
@@ -79,6 +85,7 @@ var races = []rule{
 var sweeps = []rule{
 	{"Sweep", ruleSweep},
 	{"SweepLoop", ruleSweepLoop},
+	{"SweepTombstones", ruleSweepTombstones},
 }
 
 // Run runs every rule of the suite, each as a subtest: Rules/<name>,

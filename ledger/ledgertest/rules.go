@@ -243,8 +243,12 @@ func ruleExtend(t *testing.T, suite Suite) {
 	want(t, err, ledger.CodeInProgress)
 }
 
+// noTombstones is a ledger configuration whose records keep no tombstone:
+// the rules of part 1, where a record past its retention is absent.
+var noTombstones = ledger.Config{DefaultTombstoneRetention: -1}
+
 func ruleRetentionExpiry(t *testing.T, suite Suite) {
-	e := newEnv(t, suite, ledger.Config{})
+	e := newEnv(t, suite, noTombstones)
 	s := e.scope("k")
 	req := ledger.BeginRequest{Scope: s, Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour}
 	res, err := e.ledger.Begin(t.Context(), req)
@@ -272,7 +276,7 @@ func ruleRetentionExpiry(t *testing.T, suite Suite) {
 }
 
 func ruleRetryTooLate(t *testing.T, suite Suite) {
-	e := newEnv(t, suite, ledger.Config{})
+	e := newEnv(t, suite, noTombstones)
 	s := e.scope("k")
 	req := ledger.BeginRequest{Scope: s, Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour,
 		FirstAttemptAt: Start.Add(-time.Hour - time.Second)}

@@ -38,7 +38,7 @@ func (suite Suite) sweeper(t *testing.T) (Sweeper, *Clock, string, func() int) {
 // long ones still read back.
 func ruleSweep(t *testing.T, suite Suite) {
 	s, clock, ns, count := suite.sweeper(t)
-	l := ledger.New(s, ledger.Config{})
+	l := ledger.New(s, noTombstones)
 	scope := func(i int) ledger.Scope {
 		return ledger.Scope{Namespace: ns, Tenant: "acme", Key: fmt.Sprint("k", i)}
 	}
@@ -96,7 +96,7 @@ func ruleSweep(t *testing.T, suite Suite) {
 // itself, and returns nil once ctx ends.
 func ruleSweepLoop(t *testing.T, suite Suite) {
 	s, clock, ns, count := suite.sweeper(t)
-	l := ledger.New(s, ledger.Config{})
+	l := ledger.New(s, noTombstones)
 	for i := range 5 {
 		sc := ledger.Scope{Namespace: ns, Tenant: "acme", Key: fmt.Sprint("k", i)}
 		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour}); err != nil {
@@ -120,5 +120,48 @@ func ruleSweepLoop(t *testing.T, suite Suite) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v, want nil after cancel", err)
+	}
+}
+
+// ruleSweepTombstones: the sweeper turns a completed record past its
+// retention into a tombstone (the outcome is gone, the record stays and
+// still answers KEY_EXPIRED), and deletes it past its tombstone window.
+func ruleSweepTombstones(t *testing.T, suite Suite) {
+	s, clock, ns, count := suite.sweeper(t)
+	l := ledger.New(s, ledger.Config{})
+	hour := time.Hour
+	sc := ledger.Scope{Namespace: ns, Tenant: "acme", Key: "done"}
+	req := ledger.BeginRequest{Scope: sc, Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour, TombstoneRetention: &hour}
+	res, err := l.Begin(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, Response("x")); err != nil {
+		t.Fatal(err)
+	}
+	sweepAll := func() {
+		t.Helper()
+		for {
+			n, err := s.Sweep(t.Context(), 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n < 100 {
+				return
+			}
+		}
+	}
+	clock.Advance(time.Hour)
+	sweepAll()
+	rec, err := l.Lookup(t.Context(), sc, 0)
+	if err != nil || rec.State != ledger.StateExpired || rec.Outcome != nil || count() != 1 {
+		t.Fatalf("after a sweep past the retention: %+v, %v, %d records; want one tombstone without its outcome", rec, err, count())
+	}
+	_, err = l.Begin(t.Context(), req)
+	want(t, err, ledger.CodeKeyExpired)
+	clock.Advance(time.Hour)
+	sweepAll()
+	if n := count(); n != 0 {
+		t.Fatalf("%d records past the tombstone window, want 0", n)
 	}
 }

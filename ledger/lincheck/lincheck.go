@@ -60,11 +60,13 @@ func (c Config) withDefaults() Config {
 }
 
 // The durations of the run. The clock moves between phases by one of
-// linSteps, so leases and retentions run out during the run.
+// linSteps, so leases, retentions and tombstone windows run out during the
+// run.
 const (
 	linLease     = 10 * time.Second
 	linExtend    = 15 * time.Second
 	linRetention = 60 * time.Second
+	linTombstone = 60 * time.Second
 )
 
 var linSteps = []time.Duration{0, time.Second, linLease + time.Second, linRetention}
@@ -77,10 +79,12 @@ const (
 	opRelease
 	opExtend
 	opLookup
+	opResolve
+	opKinds
 )
 
 func (k opKind) String() string {
-	return [...]string{"Begin", "Complete", "Release", "Extend", "Lookup"}[k]
+	return [...]string{"Begin", "Complete", "Release", "Extend", "Lookup", "Resolve"}[k]
 }
 
 // linInput is one operation: its kind, key, the phase's clock, and its
@@ -90,9 +94,10 @@ type linInput struct {
 	Key     int
 	Now     int64 // unix µs of the frozen clock
 	Fp      int   // payload 0 or 1
-	TooLate bool  // Begin: first_attempt_at older than the retention
+	TooLate bool  // Begin: first_attempt_at older than the retention and tombstone windows
+	Hold    bool  // Begin: the HOLD policy
 	Token   uint64
-	Outcome int // 1 or 2
+	Outcome int // Complete: 1 or 2; Resolve: 0 (not applied), 1 or 2
 }
 
 // linOutput is what the operation answered.
@@ -107,61 +112,93 @@ type linOutput struct {
 	Fp      int
 }
 
-// linState is the SPEC's record of one key, as the model keeps it.
+// linState is the contract's record of one key, as the model keeps it.
 type linState struct {
 	Exists   bool
-	State    ledger.State
+	State    ledger.State // IN_PROGRESS, COMPLETED or RELEASED, as stored
+	Hold     bool
 	Fp       int
 	Token    uint64
 	Attempt  uint32
 	LeaseEnd int64
 	Expires  int64
+	Forget   int64
 	Outcome  int
 }
 
+// view is how the record reads at now (docs/contract.md): absent once
+// released or forgotten, or for an attempt of the TAKEOVER policy past its
+// retention; OUTCOME_UNKNOWN for an attempt of the HOLD policy whose lease
+// ran out; EXPIRED (a tombstone) for a completed record past its
+// retention.
+func (s linState) view(now int64) ledger.State {
+	switch {
+	case !s.Exists || s.State == ledger.StateReleased || now >= s.Forget:
+		return ledger.StateAbsent
+	case s.State == ledger.StateInProgress && s.Hold && now >= s.LeaseEnd:
+		return ledger.StateUnknown
+	case s.State == ledger.StateInProgress && now >= s.Expires:
+		return ledger.StateAbsent
+	case s.State == ledger.StateCompleted && now >= s.Expires:
+		return ledger.StateExpired
+	}
+	return s.State
+}
+
+// leaseTo gives the record a lease until end and keeps it, and its
+// tombstone window, at least as long.
+func (s *linState) leaseTo(end int64) {
+	s.LeaseEnd = end
+	if end > s.Expires {
+		s.Forget += end - s.Expires
+		s.Expires = end
+	}
+}
+
 // linApply is the sequential specification: the record after the operation
-// and its answer, written from SPEC.md and the README's decisions,
+// and its answer, written from the contract (docs/contract.md),
 // independently of the ledger's code.
 func linApply(s linState, in linInput) (linState, linOutput) {
 	now := in.Now
-	live := s.Exists && (s.State == ledger.StateInProgress || s.State == ledger.StateCompleted) && now < s.Expires
+	v := s.view(now)
+	holder := s.Exists && s.Token == in.Token && (v == ledger.StateInProgress || v == ledger.StateUnknown)
 	lost := linOutput{Code: ledger.CodeLeaseLost}
 	switch in.Kind {
 	case opBegin:
-		if !live {
-			if in.TooLate {
-				return s, linOutput{Code: ledger.CodeRetryTooLate}
-			}
+		switch {
+		case v == ledger.StateAbsent && in.TooLate:
+			return s, linOutput{Code: ledger.CodeRetryTooLate}
+		case v == ledger.StateAbsent:
 			token := uint64(1)
 			if s.Exists {
 				token = s.Token + 1
 			}
 			lease := now + linLease.Microseconds()
-			n := linState{Exists: true, State: ledger.StateInProgress, Fp: in.Fp, Token: token, Attempt: 1, LeaseEnd: lease, Expires: max(now+linRetention.Microseconds(), lease)}
+			expires := max(now+linRetention.Microseconds(), lease)
+			n := linState{Exists: true, State: ledger.StateInProgress, Hold: in.Hold, Fp: in.Fp, Token: token, Attempt: 1,
+				LeaseEnd: lease, Expires: expires, Forget: expires + linTombstone.Microseconds()}
 			return n, linOutput{Claimed: true, Token: token, Attempt: 1}
-		}
-		switch {
 		case s.Fp != in.Fp:
 			return s, linOutput{Code: ledger.CodeKeyReused}
-		case s.State == ledger.StateCompleted:
+		case v == ledger.StateCompleted:
 			return s, linOutput{Outcome: s.Outcome, Attempt: s.Attempt}
+		case v == ledger.StateExpired:
+			return s, linOutput{Code: ledger.CodeKeyExpired}
+		case v == ledger.StateUnknown:
+			return s, linOutput{Code: ledger.CodeOutcomeUnknown}
 		case now < s.LeaseEnd:
 			return s, linOutput{Code: ledger.CodeInProgress}
 		}
 		n := s
 		n.Token++
 		n.Attempt++
-		n.LeaseEnd = now + linLease.Microseconds()
-		n.Expires = max(n.Expires, n.LeaseEnd)
+		n.leaseTo(now + linLease.Microseconds())
 		return n, linOutput{Claimed: true, Token: n.Token, Attempt: n.Attempt}
 	case opComplete:
-		if !live || s.Token != in.Token {
-			return s, lost
-		}
-		if s.State == ledger.StateCompleted {
-			if s.Outcome == in.Outcome {
-				return s, linOutput{}
-			}
+		switch {
+		case v == ledger.StateCompleted && s.Token == in.Token && s.Outcome == in.Outcome:
+			return s, linOutput{}
+		case !holder:
 			return s, lost
 		}
 		n := s
@@ -171,25 +208,43 @@ func linApply(s linState, in linInput) (linState, linOutput) {
 		if s.Exists && s.State == ledger.StateReleased && s.Token == in.Token && now < s.Expires {
 			return s, linOutput{}
 		}
-		if !live || s.Token != in.Token || s.State != ledger.StateInProgress {
+		if !holder {
 			return s, lost
 		}
 		n := s
 		n.State = ledger.StateReleased
 		return n, linOutput{}
 	case opExtend:
-		if !live || s.Token != in.Token || s.State != ledger.StateInProgress {
+		if !holder {
 			return s, lost
 		}
 		n := s
-		n.LeaseEnd = now + linExtend.Microseconds()
-		n.Expires = max(n.Expires, n.LeaseEnd)
+		n.leaseTo(now + linExtend.Microseconds())
+		return n, linOutput{}
+	case opResolve:
+		switch {
+		case v == ledger.StateAbsent:
+			return s, linOutput{Code: ledger.CodeNotFound}
+		case v == ledger.StateCompleted || v == ledger.StateExpired:
+			return s, linOutput{Code: ledger.CodeValidationFailed}
+		case v == ledger.StateInProgress && now < s.LeaseEnd:
+			return s, linOutput{Code: ledger.CodeInProgress}
+		}
+		n := s
+		if in.Outcome == 0 {
+			n.State = ledger.StateReleased
+		} else {
+			n.State, n.Outcome = ledger.StateCompleted, in.Outcome
+		}
 		return n, linOutput{}
 	}
-	if !live {
+	switch v {
+	case ledger.StateAbsent:
 		return s, linOutput{Code: ledger.CodeNotFound}
+	case ledger.StateCompleted:
+		return s, linOutput{State: v, Attempt: s.Attempt, Fp: s.Fp, Outcome: s.Outcome}
 	}
-	return s, linOutput{State: s.State, Attempt: s.Attempt, Fp: s.Fp, Outcome: s.Outcome}
+	return s, linOutput{State: v, Attempt: s.Attempt, Fp: s.Fp}
 }
 
 // Model is the porcupine model of one key's record: a failed operation
@@ -225,7 +280,7 @@ func Model() porcupine.Model {
 		},
 		DescribeOperation: func(input, output any) string {
 			in, out := input.(linInput), output.(linOutput)
-			return fmt.Sprintf("%s(k%d tok=%d fp=%d late=%v out=%d) -> %+v", in.Kind, in.Key, in.Token, in.Fp, in.TooLate, in.Outcome, out)
+			return fmt.Sprintf("%s(k%d tok=%d fp=%d late=%v hold=%v out=%d) -> %+v", in.Kind, in.Key, in.Token, in.Fp, in.TooLate, in.Hold, in.Outcome, out)
 		},
 		DescribeState: func(state any) string { return fmt.Sprintf("%+v", state.(linState)) },
 	}
@@ -257,10 +312,14 @@ func History(t testing.TB, newStore func(now func() time.Time) ledger.Store, cfg
 		plans := make([][]linInput, cfg.Workers)
 		for w := range plans {
 			for range cfg.Ops {
-				in := linInput{Kind: opKind(rng.IntN(5)), Key: rng.IntN(cfg.Keys), Now: now.UnixMicro(), Outcome: 1 + rng.IntN(2)}
-				if in.Kind == opBegin {
+				in := linInput{Kind: opKind(rng.IntN(int(opKinds))), Key: rng.IntN(cfg.Keys), Now: now.UnixMicro(), Outcome: 1 + rng.IntN(2)}
+				switch in.Kind {
+				case opBegin:
 					in.Fp = boolInt(rng.IntN(8) == 0)
 					in.TooLate = rng.IntN(10) == 0
+					in.Hold = rng.IntN(4) == 0
+				case opResolve:
+					in.Outcome = rng.IntN(3)
 				}
 				if rng.IntN(5) == 0 {
 					in.Token = uint64(1 + rng.IntN(4)) // a stale or made-up token
@@ -320,9 +379,14 @@ func linCall(l *ledger.Ledger, ns string, in linInput, now time.Time) linOutput 
 	var err error
 	switch in.Kind {
 	case opBegin:
-		req := ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint(fmt.Sprint(in.Fp)), Method: ledgertest.Method, Lease: linLease, Retention: linRetention}
+		tomb := linTombstone
+		req := ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint(fmt.Sprint(in.Fp)), Method: ledgertest.Method,
+			Lease: linLease, Retention: linRetention, TombstoneRetention: &tomb}
 		if in.TooLate {
-			req.FirstAttemptAt = now.Add(-2 * linRetention)
+			req.FirstAttemptAt = now.Add(-2 * (linRetention + linTombstone))
+		}
+		if in.Hold {
+			req.OnLeaseExpiry = ledger.Hold
 		}
 		var res ledger.BeginResponse
 		if res, err = l.Begin(ctx, req); err == nil {
@@ -346,6 +410,12 @@ func linCall(l *ledger.Ledger, ns string, in linInput, now time.Time) linOutput 
 			}
 			return linOutput{State: rec.State, Attempt: rec.Attempt, Fp: fp, Outcome: outcomeID(rec.Outcome)}
 		}
+	case opResolve:
+		var o *ledger.Outcome
+		if in.Outcome != 0 {
+			o = outcome
+		}
+		_, err = l.Resolve(ctx, sc, o)
 	}
 	if err == nil {
 		return linOutput{}
@@ -353,7 +423,8 @@ func linCall(l *ledger.Ledger, ns string, in linInput, now time.Time) linOutput 
 	var le *ledger.Error
 	if errors.As(err, &le) {
 		switch le.Code {
-		case ledger.CodeInProgress, ledger.CodeKeyReused, ledger.CodeRetryTooLate, ledger.CodeLeaseLost, ledger.CodeNotFound:
+		case ledger.CodeInProgress, ledger.CodeKeyReused, ledger.CodeRetryTooLate, ledger.CodeLeaseLost, ledger.CodeNotFound,
+			ledger.CodeKeyExpired, ledger.CodeOutcomeUnknown, ledger.CodeValidationFailed:
 			return linOutput{Code: le.Code}
 		}
 	}

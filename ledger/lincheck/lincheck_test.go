@@ -99,12 +99,22 @@ func (s *checkThenInsert) Extend(_ context.Context, p ledger.ExtendParams) (ledg
 	return next, err
 }
 
+func (s *checkThenInsert) Resolve(_ context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next, err := ledger.NextResolve(s.get(p.Scope), p, s.now())
+	if err == nil {
+		s.recs[p.Scope] = next
+	}
+	return next, err
+}
+
 func (s *checkThenInsert) Get(_ context.Context, sc ledger.Scope) (ledger.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := s.get(sc)
-	if !r.Live(s.now()) {
+	r, ok := s.get(sc).AsOf(s.now())
+	if !ok {
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record")
 	}
-	return *r, nil
+	return r, nil
 }

@@ -109,6 +109,23 @@ func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Recor
 	return copyOf(next), nil
 }
 
+// Resolve implements ledger.Store.
+func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, ledger.TimedOut(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	next, err := ledger.NextResolve(s.records[p.Scope], p, now)
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	s.put(next)
+	rec, _ := next.AsOf(now)
+	return copyOf(rec), nil
+}
+
 // Get implements ledger.Store.
 func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, error) {
 	if err := ctx.Err(); err != nil {
@@ -116,11 +133,11 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec := s.records[scope]
-	if !rec.Live(s.now()) {
+	rec, ok := s.records[scope].AsOf(s.now())
+	if !ok {
 		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
 	}
-	return copyOf(*rec), nil
+	return copyOf(rec), nil
 }
 
 // GetMany implements ledger.ManyGetter: the live record of each scope, a
@@ -134,15 +151,16 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 	now := s.now()
 	recs := make([]ledger.Record, len(scopes))
 	for i, sc := range scopes {
-		if rec := s.records[sc]; rec.Live(now) {
-			recs[i] = copyOf(*rec)
+		if rec, ok := s.records[sc].AsOf(now); ok {
+			recs[i] = copyOf(rec)
 		}
 	}
 	return recs, nil
 }
 
-// Sweep deletes up to limit records that are past their retention and
-// returns how many it deleted.
+// Sweep shrinks up to limit completed records past their retention to
+// tombstones (their outcomes dropped) and deletes records past ForgetAt,
+// and returns how many it changed.
 func (s *Store) Sweep(_ context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -151,8 +169,12 @@ func (s *Store) Sweep(_ context.Context, limit int) (int, error) {
 		if n >= limit {
 			break
 		}
-		if !now.Before(rec.ExpiresAt) {
+		switch {
+		case rec.Forgotten(now):
 			delete(s.records, scope)
+			n++
+		case rec.Shrinkable(now):
+			rec.State, rec.Outcome = ledger.StateExpired, nil
 			n++
 		}
 	}

@@ -68,6 +68,15 @@ const (
 	ErrorCode_ERROR_CODE_PERMISSION_DENIED ErrorCode = 15
 	// ERROR_CODE_INTERNAL: an unexpected failure; not retryable.
 	ErrorCode_ERROR_CODE_INTERNAL ErrorCode = 16
+	// ERROR_CODE_OUTCOME_UNKNOWN: an attempt's lease ran out under the HOLD
+	// policy, so nobody knows whether the write happened; nothing runs again
+	// until someone resolves the key (Resolve). Metadata: "attempt",
+	// "leaseExpiredAt".
+	ErrorCode_ERROR_CODE_OUTCOME_UNKNOWN ErrorCode = 17
+	// ERROR_CODE_KEY_EXPIRED: the write happened, but its outcome is past its
+	// retention and only a tombstone is left: it is not run again, and its
+	// answer is gone.
+	ErrorCode_ERROR_CODE_KEY_EXPIRED ErrorCode = 18
 )
 
 // Enum value maps for ErrorCode.
@@ -90,6 +99,8 @@ var (
 		14: "ERROR_CODE_UNAUTHENTICATED",
 		15: "ERROR_CODE_PERMISSION_DENIED",
 		16: "ERROR_CODE_INTERNAL",
+		17: "ERROR_CODE_OUTCOME_UNKNOWN",
+		18: "ERROR_CODE_KEY_EXPIRED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED":       0,
@@ -109,6 +120,8 @@ var (
 		"ERROR_CODE_UNAUTHENTICATED":   14,
 		"ERROR_CODE_PERMISSION_DENIED": 15,
 		"ERROR_CODE_INTERNAL":          16,
+		"ERROR_CODE_OUTCOME_UNKNOWN":   17,
+		"ERROR_CODE_KEY_EXPIRED":       18,
 	}
 )
 
@@ -227,7 +240,7 @@ const file_idemledger_v1_errors_proto_rawDesc = "" +
 	"\bmetadata\x18\x04 \x03(\v2(.idemledger.v1.ErrorDetail.MetadataEntryR\bmetadata\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xfe\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xba\x04\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17ERROR_CODE_RATE_LIMITED\x10\x01\x12\x1a\n" +
@@ -246,7 +259,9 @@ const file_idemledger_v1_errors_proto_rawDesc = "" +
 	"\x14ERROR_CODE_NOT_FOUND\x10\r\x12\x1e\n" +
 	"\x1aERROR_CODE_UNAUTHENTICATED\x10\x0e\x12 \n" +
 	"\x1cERROR_CODE_PERMISSION_DENIED\x10\x0f\x12\x17\n" +
-	"\x13ERROR_CODE_INTERNAL\x10\x10B=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
+	"\x13ERROR_CODE_INTERNAL\x10\x10\x12\x1e\n" +
+	"\x1aERROR_CODE_OUTCOME_UNKNOWN\x10\x11\x12\x1a\n" +
+	"\x16ERROR_CODE_KEY_EXPIRED\x10\x12B=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_idemledger_v1_errors_proto_rawDescOnce sync.Once

@@ -24,8 +24,8 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// State is the state of a live record. Absent records have no state: reads
-// of them answer NOT_FOUND.
+// State is the state of a record. Absent records have no state: reads of
+// them answer NOT_FOUND.
 type State int32
 
 const (
@@ -35,6 +35,12 @@ const (
 	State_STATE_IN_PROGRESS State = 1
 	// STATE_COMPLETED: the outcome is stored and is replayed to every retry.
 	State_STATE_COMPLETED State = 2
+	// STATE_OUTCOME_UNKNOWN: the attempt's lease ran out under the HOLD
+	// policy; Begin answers OUTCOME_UNKNOWN until the record is resolved.
+	State_STATE_OUTCOME_UNKNOWN State = 3
+	// STATE_EXPIRED: a tombstone: the write happened, its outcome is past its
+	// retention; Begin answers KEY_EXPIRED.
+	State_STATE_EXPIRED State = 4
 )
 
 // Enum value maps for State.
@@ -43,11 +49,15 @@ var (
 		0: "STATE_UNSPECIFIED",
 		1: "STATE_IN_PROGRESS",
 		2: "STATE_COMPLETED",
+		3: "STATE_OUTCOME_UNKNOWN",
+		4: "STATE_EXPIRED",
 	}
 	State_value = map[string]int32{
-		"STATE_UNSPECIFIED": 0,
-		"STATE_IN_PROGRESS": 1,
-		"STATE_COMPLETED":   2,
+		"STATE_UNSPECIFIED":     0,
+		"STATE_IN_PROGRESS":     1,
+		"STATE_COMPLETED":       2,
+		"STATE_OUTCOME_UNKNOWN": 3,
+		"STATE_EXPIRED":         4,
 	}
 )
 
@@ -78,6 +88,63 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{0}
 }
 
+// OnLeaseExpiry is what a Begin does with an attempt whose lease ran out.
+type OnLeaseExpiry int32
+
+const (
+	// ON_LEASE_EXPIRY_UNSPECIFIED is TAKEOVER.
+	OnLeaseExpiry_ON_LEASE_EXPIRY_UNSPECIFIED OnLeaseExpiry = 0
+	// ON_LEASE_EXPIRY_TAKEOVER: the next Begin takes the record over with the
+	// token plus one. For writes fenced by the token, naturally idempotent, or
+	// reconciled.
+	OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER OnLeaseExpiry = 1
+	// ON_LEASE_EXPIRY_HOLD: the record turns OUTCOME_UNKNOWN; nothing runs
+	// again until someone resolves it. For irreversible writes that cannot be
+	// fenced.
+	OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD OnLeaseExpiry = 2
+)
+
+// Enum value maps for OnLeaseExpiry.
+var (
+	OnLeaseExpiry_name = map[int32]string{
+		0: "ON_LEASE_EXPIRY_UNSPECIFIED",
+		1: "ON_LEASE_EXPIRY_TAKEOVER",
+		2: "ON_LEASE_EXPIRY_HOLD",
+	}
+	OnLeaseExpiry_value = map[string]int32{
+		"ON_LEASE_EXPIRY_UNSPECIFIED": 0,
+		"ON_LEASE_EXPIRY_TAKEOVER":    1,
+		"ON_LEASE_EXPIRY_HOLD":        2,
+	}
+)
+
+func (x OnLeaseExpiry) Enum() *OnLeaseExpiry {
+	p := new(OnLeaseExpiry)
+	*p = x
+	return p
+}
+
+func (x OnLeaseExpiry) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnLeaseExpiry) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemledger_v1_ledger_proto_enumTypes[1].Descriptor()
+}
+
+func (OnLeaseExpiry) Type() protoreflect.EnumType {
+	return &file_idemledger_v1_ledger_proto_enumTypes[1]
+}
+
+func (x OnLeaseExpiry) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnLeaseExpiry.Descriptor instead.
+func (OnLeaseExpiry) EnumDescriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{1}
+}
+
 // StreamRequest is one call on a Stream.
 type StreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -97,7 +164,11 @@ type StreamRequest struct {
 	//	*StreamRequest_Extend
 	//	*StreamRequest_Lookup
 	//	*StreamRequest_Cancel
-	Call          isStreamRequest_Call `protobuf_oneof:"call"`
+	//	*StreamRequest_Resolve
+	Call isStreamRequest_Call `protobuf_oneof:"call"`
+	// trace_context carries the caller's trace context (W3C traceparent and
+	// tracestate), as a unary call's metadata would.
+	TraceContext  map[string]string `protobuf:"bytes,10,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +278,22 @@ func (x *StreamRequest) GetCancel() *CancelRequest {
 	return nil
 }
 
+func (x *StreamRequest) GetResolve() *ResolveRequest {
+	if x != nil {
+		if x, ok := x.Call.(*StreamRequest_Resolve); ok {
+			return x.Resolve
+		}
+	}
+	return nil
+}
+
+func (x *StreamRequest) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
+}
+
 type isStreamRequest_Call interface {
 	isStreamRequest_Call()
 }
@@ -242,6 +329,11 @@ type StreamRequest_Cancel struct {
 	Cancel *CancelRequest `protobuf:"bytes,8,opt,name=cancel,proto3,oneof"`
 }
 
+type StreamRequest_Resolve struct {
+	// resolve is a Resolve call.
+	Resolve *ResolveRequest `protobuf:"bytes,9,opt,name=resolve,proto3,oneof"`
+}
+
 func (*StreamRequest_Begin) isStreamRequest_Call() {}
 
 func (*StreamRequest_Complete) isStreamRequest_Call() {}
@@ -253,6 +345,8 @@ func (*StreamRequest_Extend) isStreamRequest_Call() {}
 func (*StreamRequest_Lookup) isStreamRequest_Call() {}
 
 func (*StreamRequest_Cancel) isStreamRequest_Call() {}
+
+func (*StreamRequest_Resolve) isStreamRequest_Call() {}
 
 // CancelRequest gives up a call in flight on a Stream.
 type CancelRequest struct {
@@ -307,6 +401,7 @@ type StreamResponse struct {
 	//	*StreamResponse_Lookup
 	//	*StreamResponse_Error
 	//	*StreamResponse_Drain
+	//	*StreamResponse_Resolve
 	Result        isStreamResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -419,6 +514,15 @@ func (x *StreamResponse) GetDrain() *Drain {
 	return nil
 }
 
+func (x *StreamResponse) GetResolve() *ResolveResponse {
+	if x != nil {
+		if x, ok := x.Result.(*StreamResponse_Resolve); ok {
+			return x.Resolve
+		}
+	}
+	return nil
+}
+
 type isStreamResponse_Result interface {
 	isStreamResponse_Result()
 }
@@ -461,6 +565,11 @@ type StreamResponse_Drain struct {
 	Drain *Drain `protobuf:"bytes,8,opt,name=drain,proto3,oneof"`
 }
 
+type StreamResponse_Resolve struct {
+	// resolve answers a Resolve call.
+	Resolve *ResolveResponse `protobuf:"bytes,9,opt,name=resolve,proto3,oneof"`
+}
+
 func (*StreamResponse_Begin) isStreamResponse_Result() {}
 
 func (*StreamResponse_Complete) isStreamResponse_Result() {}
@@ -474,6 +583,8 @@ func (*StreamResponse_Lookup) isStreamResponse_Result() {}
 func (*StreamResponse_Error) isStreamResponse_Result() {}
 
 func (*StreamResponse_Drain) isStreamResponse_Result() {}
+
+func (*StreamResponse_Resolve) isStreamResponse_Result() {}
 
 // Drain asks the client to move to a new Stream.
 type Drain struct {
@@ -599,11 +710,18 @@ type BeginRequest struct {
 	// default (24 h).
 	Retention *durationpb.Duration `protobuf:"bytes,6,opt,name=retention,proto3" json:"retention,omitempty"`
 	// first_attempt_at is when the client first tried this intent. When it is
-	// older than the retention window, Begin answers RETRY_TOO_LATE instead of
-	// running the write a second time.
+	// older than the retention and tombstone windows together, Begin answers
+	// RETRY_TOO_LATE instead of running the write a second time.
 	FirstAttemptAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=first_attempt_at,json=firstAttemptAt,proto3" json:"first_attempt_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// on_lease_expiry is what a later Begin does once this claim's lease runs
+	// out. It is stored with the record at its first claim.
+	OnLeaseExpiry OnLeaseExpiry `protobuf:"varint,8,opt,name=on_lease_expiry,json=onLeaseExpiry,proto3,enum=idemledger.v1.OnLeaseExpiry" json:"on_lease_expiry,omitempty"`
+	// tombstone_retention is how long a completed record is kept as a
+	// tombstone after its retention. Unset means the server's default (7
+	// days); zero turns tombstones off for this record.
+	TombstoneRetention *durationpb.Duration `protobuf:"bytes,9,opt,name=tombstone_retention,json=tombstoneRetention,proto3" json:"tombstone_retention,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *BeginRequest) Reset() {
@@ -681,6 +799,20 @@ func (x *BeginRequest) GetRetention() *durationpb.Duration {
 func (x *BeginRequest) GetFirstAttemptAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.FirstAttemptAt
+	}
+	return nil
+}
+
+func (x *BeginRequest) GetOnLeaseExpiry() OnLeaseExpiry {
+	if x != nil {
+		return x.OnLeaseExpiry
+	}
+	return OnLeaseExpiry_ON_LEASE_EXPIRY_UNSPECIFIED
+}
+
+func (x *BeginRequest) GetTombstoneRetention() *durationpb.Duration {
+	if x != nil {
+		return x.TombstoneRetention
 	}
 	return nil
 }
@@ -1534,7 +1666,11 @@ type Record struct {
 	// expires_at is when the record will be forgotten.
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// outcome is the stored outcome (COMPLETED only).
-	Outcome       *Outcome `protobuf:"bytes,9,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Outcome *Outcome `protobuf:"bytes,9,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// on_lease_expiry is the record's policy for a lease that runs out.
+	OnLeaseExpiry OnLeaseExpiry `protobuf:"varint,10,opt,name=on_lease_expiry,json=onLeaseExpiry,proto3,enum=idemledger.v1.OnLeaseExpiry" json:"on_lease_expiry,omitempty"`
+	// forget_at is when the record, a tombstone by then, is forgotten.
+	ForgetAt      *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=forget_at,json=forgetAt,proto3" json:"forget_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1632,11 +1768,215 @@ func (x *Record) GetOutcome() *Outcome {
 	return nil
 }
 
+func (x *Record) GetOnLeaseExpiry() OnLeaseExpiry {
+	if x != nil {
+		return x.OnLeaseExpiry
+	}
+	return OnLeaseExpiry_ON_LEASE_EXPIRY_UNSPECIFIED
+}
+
+func (x *Record) GetForgetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ForgetAt
+	}
+	return nil
+}
+
+// ResolveRequest settles a record whose outcome nobody knows.
+type ResolveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the customer account of the scope.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// key is the idempotency key of the scope.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// resolution says whether the write happened.
+	//
+	// Types that are valid to be assigned to Resolution:
+	//
+	//	*ResolveRequest_Applied
+	//	*ResolveRequest_NotApplied
+	Resolution    isResolveRequest_Resolution `protobuf_oneof:"resolution"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRequest) Reset() {
+	*x = ResolveRequest{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRequest) ProtoMessage() {}
+
+func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRequest.ProtoReflect.Descriptor instead.
+func (*ResolveRequest) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ResolveRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ResolveRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ResolveRequest) GetResolution() isResolveRequest_Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+func (x *ResolveRequest) GetApplied() *Outcome {
+	if x != nil {
+		if x, ok := x.Resolution.(*ResolveRequest_Applied); ok {
+			return x.Applied
+		}
+	}
+	return nil
+}
+
+func (x *ResolveRequest) GetNotApplied() *NotApplied {
+	if x != nil {
+		if x, ok := x.Resolution.(*ResolveRequest_NotApplied); ok {
+			return x.NotApplied
+		}
+	}
+	return nil
+}
+
+type isResolveRequest_Resolution interface {
+	isResolveRequest_Resolution()
+}
+
+type ResolveRequest_Applied struct {
+	// applied: the write happened, with this outcome; the record is
+	// completed with it and later Begins replay it.
+	Applied *Outcome `protobuf:"bytes,3,opt,name=applied,proto3,oneof"`
+}
+
+type ResolveRequest_NotApplied struct {
+	// not_applied: the write did not happen; the record becomes absent and
+	// the next Begin claims it afresh.
+	NotApplied *NotApplied `protobuf:"bytes,4,opt,name=not_applied,json=notApplied,proto3,oneof"`
+}
+
+func (*ResolveRequest_Applied) isResolveRequest_Resolution() {}
+
+func (*ResolveRequest_NotApplied) isResolveRequest_Resolution() {}
+
+// NotApplied says that a write did not happen.
+type NotApplied struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotApplied) Reset() {
+	*x = NotApplied{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotApplied) ProtoMessage() {}
+
+func (x *NotApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotApplied.ProtoReflect.Descriptor instead.
+func (*NotApplied) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{21}
+}
+
+// ResolveResponse carries the record after the resolution.
+type ResolveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record is the record after the resolution (absent: unset).
+	Record        *Record `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveResponse) Reset() {
+	*x = ResolveResponse{}
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveResponse) ProtoMessage() {}
+
+func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_ledger_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveResponse.ProtoReflect.Descriptor instead.
+func (*ResolveResponse) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_ledger_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResolveResponse) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 var File_idemledger_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\n" +
-	"\x1aidemledger/v1/ledger.proto\x12\ridemledger.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x03\n" +
+	"\x1aidemledger/v1/ledger.proto\x12\ridemledger.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x83\x05\n" +
 	"\rStreamRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x123\n" +
 	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x123\n" +
@@ -1645,9 +1985,15 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\arelease\x18\x05 \x01(\v2\x1d.idemledger.v1.ReleaseRequestH\x00R\arelease\x126\n" +
 	"\x06extend\x18\x06 \x01(\v2\x1c.idemledger.v1.ExtendRequestH\x00R\x06extend\x126\n" +
 	"\x06lookup\x18\a \x01(\v2\x1c.idemledger.v1.LookupRequestH\x00R\x06lookup\x126\n" +
-	"\x06cancel\x18\b \x01(\v2\x1c.idemledger.v1.CancelRequestH\x00R\x06cancelB\x06\n" +
+	"\x06cancel\x18\b \x01(\v2\x1c.idemledger.v1.CancelRequestH\x00R\x06cancel\x129\n" +
+	"\aresolve\x18\t \x01(\v2\x1d.idemledger.v1.ResolveRequestH\x00R\aresolve\x12S\n" +
+	"\rtrace_context\x18\n" +
+	" \x03(\v2..idemledger.v1.StreamRequest.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
 	"\x04call\"\x0f\n" +
-	"\rCancelRequest\"\xae\x03\n" +
+	"\rCancelRequest\"\xea\x03\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\x05begin\x18\x02 \x01(\v2\x1c.idemledger.v1.BeginResponseH\x00R\x05begin\x12=\n" +
@@ -1656,14 +2002,15 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x06extend\x18\x05 \x01(\v2\x1d.idemledger.v1.ExtendResponseH\x00R\x06extend\x127\n" +
 	"\x06lookup\x18\x06 \x01(\v2\x1d.idemledger.v1.LookupResponseH\x00R\x06lookup\x121\n" +
 	"\x05error\x18\a \x01(\v2\x19.idemledger.v1.CallStatusH\x00R\x05error\x12,\n" +
-	"\x05drain\x18\b \x01(\v2\x14.idemledger.v1.DrainH\x00R\x05drainB\b\n" +
+	"\x05drain\x18\b \x01(\v2\x14.idemledger.v1.DrainH\x00R\x05drain\x12:\n" +
+	"\aresolve\x18\t \x01(\v2\x1e.idemledger.v1.ResolveResponseH\x00R\aresolveB\b\n" +
 	"\x06result\"\a\n" +
 	"\x05Drain\"j\n" +
 	"\n" +
 	"CallStatus\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
-	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xa2\x02\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xb4\x03\n" +
 	"\fBeginRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
@@ -1671,7 +2018,9 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x06method\x18\x04 \x01(\tR\x06method\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x127\n" +
 	"\tretention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12D\n" +
-	"\x10first_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0efirstAttemptAt\"x\n" +
+	"\x10first_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0efirstAttemptAt\x12D\n" +
+	"\x0fon_lease_expiry\x18\b \x01(\x0e2\x1c.idemledger.v1.OnLeaseExpiryR\ronLeaseExpiry\x12J\n" +
+	"\x13tombstone_retention\x18\t \x01(\v2\x19.google.protobuf.DurationR\x12tombstoneRetention\"x\n" +
 	"\rBeginResponse\x12,\n" +
 	"\x05claim\x18\x01 \x01(\v2\x14.idemledger.v1.ClaimH\x00R\x05claim\x12/\n" +
 	"\x06replay\x18\x02 \x01(\v2\x15.idemledger.v1.ReplayH\x00R\x06replayB\b\n" +
@@ -1718,7 +2067,7 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12-\n" +
 	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"?\n" +
 	"\x0eLookupResponse\x12-\n" +
-	"\x06record\x18\x01 \x01(\v2\x15.idemledger.v1.RecordR\x06record\"\xb5\x03\n" +
+	"\x06record\x18\x01 \x01(\v2\x15.idemledger.v1.RecordR\x06record\"\xb4\x04\n" +
 	"\x06Record\x12*\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.idemledger.v1.StateR\x05state\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12 \n" +
@@ -1730,17 +2079,39 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\fcompleted_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x129\n" +
 	"\n" +
 	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x120\n" +
-	"\aoutcome\x18\t \x01(\v2\x16.idemledger.v1.OutcomeR\aoutcome*J\n" +
+	"\aoutcome\x18\t \x01(\v2\x16.idemledger.v1.OutcomeR\aoutcome\x12D\n" +
+	"\x0fon_lease_expiry\x18\n" +
+	" \x01(\x0e2\x1c.idemledger.v1.OnLeaseExpiryR\ronLeaseExpiry\x127\n" +
+	"\tforget_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\bforgetAt\"\xba\x01\n" +
+	"\x0eResolveRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
+	"\aapplied\x18\x03 \x01(\v2\x16.idemledger.v1.OutcomeH\x00R\aapplied\x12<\n" +
+	"\vnot_applied\x18\x04 \x01(\v2\x19.idemledger.v1.NotAppliedH\x00R\n" +
+	"notAppliedB\f\n" +
+	"\n" +
+	"resolution\"\f\n" +
+	"\n" +
+	"NotApplied\"@\n" +
+	"\x0fResolveResponse\x12-\n" +
+	"\x06record\x18\x01 \x01(\v2\x15.idemledger.v1.RecordR\x06record*x\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
-	"\x0fSTATE_COMPLETED\x10\x022\xc8\x03\n" +
+	"\x0fSTATE_COMPLETED\x10\x02\x12\x19\n" +
+	"\x15STATE_OUTCOME_UNKNOWN\x10\x03\x12\x11\n" +
+	"\rSTATE_EXPIRED\x10\x04*h\n" +
+	"\rOnLeaseExpiry\x12\x1f\n" +
+	"\x1bON_LEASE_EXPIRY_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18ON_LEASE_EXPIRY_TAKEOVER\x10\x01\x12\x18\n" +
+	"\x14ON_LEASE_EXPIRY_HOLD\x10\x022\x92\x04\n" +
 	"\rLedgerService\x12B\n" +
 	"\x05Begin\x12\x1b.idemledger.v1.BeginRequest\x1a\x1c.idemledger.v1.BeginResponse\x12K\n" +
 	"\bComplete\x12\x1e.idemledger.v1.CompleteRequest\x1a\x1f.idemledger.v1.CompleteResponse\x12H\n" +
 	"\aRelease\x12\x1d.idemledger.v1.ReleaseRequest\x1a\x1e.idemledger.v1.ReleaseResponse\x12E\n" +
 	"\x06Extend\x12\x1c.idemledger.v1.ExtendRequest\x1a\x1d.idemledger.v1.ExtendResponse\x12J\n" +
-	"\x06Lookup\x12\x1c.idemledger.v1.LookupRequest\x1a\x1d.idemledger.v1.LookupResponse\"\x03\x90\x02\x01\x12I\n" +
+	"\x06Lookup\x12\x1c.idemledger.v1.LookupRequest\x1a\x1d.idemledger.v1.LookupResponse\"\x03\x90\x02\x01\x12H\n" +
+	"\aResolve\x12\x1d.idemledger.v1.ResolveRequest\x1a\x1e.idemledger.v1.ResolveResponse\x12I\n" +
 	"\x06Stream\x12\x1c.idemledger.v1.StreamRequest\x1a\x1d.idemledger.v1.StreamResponse(\x010\x01B=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
 
 var (
@@ -1755,91 +2126,108 @@ func file_idemledger_v1_ledger_proto_rawDescGZIP() []byte {
 	return file_idemledger_v1_ledger_proto_rawDescData
 }
 
-var file_idemledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_idemledger_v1_ledger_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_idemledger_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_idemledger_v1_ledger_proto_goTypes = []any{
 	(State)(0),                    // 0: idemledger.v1.State
-	(*StreamRequest)(nil),         // 1: idemledger.v1.StreamRequest
-	(*CancelRequest)(nil),         // 2: idemledger.v1.CancelRequest
-	(*StreamResponse)(nil),        // 3: idemledger.v1.StreamResponse
-	(*Drain)(nil),                 // 4: idemledger.v1.Drain
-	(*CallStatus)(nil),            // 5: idemledger.v1.CallStatus
-	(*BeginRequest)(nil),          // 6: idemledger.v1.BeginRequest
-	(*BeginResponse)(nil),         // 7: idemledger.v1.BeginResponse
-	(*Claim)(nil),                 // 8: idemledger.v1.Claim
-	(*Replay)(nil),                // 9: idemledger.v1.Replay
-	(*Outcome)(nil),               // 10: idemledger.v1.Outcome
-	(*StoredStatus)(nil),          // 11: idemledger.v1.StoredStatus
-	(*CompleteRequest)(nil),       // 12: idemledger.v1.CompleteRequest
-	(*CompleteResponse)(nil),      // 13: idemledger.v1.CompleteResponse
-	(*ReleaseRequest)(nil),        // 14: idemledger.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 15: idemledger.v1.ReleaseResponse
-	(*ExtendRequest)(nil),         // 16: idemledger.v1.ExtendRequest
-	(*ExtendResponse)(nil),        // 17: idemledger.v1.ExtendResponse
-	(*LookupRequest)(nil),         // 18: idemledger.v1.LookupRequest
-	(*LookupResponse)(nil),        // 19: idemledger.v1.LookupResponse
-	(*Record)(nil),                // 20: idemledger.v1.Record
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*anypb.Any)(nil),             // 22: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(OnLeaseExpiry)(0),            // 1: idemledger.v1.OnLeaseExpiry
+	(*StreamRequest)(nil),         // 2: idemledger.v1.StreamRequest
+	(*CancelRequest)(nil),         // 3: idemledger.v1.CancelRequest
+	(*StreamResponse)(nil),        // 4: idemledger.v1.StreamResponse
+	(*Drain)(nil),                 // 5: idemledger.v1.Drain
+	(*CallStatus)(nil),            // 6: idemledger.v1.CallStatus
+	(*BeginRequest)(nil),          // 7: idemledger.v1.BeginRequest
+	(*BeginResponse)(nil),         // 8: idemledger.v1.BeginResponse
+	(*Claim)(nil),                 // 9: idemledger.v1.Claim
+	(*Replay)(nil),                // 10: idemledger.v1.Replay
+	(*Outcome)(nil),               // 11: idemledger.v1.Outcome
+	(*StoredStatus)(nil),          // 12: idemledger.v1.StoredStatus
+	(*CompleteRequest)(nil),       // 13: idemledger.v1.CompleteRequest
+	(*CompleteResponse)(nil),      // 14: idemledger.v1.CompleteResponse
+	(*ReleaseRequest)(nil),        // 15: idemledger.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 16: idemledger.v1.ReleaseResponse
+	(*ExtendRequest)(nil),         // 17: idemledger.v1.ExtendRequest
+	(*ExtendResponse)(nil),        // 18: idemledger.v1.ExtendResponse
+	(*LookupRequest)(nil),         // 19: idemledger.v1.LookupRequest
+	(*LookupResponse)(nil),        // 20: idemledger.v1.LookupResponse
+	(*Record)(nil),                // 21: idemledger.v1.Record
+	(*ResolveRequest)(nil),        // 22: idemledger.v1.ResolveRequest
+	(*NotApplied)(nil),            // 23: idemledger.v1.NotApplied
+	(*ResolveResponse)(nil),       // 24: idemledger.v1.ResolveResponse
+	nil,                           // 25: idemledger.v1.StreamRequest.TraceContextEntry
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 27: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_idemledger_v1_ledger_proto_depIdxs = []int32{
-	21, // 0: idemledger.v1.StreamRequest.timeout:type_name -> google.protobuf.Duration
-	6,  // 1: idemledger.v1.StreamRequest.begin:type_name -> idemledger.v1.BeginRequest
-	12, // 2: idemledger.v1.StreamRequest.complete:type_name -> idemledger.v1.CompleteRequest
-	14, // 3: idemledger.v1.StreamRequest.release:type_name -> idemledger.v1.ReleaseRequest
-	16, // 4: idemledger.v1.StreamRequest.extend:type_name -> idemledger.v1.ExtendRequest
-	18, // 5: idemledger.v1.StreamRequest.lookup:type_name -> idemledger.v1.LookupRequest
-	2,  // 6: idemledger.v1.StreamRequest.cancel:type_name -> idemledger.v1.CancelRequest
-	7,  // 7: idemledger.v1.StreamResponse.begin:type_name -> idemledger.v1.BeginResponse
-	13, // 8: idemledger.v1.StreamResponse.complete:type_name -> idemledger.v1.CompleteResponse
-	15, // 9: idemledger.v1.StreamResponse.release:type_name -> idemledger.v1.ReleaseResponse
-	17, // 10: idemledger.v1.StreamResponse.extend:type_name -> idemledger.v1.ExtendResponse
-	19, // 11: idemledger.v1.StreamResponse.lookup:type_name -> idemledger.v1.LookupResponse
-	5,  // 12: idemledger.v1.StreamResponse.error:type_name -> idemledger.v1.CallStatus
-	4,  // 13: idemledger.v1.StreamResponse.drain:type_name -> idemledger.v1.Drain
-	22, // 14: idemledger.v1.CallStatus.details:type_name -> google.protobuf.Any
-	21, // 15: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	21, // 16: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	23, // 17: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
-	8,  // 18: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
-	9,  // 19: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
-	23, // 20: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
-	10, // 21: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
-	23, // 22: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
-	22, // 23: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
-	11, // 24: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
-	22, // 25: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
-	10, // 26: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
-	23, // 27: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	23, // 28: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 29: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
-	23, // 30: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 31: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
-	20, // 32: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
-	0,  // 33: idemledger.v1.Record.state:type_name -> idemledger.v1.State
-	23, // 34: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
-	23, // 35: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 36: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	23, // 37: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 38: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
-	6,  // 39: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
-	12, // 40: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
-	14, // 41: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
-	16, // 42: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
-	18, // 43: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
-	1,  // 44: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
-	7,  // 45: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
-	13, // 46: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
-	15, // 47: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
-	17, // 48: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
-	19, // 49: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
-	3,  // 50: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
-	45, // [45:51] is the sub-list for method output_type
-	39, // [39:45] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	26, // 0: idemledger.v1.StreamRequest.timeout:type_name -> google.protobuf.Duration
+	7,  // 1: idemledger.v1.StreamRequest.begin:type_name -> idemledger.v1.BeginRequest
+	13, // 2: idemledger.v1.StreamRequest.complete:type_name -> idemledger.v1.CompleteRequest
+	15, // 3: idemledger.v1.StreamRequest.release:type_name -> idemledger.v1.ReleaseRequest
+	17, // 4: idemledger.v1.StreamRequest.extend:type_name -> idemledger.v1.ExtendRequest
+	19, // 5: idemledger.v1.StreamRequest.lookup:type_name -> idemledger.v1.LookupRequest
+	3,  // 6: idemledger.v1.StreamRequest.cancel:type_name -> idemledger.v1.CancelRequest
+	22, // 7: idemledger.v1.StreamRequest.resolve:type_name -> idemledger.v1.ResolveRequest
+	25, // 8: idemledger.v1.StreamRequest.trace_context:type_name -> idemledger.v1.StreamRequest.TraceContextEntry
+	8,  // 9: idemledger.v1.StreamResponse.begin:type_name -> idemledger.v1.BeginResponse
+	14, // 10: idemledger.v1.StreamResponse.complete:type_name -> idemledger.v1.CompleteResponse
+	16, // 11: idemledger.v1.StreamResponse.release:type_name -> idemledger.v1.ReleaseResponse
+	18, // 12: idemledger.v1.StreamResponse.extend:type_name -> idemledger.v1.ExtendResponse
+	20, // 13: idemledger.v1.StreamResponse.lookup:type_name -> idemledger.v1.LookupResponse
+	6,  // 14: idemledger.v1.StreamResponse.error:type_name -> idemledger.v1.CallStatus
+	5,  // 15: idemledger.v1.StreamResponse.drain:type_name -> idemledger.v1.Drain
+	24, // 16: idemledger.v1.StreamResponse.resolve:type_name -> idemledger.v1.ResolveResponse
+	27, // 17: idemledger.v1.CallStatus.details:type_name -> google.protobuf.Any
+	26, // 18: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	26, // 19: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	28, // 20: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 21: idemledger.v1.BeginRequest.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
+	26, // 22: idemledger.v1.BeginRequest.tombstone_retention:type_name -> google.protobuf.Duration
+	9,  // 23: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
+	10, // 24: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
+	28, // 25: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
+	11, // 26: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
+	28, // 27: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
+	27, // 28: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
+	12, // 29: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
+	27, // 30: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
+	11, // 31: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
+	28, // 32: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 33: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 34: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
+	28, // 35: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	26, // 36: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
+	21, // 37: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
+	0,  // 38: idemledger.v1.Record.state:type_name -> idemledger.v1.State
+	28, // 39: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
+	28, // 40: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 41: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 42: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 43: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
+	1,  // 44: idemledger.v1.Record.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
+	28, // 45: idemledger.v1.Record.forget_at:type_name -> google.protobuf.Timestamp
+	11, // 46: idemledger.v1.ResolveRequest.applied:type_name -> idemledger.v1.Outcome
+	23, // 47: idemledger.v1.ResolveRequest.not_applied:type_name -> idemledger.v1.NotApplied
+	21, // 48: idemledger.v1.ResolveResponse.record:type_name -> idemledger.v1.Record
+	7,  // 49: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
+	13, // 50: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
+	15, // 51: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
+	17, // 52: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
+	19, // 53: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
+	22, // 54: idemledger.v1.LedgerService.Resolve:input_type -> idemledger.v1.ResolveRequest
+	2,  // 55: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
+	8,  // 56: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
+	14, // 57: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
+	16, // 58: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
+	18, // 59: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
+	20, // 60: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
+	24, // 61: idemledger.v1.LedgerService.Resolve:output_type -> idemledger.v1.ResolveResponse
+	4,  // 62: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
+	56, // [56:63] is the sub-list for method output_type
+	49, // [49:56] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_idemledger_v1_ledger_proto_init() }
@@ -1854,6 +2242,7 @@ func file_idemledger_v1_ledger_proto_init() {
 		(*StreamRequest_Extend)(nil),
 		(*StreamRequest_Lookup)(nil),
 		(*StreamRequest_Cancel)(nil),
+		(*StreamRequest_Resolve)(nil),
 	}
 	file_idemledger_v1_ledger_proto_msgTypes[2].OneofWrappers = []any{
 		(*StreamResponse_Begin)(nil),
@@ -1863,6 +2252,7 @@ func file_idemledger_v1_ledger_proto_init() {
 		(*StreamResponse_Lookup)(nil),
 		(*StreamResponse_Error)(nil),
 		(*StreamResponse_Drain)(nil),
+		(*StreamResponse_Resolve)(nil),
 	}
 	file_idemledger_v1_ledger_proto_msgTypes[6].OneofWrappers = []any{
 		(*BeginResponse_Claim)(nil),
@@ -1872,13 +2262,17 @@ func file_idemledger_v1_ledger_proto_init() {
 		(*Outcome_Response)(nil),
 		(*Outcome_Status)(nil),
 	}
+	file_idemledger_v1_ledger_proto_msgTypes[20].OneofWrappers = []any{
+		(*ResolveRequest_Applied)(nil),
+		(*ResolveRequest_NotApplied)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemledger_v1_ledger_proto_rawDesc), len(file_idemledger_v1_ledger_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   20,
+			NumEnums:      2,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	LedgerService_Release_FullMethodName  = "/idemledger.v1.LedgerService/Release"
 	LedgerService_Extend_FullMethodName   = "/idemledger.v1.LedgerService/Extend"
 	LedgerService_Lookup_FullMethodName   = "/idemledger.v1.LedgerService/Lookup"
+	LedgerService_Resolve_FullMethodName  = "/idemledger.v1.LedgerService/Resolve"
 	LedgerService_Stream_FullMethodName   = "/idemledger.v1.LedgerService/Stream"
 )
 
@@ -55,8 +56,16 @@ type LedgerServiceClient interface {
 	// heartbeat for long handlers). Errors: LEASE_LOST, NOT_FOUND.
 	Extend(ctx context.Context, in *ExtendRequest, opts ...grpc.CallOption) (*ExtendResponse, error)
 	// Lookup reads the record of a scope. With a wait, it blocks until the
-	// record is terminal or the wait runs out. Errors: NOT_FOUND.
+	// record is terminal or the wait runs out. Errors: NOT_FOUND,
+	// RATE_LIMITED (too many waiting).
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
+	// Resolve settles a record whose outcome nobody knows: an OUTCOME_UNKNOWN
+	// record, or an IN_PROGRESS record whose lease has run out. Applied, with
+	// an outcome, completes it (later Begins replay that outcome); not
+	// applied makes it absent (the next Begin claims it afresh). Errors:
+	// IN_PROGRESS (a live lease), VALIDATION_FAILED (a completed record, or
+	// a malformed outcome), NOT_FOUND.
+	Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error)
 	// Stream carries Begin, Complete, Release, Extend and Lookup calls over
 	// one long-lived stream, for write services that make many: each call
 	// costs a message each way instead of a unary RPC. Every call is
@@ -127,6 +136,16 @@ func (c *ledgerServiceClient) Lookup(ctx context.Context, in *LookupRequest, opt
 	return out, nil
 }
 
+func (c *ledgerServiceClient) Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveResponse)
+	err := c.cc.Invoke(ctx, LedgerService_Resolve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *ledgerServiceClient) Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &LedgerService_ServiceDesc.Streams[0], LedgerService_Stream_FullMethodName, cOpts...)
@@ -168,8 +187,16 @@ type LedgerServiceServer interface {
 	// heartbeat for long handlers). Errors: LEASE_LOST, NOT_FOUND.
 	Extend(context.Context, *ExtendRequest) (*ExtendResponse, error)
 	// Lookup reads the record of a scope. With a wait, it blocks until the
-	// record is terminal or the wait runs out. Errors: NOT_FOUND.
+	// record is terminal or the wait runs out. Errors: NOT_FOUND,
+	// RATE_LIMITED (too many waiting).
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
+	// Resolve settles a record whose outcome nobody knows: an OUTCOME_UNKNOWN
+	// record, or an IN_PROGRESS record whose lease has run out. Applied, with
+	// an outcome, completes it (later Begins replay that outcome); not
+	// applied makes it absent (the next Begin claims it afresh). Errors:
+	// IN_PROGRESS (a live lease), VALIDATION_FAILED (a completed record, or
+	// a malformed outcome), NOT_FOUND.
+	Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error)
 	// Stream carries Begin, Complete, Release, Extend and Lookup calls over
 	// one long-lived stream, for write services that make many: each call
 	// costs a message each way instead of a unary RPC. Every call is
@@ -204,6 +231,9 @@ func (UnimplementedLedgerServiceServer) Extend(context.Context, *ExtendRequest) 
 }
 func (UnimplementedLedgerServiceServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedLedgerServiceServer) Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resolve not implemented")
 }
 func (UnimplementedLedgerServiceServer) Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error {
 	return status.Error(codes.Unimplemented, "method Stream not implemented")
@@ -319,6 +349,24 @@ func _LedgerService_Lookup_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LedgerService_Resolve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LedgerServiceServer).Resolve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LedgerService_Resolve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LedgerServiceServer).Resolve(ctx, req.(*ResolveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _LedgerService_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(LedgerServiceServer).Stream(&grpc.GenericServerStream[StreamRequest, StreamResponse]{ServerStream: stream})
 }
@@ -352,6 +400,10 @@ var LedgerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Lookup",
 			Handler:    _LedgerService_Lookup_Handler,
+		},
+		{
+			MethodName: "Resolve",
+			Handler:    _LedgerService_Resolve_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
