@@ -2,7 +2,8 @@ package idempotency
 
 import (
 	"context"
-	"time"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
 )
 
 // Claim is the handler's hold on its key: the ledger's fencing token and
@@ -10,23 +11,8 @@ import (
 // store the token with the write and refuse a write whose token is lower
 // than the one stored, so an attempt that lost its lease cannot overwrite
 // the attempt that took over.
-type Claim struct {
-	Tenant         string
-	Key            string
-	Token          uint64
-	Attempt        uint32 // 1 for the first attempt, more after takeovers
-	LeaseExpiresAt time.Time
-}
-
-type claimKey struct{}
+type Claim = guard.Claim
 
 // ClaimFromContext returns the claim of the call whose handler ctx belongs
 // to, and false outside a protected call.
-func ClaimFromContext(ctx context.Context) (Claim, bool) {
-	c, ok := ctx.Value(claimKey{}).(Claim)
-	return c, ok
-}
-
-func withClaim(ctx context.Context, c Claim) context.Context {
-	return context.WithValue(ctx, claimKey{}, c)
-}
+func ClaimFromContext(ctx context.Context) (Claim, bool) { return guard.ClaimFromContext(ctx) }

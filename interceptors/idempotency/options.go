@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger"
 )
@@ -36,9 +37,71 @@ type Policy struct {
 	// Retention is how long the outcome is kept for replays; 0 means the
 	// ledger's default (24 h).
 	Retention time.Duration
+	// TombstoneRetention is how long a completed record is kept as a
+	// tombstone after Retention (a retry then gets KEY_EXPIRED, never a
+	// second run); 0 means the ledger's default (7 days).
+	TombstoneRetention time.Duration
+	// NoTombstones turns tombstones off for the method.
+	NoTombstones bool
 	// KeyOptional lets calls without a key through, unprotected; by default
 	// they fail with KEY_MISSING.
 	KeyOptional bool
+	// OnInProgress is what a duplicate gets while the first attempt runs:
+	// Reject (this interceptor's default: IN_PROGRESS at once, with a
+	// retry-after) or Wait (the first attempt's outcome, replayed).
+	OnInProgress InProgress
+	// MaxWait bounds a duplicate's wait under Wait, besides the caller's
+	// deadline; 0 means 10 s.
+	MaxWait time.Duration
+	// OnLeaseExpiry is what happens when an attempt's lease runs out with
+	// no outcome: Takeover (the default: the next attempt runs with a
+	// higher token) or Hold (the record turns OUTCOME_UNKNOWN and nothing
+	// runs again until someone resolves it).
+	OnLeaseExpiry LeaseExpiry
+	// Reconcile, when set, is asked before a takeover (attempt > 1) runs
+	// the handler whether the earlier attempt's write landed.
+	Reconcile ReconcileFunc
+}
+
+// InProgress is what a duplicate gets while the first attempt runs.
+type InProgress = guard.InProgress
+
+// The in-progress policies.
+const (
+	Wait   = guard.Wait
+	Reject = guard.Reject
+)
+
+// LeaseExpiry is what happens when an attempt's lease runs out.
+type LeaseExpiry = ledger.LeaseExpiry
+
+// The lease-expiry policies.
+const (
+	Takeover = ledger.Takeover
+	Hold     = ledger.Hold
+)
+
+// ReconcileFunc says whether an earlier attempt of the claim in ctx
+// (ClaimFromContext) applied its write, by looking in the service's own
+// database by key or token: the response that write answered when it
+// landed, nil when it did not (the handler then runs), or an error when
+// it cannot tell (the call fails UNAVAILABLE, retryable, and the claim is
+// left to run out). req is the call's request.
+type ReconcileFunc func(ctx context.Context, req proto.Message) (proto.Message, error)
+
+// guardPolicy is the policy as the guard runs it, with this adapter's
+// default: Reject.
+func (p Policy) guardPolicy() guard.Policy {
+	g := guard.Policy{
+		Lease: p.Lease, Retention: p.Retention,
+		TombstoneRetention: p.TombstoneRetention, NoTombstones: p.NoTombstones,
+		KeyOptional: p.KeyOptional, OnInProgress: p.OnInProgress, MaxWait: p.MaxWait,
+		OnLeaseExpiry: p.OnLeaseExpiry,
+	}
+	if g.OnInProgress == guard.DefaultInProgress {
+		g.OnInProgress = guard.Reject
+	}
+	return g
 }
 
 // TenantFunc returns the tenant a call acts for. An error that is not a
@@ -157,8 +220,8 @@ func (o *options) check() error {
 		return fmt.Errorf("idempotency: the completion timeout and tries must be positive")
 	}
 	for m, p := range o.methods {
-		if p.Lease < 0 || p.Retention < 0 {
-			return fmt.Errorf("idempotency: %s: negative lease or retention", m)
+		if err := p.guardPolicy().Check(); err != nil {
+			return fmt.Errorf("idempotency: %s: %w", m, err)
 		}
 	}
 	return nil

@@ -1,0 +1,307 @@
+// Package guard is the idempotency algorithm that every adapter runs: the
+// gRPC unary interceptor (package idempotency), the MCP tools/call
+// middleware, the net/http middleware and the proxies. An adapter
+// translates its transport's call into a Call, its handler into a run
+// function, and its result into an Outcome; the guard does the rest, in
+// one place:
+//
+//   - a call without a key runs unprotected when its policy makes the key
+//     optional, and fails KEY_MISSING otherwise;
+//   - Begin at the ledger, with the call's scope, fingerprint and policy;
+//     a ledger that cannot be reached fails the call closed (UNAVAILABLE,
+//     retryable) and nothing runs;
+//   - a replay returns the stored outcome, and the run function is not
+//     called;
+//   - a duplicate of an attempt still running waits for its outcome
+//     (Wait) or is refused IN_PROGRESS at once (Reject);
+//   - on a takeover (attempt > 1) the policy's reconcile function, if any,
+//     says whether the earlier attempt's write landed;
+//   - a claim runs the function with the claim in its context
+//     (ClaimFromContext), the lease extended every half lease, and the
+//     context canceled if another attempt takes the key over;
+//   - the outcome is completed (stored and replayed to every retry) or,
+//     when it is transient, released (the retry runs afresh); a panic
+//     leaves the lease to run out. Complete and Release run detached from
+//     the caller's context, with their own timeout and retries.
+//
+// The guard's errors are *ledger.Error values: the adapter encodes them
+// in its transport (a gRPC status, an MCP tool error, an HTTP problem).
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// unreachableRetryAfter is the retry-after of the UNAVAILABLE answered
+// when the ledger cannot be reached at Begin.
+const unreachableRetryAfter = time.Second
+
+// DefaultMaxWait bounds how long a duplicate waits, under the Wait
+// policy, for the attempt in progress (besides the caller's deadline).
+const DefaultMaxWait = 10 * time.Second
+
+// Call is one call of a protected method, in the guard's terms. The
+// adapter fills Tenant, Fingerprint and FirstAttemptAt only for a call
+// with a key: a call without one never reaches the ledger.
+type Call struct {
+	// Method names the operation: "/pkg.Service/Method" (gRPC),
+	// "mcp:tools/<name>" (MCP), "http:<METHOD> <route>" (HTTP).
+	Method string
+	// Key is the idempotency key the client minted for its intent; "" when
+	// the call has none.
+	Key string
+	// Tenant is the customer account the call acts for.
+	Tenant string
+	// Fingerprint is the request's versioned digest (package fingerprint).
+	Fingerprint string
+	// FirstAttemptAt is when the client first tried this intent; zero
+	// when the client does not say.
+	FirstAttemptAt time.Time
+	// Policy is the method's.
+	Policy Policy
+}
+
+// Outcome is what a run produced: a response or an error, as bytes the
+// ledger stores and replays byte for byte, and its class.
+type Outcome struct {
+	// Response is a result, under a type URL that names its encoding.
+	Response *anypb.Any
+	// Status is an error result, when Response is nil.
+	Status *status.Status
+	// Transient says the run applied nothing: the key is released and a
+	// retry runs afresh. Response and Status are the caller's answer and
+	// are not stored.
+	Transient bool
+}
+
+// RunFunc runs the write under the claim in ctx and returns its outcome.
+// An error means the write ran but its result cannot be put in an
+// Outcome: the record is completed with an INTERNAL error that says so,
+// and the write never runs again for this key.
+type RunFunc func(ctx context.Context) (Outcome, error)
+
+// Result is the guard's answer to a call.
+type Result struct {
+	// Outcome is the run's outcome, or the stored one.
+	Outcome Outcome
+	// Replayed says the outcome comes from the ledger, not from a run of
+	// this call: a replay, a waited-for replay, or a reconciled write.
+	Replayed bool
+	// Protected says the call went through the ledger (it had a key).
+	Protected bool
+}
+
+// Option configures a Guard.
+type Option func(*options)
+
+type options struct {
+	completeTimeout time.Duration
+	completeTries   int
+	maxOutcomeBytes int
+	log             *slog.Logger
+}
+
+// WithCompletion sets the timeout of each Complete or Release call (5 s)
+// and how many times one is tried (3) when the ledger answers a retryable
+// error.
+func WithCompletion(timeout time.Duration, tries int) Option {
+	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
+}
+
+// WithMaxOutcomeBytes sets the largest outcome the guard asks the ledger
+// to store (1 MiB, the ledger's default; set it to ledgerd's
+// --max-outcome-bytes). A larger one is not sent: the caller of that
+// attempt gets its answer, and the record is completed with a small
+// OUTCOME_TOO_LARGE error that every retry gets, so the write never runs
+// twice.
+func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcomeBytes = n } }
+
+// WithLogger logs what the caller cannot be told: a Complete or Release
+// that failed, a lease lost while the run went on. nil discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+// Guard runs calls under the ledger. It is safe for concurrent use.
+type Guard struct {
+	ledger ledgerv1.LedgerServiceClient
+	opts   options
+}
+
+// New returns a Guard that calls the ledger through client (a unary
+// client, or a ledgerclient Stream).
+func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
+	o := options{
+		completeTimeout: 5 * time.Second,
+		completeTries:   3,
+		maxOutcomeBytes: ledger.DefaultMaxOutcomeBytes,
+		log:             slog.New(slog.DiscardHandler),
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch {
+	case client == nil:
+		return nil, errors.New("guard: no ledger client")
+	case o.maxOutcomeBytes <= 0:
+		return nil, errors.New("guard: the largest outcome must be positive")
+	case o.completeTimeout <= 0 || o.completeTries <= 0:
+		return nil, errors.New("guard: the completion timeout and tries must be positive")
+	}
+	return &Guard{ledger: client, opts: o}, nil
+}
+
+// Do runs call under the ledger: run is called at most once, and only
+// under a claim (or, for a call without a key whose policy makes the key
+// optional, unprotected). Its errors are *ledger.Error.
+func (g *Guard) Do(ctx context.Context, call Call, run RunFunc) (Result, error) {
+	if call.Key == "" {
+		if call.Policy.KeyOptional {
+			out, err := run(ctx)
+			if err != nil {
+				g.opts.log.ErrorContext(ctx, "an unprotected call's result cannot be encoded", "method", call.Method, "error", err)
+				return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+			}
+			return Result{Outcome: out}, nil
+		}
+		return Result{}, ledger.Errorf(ledger.CodeKeyMissing, "the call has no idempotency key")
+	}
+	if call.Tenant == "" {
+		return Result{}, ledger.Errorf(ledger.CodeValidationFailed, "the call names no tenant")
+	}
+	req, err := call.begin()
+	if err != nil {
+		return Result{}, err
+	}
+	var waitUntil time.Time // set on the first IN_PROGRESS under Wait
+	for {
+		res, err := g.ledger.Begin(ctx, req)
+		if err != nil {
+			err = g.beginError(ctx, err)
+			if ledger.CodeOf(err) != ledger.CodeInProgress || call.Policy.onInProgress() != Wait {
+				return Result{}, err
+			}
+			if waitUntil.IsZero() {
+				waitUntil = waitBound(ctx, call.Policy.maxWait())
+			}
+			if !g.wait(ctx, call, ledger.AsError(err), waitUntil) {
+				return Result{}, err
+			}
+			continue
+		}
+		switch r := res.GetResult().(type) {
+		case *ledgerv1.BeginResponse_Replay:
+			out, err := fromWire(r.Replay.GetOutcome())
+			if err != nil {
+				g.opts.log.ErrorContext(ctx, "the ledger replayed an outcome that does not decode", "method", call.Method, "error", err)
+				return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+			}
+			return Result{Outcome: out, Replayed: true, Protected: true}, nil
+		case *ledgerv1.BeginResponse_Claim:
+			c := Claim{
+				Tenant: call.Tenant, Key: call.Key, Method: call.Method,
+				Token: r.Claim.GetToken(), Attempt: r.Claim.GetAttempt(), LeaseExpiresAt: r.Claim.GetLeaseExpiresAt().AsTime(),
+			}
+			return g.run(ctx, call, c, run)
+		}
+		return Result{}, ledger.Errorf(ledger.CodeInternal, "the ledger's answer to Begin is neither a claim nor a replay")
+	}
+}
+
+// begin is the call's BeginRequest.
+func (call Call) begin() (*ledgerv1.BeginRequest, error) {
+	p := call.Policy
+	if err := p.check(); err != nil {
+		return nil, ledger.Wrap(ledger.CodeInternal, err, "internal error")
+	}
+	req := &ledgerv1.BeginRequest{
+		Tenant:      call.Tenant,
+		Key:         call.Key,
+		Fingerprint: call.Fingerprint,
+		Method:      call.Method,
+		Lease:       optionalDuration(p.Lease),
+		Retention:   optionalDuration(p.Retention),
+	}
+	if !call.FirstAttemptAt.IsZero() {
+		req.FirstAttemptAt = timestamppb.New(call.FirstAttemptAt)
+	}
+	if p.OnLeaseExpiry == ledger.Hold {
+		req.OnLeaseExpiry = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD
+	}
+	switch {
+	case p.NoTombstones:
+		req.TombstoneRetention = durationpb.New(0)
+	case p.TombstoneRetention > 0:
+		req.TombstoneRetention = durationpb.New(p.TombstoneRetention)
+	}
+	return req, nil
+}
+
+// beginError is what the caller hears when Begin fails: the ledger's typed
+// error as it is, except that an unreachable ledger is UNAVAILABLE (fail
+// closed) and the write service's own credential problems are INTERNAL.
+func (g *Guard) beginError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the call ended before the ledger answered")
+	}
+	le := ledgerstatus.FromError(err)
+	if !ledgerstatus.IsTyped(err) || le.Code == ledger.CodeUnavailable {
+		// Fail closed, with one answer whatever the path: the connection
+		// failed (untyped), the stream client could not reach the ledger,
+		// or the ledger could not reach its store.
+		g.opts.log.WarnContext(ctx, "idempotency ledger unreachable: failing closed", "error", err)
+		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the idempotency ledger is unreachable", RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
+	}
+	if le.Code == ledger.CodeUnauthenticated {
+		g.opts.log.ErrorContext(ctx, "the idempotency ledger refused this service's credentials", "error", err)
+		return ledger.Wrap(ledger.CodeInternal, err, "internal error")
+	}
+	return le
+}
+
+// toWire is the outcome as the ledger stores it.
+func (o Outcome) toWire() *ledgerv1.Outcome {
+	if o.Response != nil {
+		return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: o.Response}}
+	}
+	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(o.Status)}}
+}
+
+// fromWire is a stored outcome.
+func fromWire(o *ledgerv1.Outcome) (Outcome, error) {
+	switch r := o.GetResult().(type) {
+	case *ledgerv1.Outcome_Response:
+		return Outcome{Response: r.Response}, nil
+	case *ledgerv1.Outcome_Status:
+		return Outcome{Status: ledgerstatus.FromFields(r.Status)}, nil
+	}
+	return Outcome{}, fmt.Errorf("guard: an empty outcome")
+}
+
+// isResponse reports whether the outcome is a result rather than an
+// error.
+func (o Outcome) isResponse() bool { return !o.Transient && o.Response != nil }
+
+func optionalDuration(d time.Duration) *durationpb.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}

@@ -1,0 +1,113 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// InProgress is what a duplicate gets while the first attempt runs.
+type InProgress uint8
+
+const (
+	// DefaultInProgress is the adapter's default: Wait for the guard and
+	// the MCP and HTTP adapters, Reject for the gRPC interceptor (its
+	// part-1 contract).
+	DefaultInProgress InProgress = iota
+	// Wait holds the duplicate until the first attempt's outcome is
+	// stored, and replays it, as a retry after completion would get it. If
+	// the first attempt releases the key, the duplicate claims it and
+	// runs. The wait is bounded by the caller's deadline and the policy's
+	// MaxWait; past the bound, IN_PROGRESS.
+	Wait
+	// Reject answers IN_PROGRESS at once, with a retry-after of the time
+	// left on the lease, capped.
+	Reject
+)
+
+func (p InProgress) String() string {
+	switch p {
+	case DefaultInProgress:
+		return "DEFAULT"
+	case Wait:
+		return "WAIT"
+	case Reject:
+		return "REJECT"
+	}
+	return fmt.Sprintf("InProgress(%d)", uint8(p))
+}
+
+// ReconcileFunc asks the write service whether an earlier attempt of the
+// claim in ctx (ClaimFromContext: the key, the tenant, the token) applied
+// its write, by looking in the service's own database. It returns the
+// outcome of that write when it landed, nil when it did not (the run
+// function then runs), and an error when it cannot tell (the call fails
+// UNAVAILABLE, retryable, and the claim is left to run out).
+type ReconcileFunc func(ctx context.Context) (*Outcome, error)
+
+// Policy is how one method is protected.
+type Policy struct {
+	// Lease is how long an attempt holds the key before another may take
+	// over; 0 means the ledger's default (30 s). The guard extends it
+	// while the run goes past half of it.
+	Lease time.Duration
+	// Retention is how long the outcome is kept for replays; 0 means the
+	// ledger's default (24 h).
+	Retention time.Duration
+	// TombstoneRetention is how long a completed record is kept as a
+	// tombstone after Retention (a retry then gets KEY_EXPIRED, never a
+	// second run); 0 means the ledger's default (7 days).
+	TombstoneRetention time.Duration
+	// NoTombstones turns tombstones off: past Retention, the record is
+	// gone.
+	NoTombstones bool
+	// KeyOptional lets calls without a key through, unprotected; by
+	// default they fail with KEY_MISSING.
+	KeyOptional bool
+	// OnInProgress is what a duplicate gets while the first attempt runs.
+	OnInProgress InProgress
+	// MaxWait bounds a duplicate's wait under Wait; 0 means DefaultMaxWait.
+	MaxWait time.Duration
+	// OnLeaseExpiry is what happens when an attempt's lease runs out with
+	// no outcome: ledger.Takeover (the next attempt runs, with a higher
+	// token) or ledger.Hold (the record turns OUTCOME_UNKNOWN until
+	// someone resolves it). It is stored with the record at its first
+	// claim.
+	OnLeaseExpiry ledger.LeaseExpiry
+	// Reconcile, when set, is asked before a takeover runs whether the
+	// earlier attempt's write landed.
+	Reconcile ReconcileFunc
+}
+
+// Check reports a policy that cannot be used.
+func (p Policy) Check() error { return p.check() }
+
+func (p Policy) check() error {
+	switch {
+	case p.Lease < 0, p.Retention < 0, p.TombstoneRetention < 0, p.MaxWait < 0:
+		return fmt.Errorf("guard: negative lease, retention or wait")
+	case p.OnInProgress > Reject:
+		return fmt.Errorf("guard: unknown in-progress policy %s", p.OnInProgress)
+	case p.OnLeaseExpiry > ledger.Hold:
+		return fmt.Errorf("guard: unknown lease-expiry policy %s", p.OnLeaseExpiry)
+	case p.NoTombstones && p.TombstoneRetention > 0:
+		return fmt.Errorf("guard: a tombstone retention with tombstones off")
+	}
+	return nil
+}
+
+func (p Policy) onInProgress() InProgress {
+	if p.OnInProgress == DefaultInProgress {
+		return Wait
+	}
+	return p.OnInProgress
+}
+
+func (p Policy) maxWait() time.Duration {
+	if p.MaxWait <= 0 {
+		return DefaultMaxWait
+	}
+	return p.MaxWait
+}

@@ -1,0 +1,236 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/backoff"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// errLeaseLost is the cause of a run's context canceled because another
+// attempt took over the key.
+var errLeaseLost = errors.New("guard: another attempt took over the key")
+
+// Claim is the run's hold on its key: the ledger's fencing token and the
+// attempt number. A run that writes to its own database should store the
+// token with the write and refuse a write whose token is lower than the
+// one stored, so an attempt that lost its lease cannot overwrite the
+// attempt that took over.
+type Claim struct {
+	Tenant         string
+	Key            string
+	Method         string
+	Token          uint64
+	Attempt        uint32 // 1 for the first attempt, more after takeovers
+	LeaseExpiresAt time.Time
+}
+
+type claimKey struct{}
+
+// ClaimFromContext returns the claim of the call whose run ctx belongs
+// to, and false outside a protected call.
+func ClaimFromContext(ctx context.Context) (Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(Claim)
+	return c, ok
+}
+
+// WithClaim returns ctx carrying c; adapters' tests use it to call
+// handlers as the guard would.
+func WithClaim(ctx context.Context, c Claim) context.Context {
+	return context.WithValue(ctx, claimKey{}, c)
+}
+
+// run runs the call under claim c and records its outcome.
+func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Result, error) {
+	rctx, cancel := context.WithCancelCause(WithClaim(ctx, c))
+	defer cancel(nil)
+	stop := g.keepAlive(ctx, cancel, call.Policy, c)
+	panicked := true
+	defer func() {
+		stop()
+		if panicked {
+			// No Complete, no Release: the lease runs out and the next
+			// attempt takes over with a higher token (or, under Hold, the
+			// record turns OUTCOME_UNKNOWN).
+			g.opts.log.WarnContext(ctx, "the run panicked under a claim; its lease will run out", "method", call.Method, "key", c.Key, "token", c.Token)
+		}
+	}()
+	if c.Attempt > 1 && call.Policy.Reconcile != nil {
+		res, done, err := g.reconcile(rctx, ctx, call, c)
+		if done {
+			panicked = false
+			return res, err
+		}
+	}
+	out, err := run(rctx)
+	panicked = false
+	stop()
+	if err != nil {
+		g.opts.log.ErrorContext(ctx, "the run's result cannot be stored: the record says the call ran", "method", call.Method, "key", c.Key, "error", err)
+		g.complete(ctx, c, notKept(ledger.CodeInternal, 0, g.opts.maxOutcomeBytes))
+		return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+	}
+	if errors.Is(context.Cause(rctx), errLeaseLost) && !out.isResponse() {
+		return Result{}, &ledger.Error{Code: ledger.CodeInProgress, Message: "another attempt took over this key", RetryAfter: 100 * time.Millisecond}
+	}
+	if out.Transient {
+		_ = g.record(ctx, "release", c, func(ctx context.Context) error {
+			_, err := g.ledger.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token})
+			return err
+		})
+		return Result{Outcome: out, Protected: true}, nil
+	}
+	if out.Response == nil && out.Status == nil {
+		g.opts.log.ErrorContext(ctx, "the run returned an empty outcome: the record says the call ran", "method", call.Method, "key", c.Key)
+		g.complete(ctx, c, notKept(ledger.CodeInternal, 0, g.opts.maxOutcomeBytes))
+		return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+	}
+	g.complete(ctx, c, out.toWire())
+	return Result{Outcome: out, Protected: true}, nil
+}
+
+// reconcile asks the policy's reconcile function about the earlier
+// attempt of a takeover. done says the call is answered: the write had
+// landed (completed with its outcome), or nobody can tell (UNAVAILABLE,
+// the claim left to run out).
+func (g *Guard) reconcile(rctx, ctx context.Context, call Call, c Claim) (res Result, done bool, err error) {
+	out, err := call.Policy.Reconcile(rctx)
+	switch {
+	case err != nil:
+		g.opts.log.WarnContext(ctx, "reconcile cannot tell whether the earlier attempt applied: the claim is left to run out", "method", call.Method, "key", c.Key, "attempt", c.Attempt, "error", err)
+		return Result{}, true, &ledger.Error{Code: ledger.CodeUnavailable, Message: "cannot tell yet whether an earlier attempt of this call applied", RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
+	case out == nil:
+		return Result{}, false, nil
+	case out.Transient || (out.Response == nil && out.Status == nil):
+		g.opts.log.ErrorContext(ctx, "reconcile returned an outcome that cannot be stored", "method", call.Method, "key", c.Key)
+		return Result{}, true, ledger.Errorf(ledger.CodeInternal, "internal error")
+	}
+	g.opts.log.InfoContext(ctx, "reconciled: the earlier attempt applied; completing with its outcome", "method", call.Method, "key", c.Key, "attempt", c.Attempt)
+	g.complete(ctx, c, out.toWire())
+	return Result{Outcome: *out, Replayed: true, Protected: true}, true, nil
+}
+
+// complete stores the attempt's outcome. An outcome the ledger cannot keep
+// (larger than the limit, or refused for good) is replaced by a small
+// stored error that says the call ran and its answer was not kept: every
+// retry gets that error, permanent, and the write never runs twice.
+func (g *Guard) complete(ctx context.Context, c Claim, out *ledgerv1.Outcome) {
+	send := func(out *ledgerv1.Outcome) error {
+		return g.record(ctx, "complete", c, func(ctx context.Context) error {
+			_, err := g.ledger.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token, Outcome: out})
+			return err
+		})
+	}
+	size := proto.Size(out)
+	if size > g.opts.maxOutcomeBytes {
+		_ = send(notKept(ledger.CodeOutcomeTooLarge, size, g.opts.maxOutcomeBytes))
+		return
+	}
+	err := send(out)
+	le := ledgerstatus.FromError(err)
+	if err == nil || le.Retryable() || le.Code == ledger.CodeLeaseLost {
+		return
+	}
+	code := ledger.CodeInternal
+	if le.Code == ledger.CodeOutcomeTooLarge {
+		code = ledger.CodeOutcomeTooLarge
+	}
+	_ = send(notKept(code, size, g.opts.maxOutcomeBytes))
+}
+
+// notKept is the outcome stored in place of one the ledger cannot keep.
+func notKept(code ledger.Code, size, limit int) *ledgerv1.Outcome {
+	msg := fmt.Sprintf("the call ran, but its answer (%d bytes) could not be stored, so it cannot be replayed: do not retry this intent", size)
+	if code == ledger.CodeOutcomeTooLarge {
+		msg = fmt.Sprintf("the call ran, but its answer (%d bytes) is larger than the idempotency ledger keeps (%d bytes), so it cannot be replayed: do not retry this intent", size, limit)
+	}
+	st := ledgerstatus.Encode(&ledger.Error{Code: code, Message: msg, Metadata: map[string]string{
+		"applied": "true", "sizeBytes": strconv.Itoa(size), "limitBytes": strconv.Itoa(limit),
+	}})
+	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
+}
+
+// record runs a Complete or Release detached from the caller's context,
+// with its own timeout, retried on retryable answers. Failures are logged
+// (the caller already has its answer) and returned.
+func (g *Guard) record(ctx context.Context, what string, c Claim, call func(context.Context) error) error {
+	ctx = context.WithoutCancel(ctx)
+	for try := 1; ; try++ {
+		cctx, cancel := context.WithTimeout(ctx, g.opts.completeTimeout)
+		err := call(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		le := ledgerstatus.FromError(err)
+		if !le.Retryable() || try >= g.opts.completeTries {
+			msg := "idempotency " + what + " failed: the record stays in progress until its lease runs out"
+			if le.Code == ledger.CodeLeaseLost {
+				msg = "idempotency " + what + " fenced: another attempt took over while the handler ran"
+			}
+			g.opts.log.ErrorContext(ctx, msg, "method", c.Method, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
+			return err
+		}
+		time.Sleep(max(le.RetryAfter, backoff.FullJitter(20*time.Millisecond, time.Second, try+1)))
+	}
+}
+
+// keepAlive extends the lease every half lease while the run goes on; if
+// another attempt took over, it cancels the run's context with
+// errLeaseLost. stop ends it and waits for it.
+func (g *Guard) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, p Policy, c Claim) (stop func()) {
+	lease := p.Lease
+	if lease <= 0 {
+		lease = time.Until(c.LeaseExpiresAt)
+	}
+	if lease <= 0 {
+		return func() {}
+	}
+	ctx = context.WithoutCancel(ctx) // a caller who hangs up does not end the run's lease
+	req := &ledgerv1.ExtendRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token}
+	if p.Lease > 0 {
+		req.Lease = durationpb.New(p.Lease)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(lease / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			ectx, cancelCall := context.WithTimeout(ctx, max(lease/2, time.Second))
+			_, err := g.ledger.Extend(ectx, req)
+			cancelCall()
+			if err == nil {
+				continue
+			}
+			if ledgerstatus.FromError(err).Code == ledger.CodeLeaseLost {
+				g.opts.log.WarnContext(ctx, "lease lost while the run went on: canceling it", "method", c.Method, "key", c.Key, "token", c.Token)
+				cancel(errLeaseLost)
+				return
+			}
+			g.opts.log.WarnContext(ctx, "lease extension failed; trying again", "method", c.Method, "key", c.Key, "error", err)
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+		})
+	}
+}
