@@ -65,16 +65,19 @@ func ValidateScope(s Scope, maxKey int) error {
 	return ValidateKey(s.Key, maxKey)
 }
 
-// ValidateFingerprint checks that fp is a versioned digest: "v", a version
-// number, ":" and a digest of letters, digits and "-_+/=". Version 1 is
-// SHA-256 as 64 lowercase hex digits.
+// ValidateFingerprint checks that fp is a digest under a named profile: a
+// lowercase letter and a version number ("v1", "j1", "b1"), ":" and a
+// digest of letters, digits and "-_+/=". The profiles v1 (protobuf), j1
+// (JSON, RFC 8785) and b1 (raw bytes) are SHA-256 as 64 lowercase hex
+// digits; other profiles are accepted as they come, so that a new one
+// needs no new ledger.
 func ValidateFingerprint(fp string) error {
 	if why := printable(fp, MaxFingerprintBytes); why != "" {
 		return Errorf(CodeValidationFailed, "fingerprint %s", why)
 	}
-	version, digest, ok := strings.Cut(fp, ":")
-	if !ok || len(version) < 2 || version[0] != 'v' || strings.Trim(version[1:], "0123456789") != "" || digest == "" {
-		return Errorf(CodeValidationFailed, "fingerprint must look like v<version>:<digest>")
+	profile, digest, ok := strings.Cut(fp, ":")
+	if !ok || len(profile) < 2 || profile[0] < 'a' || profile[0] > 'z' || strings.Trim(profile[1:], "0123456789") != "" || digest == "" {
+		return Errorf(CodeValidationFailed, "fingerprint must look like <profile>:<digest>, such as v1:<64 hex digits>")
 	}
 	for i := range len(digest) {
 		c := digest[i]
@@ -82,9 +85,10 @@ func ValidateFingerprint(fp string) error {
 			return Errorf(CodeValidationFailed, "fingerprint digest has byte 0x%02x at %d", c, i)
 		}
 	}
-	if version == "v1" {
+	switch profile {
+	case "v1", "j1", "b1":
 		if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
-			return Errorf(CodeValidationFailed, "a v1 fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", len(digest))
+			return Errorf(CodeValidationFailed, "a %s fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", profile, len(digest))
 		}
 	}
 	return nil

@@ -108,6 +108,8 @@ func FuzzValidateFingerprint(f *testing.F) {
 	f.Add("v2:abc")
 	f.Add("v1:")
 	f.Add("x1:abc")
+	f.Add("X1:abc")
+	f.Add("j1:abc")
 	f.Fuzz(func(t *testing.T, fp string) {
 		if err := ledger.ValidateFingerprint(fp); err != nil {
 			if ledger.CodeOf(err) != ledger.CodeValidationFailed {
@@ -115,8 +117,12 @@ func FuzzValidateFingerprint(f *testing.F) {
 			}
 			return
 		}
-		if !strings.HasPrefix(fp, "v") || !strings.Contains(fp, ":") || len(fp) > ledger.MaxFingerprintBytes {
+		profile, digest, _ := strings.Cut(fp, ":")
+		if len(profile) < 2 || profile[0] < 'a' || profile[0] > 'z' || digest == "" || len(fp) > ledger.MaxFingerprintBytes {
 			t.Fatalf("accepted %q", fp)
+		}
+		if (profile == "v1" || profile == "j1" || profile == "b1") && len(digest) != 64 {
+			t.Fatalf("accepted %q: a SHA-256 profile with %d digits", fp, len(digest))
 		}
 	})
 }

@@ -52,6 +52,8 @@ func ruleValidation(t *testing.T, suite Suite) {
 		{"EmptyFingerprint", begin(func(r *ledger.BeginRequest) { r.Fingerprint = "" }), ledger.CodeValidationFailed},
 		{"UnversionedFingerprint", begin(func(r *ledger.BeginRequest) { r.Fingerprint = strings.Repeat("a", 64) }), ledger.CodeValidationFailed},
 		{"ShortV1Fingerprint", begin(func(r *ledger.BeginRequest) { r.Fingerprint = "v1:abcd" }), ledger.CodeValidationFailed},
+		{"ShortJ1Fingerprint", begin(func(r *ledger.BeginRequest) { r.Fingerprint = "j1:abcd" }), ledger.CodeValidationFailed},
+		{"UppercaseProfile", begin(func(r *ledger.BeginRequest) { r.Fingerprint = "J1:" + strings.Repeat("a", 64) }), ledger.CodeValidationFailed},
 		{"UppercaseV1Fingerprint", begin(func(r *ledger.BeginRequest) { r.Fingerprint = strings.ToUpper(Fingerprint("p")) }), ledger.CodeValidationFailed},
 		{"FingerprintTooLong", begin(func(r *ledger.BeginRequest) { r.Fingerprint = "v2:" + strings.Repeat("a", 200) }), ledger.CodeValidationFailed},
 		{"EmptyMethod", begin(func(r *ledger.BeginRequest) { r.Method = "" }), ledger.CodeValidationFailed},

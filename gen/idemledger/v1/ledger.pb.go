@@ -697,11 +697,12 @@ type BeginRequest struct {
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// key is the idempotency key: 1 to 255 bytes of printable ASCII.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	// fingerprint is the versioned digest of the request, such as "v1:" and 64
-	// hex digits of SHA-256.
+	// fingerprint is the digest of the request under its profile: "v1:"
+	// (protobuf), "j1:" (JSON) or "b1:" (bytes) and 64 hex digits of SHA-256.
 	Fingerprint string `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
-	// method is the full gRPC method name of the write, such as
-	// "/billing.v1.InvoiceService/CreateInvoice".
+	// method names the write: 1 to 255 bytes of printable ASCII, such as
+	// "/billing.v1.InvoiceService/CreateInvoice", "mcp:tools/create_invoice" or
+	// "http:POST /v1/invoices".
 	Method string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
 	// lease is how long the claim holds before another attempt may take it
 	// over. Unset means the server's default (30 s).
@@ -1649,9 +1650,10 @@ func (x *LookupResponse) GetRecord() *Record {
 // Record is the view of a live record.
 type Record struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// state is IN_PROGRESS or COMPLETED.
+	// state is IN_PROGRESS, COMPLETED, OUTCOME_UNKNOWN (a HOLD lease ran
+	// out) or EXPIRED (a tombstone: the outcome is gone).
 	State State `protobuf:"varint,1,opt,name=state,proto3,enum=idemledger.v1.State" json:"state,omitempty"`
-	// method is the full gRPC method name that first used the key.
+	// method names the write that first used the key.
 	Method string `protobuf:"bytes,2,opt,name=method,proto3" json:"method,omitempty"`
 	// fingerprint is the request fingerprint the key is bound to.
 	Fingerprint string `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`

@@ -1,0 +1,171 @@
+package guard_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newGuard is a guard over a real LedgerService (the server package on
+// the memory store) over gRPC.
+func newGuard(t *testing.T) *guard.Guard {
+	t.Helper()
+	conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("tools"))).Dial(t)
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(conn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// jsonResult is an outcome of a transport that is not gRPC: JSON bytes.
+func jsonResult(s string) guard.Outcome {
+	return guard.Outcome{Response: &anypb.Any{TypeUrl: "application/json", Value: []byte(s)}}
+}
+
+func call(key string) guard.Call {
+	sum := sha256.Sum256([]byte(key))
+	return guard.Call{Method: "mcp:tools/create_invoice", Key: key, Tenant: "acme", Fingerprint: "j1:" + hex.EncodeToString(sum[:])}
+}
+
+// counted is a run function that counts its runs and returns out.
+func counted(runs *atomic.Int64, out guard.Outcome, err error) guard.RunFunc {
+	return func(ctx context.Context) (guard.Outcome, error) {
+		if _, ok := guard.ClaimFromContext(ctx); !ok {
+			return guard.Outcome{}, errors.New("no claim in the run's context")
+		}
+		runs.Add(1)
+		return out, err
+	}
+}
+
+func TestReplaysTheSameBytes(t *testing.T) {
+	g := newGuard(t)
+	var runs atomic.Int64
+	body := `{"content":[{"type":"text","text":"invoice inv_1 created"}],"isError":false}`
+	first, err := g.Do(t.Context(), call("k"), counted(&runs, jsonResult(body), nil))
+	if err != nil || first.Replayed || !first.Protected {
+		t.Fatalf("first = %+v, %v", first, err)
+	}
+	again, err := g.Do(t.Context(), call("k"), counted(&runs, jsonResult(`{"other":true}`), nil))
+	if err != nil || !again.Replayed || string(again.Outcome.Response.GetValue()) != body || again.Outcome.Response.GetTypeUrl() != "application/json" {
+		t.Fatalf("replay = %+v, %v", again, err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs", runs.Load())
+	}
+}
+
+func TestOutcomeClasses(t *testing.T) {
+	g := newGuard(t)
+	var runs atomic.Int64
+	// A transient outcome releases: the next call runs.
+	busy := guard.Outcome{Status: status.New(codes.Unavailable, "busy"), Transient: true}
+	if res, err := g.Do(t.Context(), call("t"), counted(&runs, busy, nil)); err != nil || res.Replayed || res.Outcome.Status.Code() != codes.Unavailable {
+		t.Fatalf("transient = %+v, %v", res, err)
+	}
+	if res, err := g.Do(t.Context(), call("t"), counted(&runs, jsonResult("{}"), nil)); err != nil || res.Replayed || runs.Load() != 2 {
+		t.Fatalf("after a transient outcome = %+v, %v, %d runs", res, err, runs.Load())
+	}
+	// A permanent error is stored and replayed with its code and message.
+	declined := guard.Outcome{Status: status.New(codes.FailedPrecondition, "card declined")}
+	if _, err := g.Do(t.Context(), call("p"), counted(&runs, declined, nil)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := g.Do(t.Context(), call("p"), counted(&runs, jsonResult("{}"), nil))
+	if err != nil || !res.Replayed || res.Outcome.Status.Code() != codes.FailedPrecondition || res.Outcome.Status.Message() != "card declined" || runs.Load() != 3 {
+		t.Fatalf("permanent error replay = %+v, %v, %d runs", res, err, runs.Load())
+	}
+	// A result that cannot be encoded, or an empty one, ran: every retry
+	// gets INTERNAL that says so, and nothing runs again.
+	for _, key := range []string{"unencodable", "empty"} {
+		var runErr error
+		if key == "unencodable" {
+			runErr = errors.New("the result is not JSON")
+		}
+		before := runs.Load()
+		_, err := g.Do(t.Context(), call(key), counted(&runs, guard.Outcome{}, runErr))
+		ledgertest.WantCode(t, err, ledger.CodeInternal)
+		res, err := g.Do(t.Context(), call(key), counted(&runs, jsonResult("{}"), nil))
+		if err != nil || !res.Replayed || res.Outcome.Status.Code() != codes.Internal || runs.Load() != before+1 {
+			t.Fatalf("%s: retry = %+v, %v, %d runs", key, res, err, runs.Load()-before)
+		}
+	}
+}
+
+func TestKeyOptionalAndRefusals(t *testing.T) {
+	g := newGuard(t)
+	var runs atomic.Int64
+	run := func(context.Context) (guard.Outcome, error) { runs.Add(1); return jsonResult("{}"), nil }
+	keyless := call("")
+	_, err := g.Do(t.Context(), keyless, run)
+	ledgertest.WantCode(t, err, ledger.CodeKeyMissing)
+	keyless.Policy.KeyOptional = true
+	if res, err := g.Do(t.Context(), keyless, run); err != nil || res.Protected || runs.Load() != 1 {
+		t.Fatalf("keyless, optional = %+v, %v", res, err)
+	}
+	noTenant := call("k")
+	noTenant.Tenant = ""
+	_, err = g.Do(t.Context(), noTenant, run)
+	ledgertest.WantCode(t, err, ledger.CodeValidationFailed)
+	badPolicy := call("k")
+	badPolicy.Policy.Lease = -time.Second
+	_, err = g.Do(t.Context(), badPolicy, run)
+	ledgertest.WantCode(t, err, ledger.CodeInternal)
+	badMethod := call("k")
+	badMethod.Method = "tools/\x00"
+	_, err = g.Do(t.Context(), badMethod, run)
+	ledgertest.WantCode(t, err, ledger.CodeValidationFailed)
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs on refused calls", runs.Load()-1)
+	}
+}
+
+func TestRefusesToBuild(t *testing.T) {
+	if _, err := guard.New(nil); err == nil {
+		t.Fatal("built without a ledger")
+	}
+	conn := servertest.NewServer(t, nil).Dial(t)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	for name, opt := range map[string]guard.Option{
+		"ZeroOutcomeLimit": guard.WithMaxOutcomeBytes(0),
+		"ZeroTries":        guard.WithCompletion(time.Second, 0),
+	} {
+		if _, err := guard.New(client, opt); err == nil {
+			t.Errorf("%s: built", name)
+		}
+	}
+}
+
+func TestPolicyCheck(t *testing.T) {
+	for name, p := range map[string]guard.Policy{
+		"NegativeWait":         {MaxWait: -1},
+		"UnknownInProgress":    {OnInProgress: 9},
+		"UnknownLeaseExpiry":   {OnLeaseExpiry: 9},
+		"TombstonesOffAndKept": {NoTombstones: true, TombstoneRetention: time.Hour},
+	} {
+		if p.Check() == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := (guard.Policy{OnInProgress: guard.Reject, OnLeaseExpiry: ledger.Hold, MaxWait: time.Second}).Check(); err != nil {
+		t.Fatal(err)
+	}
+}
