@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
+	github.com/gowebpki/jcs v1.0.2
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	go.uber.org/goleak v1.3.0
 	golang.org/x/time v0.16.0
@@ -14,7 +15,6 @@ require (
 )
 
 require (
-	github.com/stretchr/testify v1.12.1 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect

@@ -4,7 +4,12 @@
 // never a silent second run:
 //
 //   - "v1:" (Proto): SHA-256 over the method and a canonical walk of a
-//     protobuf message, for gRPC.
+//     protobuf message, for gRPC;
+//   - "j1:" (JSON): SHA-256 over the method and the RFC 8785 (JCS)
+//     canonical form of a JSON value, for MCP tool arguments and JSON
+//     HTTP bodies;
+//   - "b1:" (Bytes): SHA-256 over the method, the media type and the raw
+//     bytes, for any other HTTP body.
 //
 // Every function here is safe for concurrent use.
 package fingerprint

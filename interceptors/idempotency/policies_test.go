@@ -39,16 +39,24 @@ func slow(d time.Duration, fail func(n int64) bool) func(context.Context, int64,
 	}
 }
 
-// duplicate calls CreateInvoice with req after the first call of it has
-// started, and returns both answers and the duplicate's header.
-func duplicate(t *testing.T, client testpb.InvoiceServiceClient, req *testpb.CreateInvoiceRequest, ctx context.Context) (first, dup *testpb.CreateInvoiceResponse, firstErr, dupErr error, header metadata.MD) {
+// answers are the answers to a call and its duplicate.
+type answers struct {
+	first, dup       *testpb.CreateInvoiceResponse
+	firstErr, dupErr error
+	header           metadata.MD // the duplicate's
+}
+
+// duplicate calls CreateInvoice with req and, once that call has started,
+// again with ctx.
+func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceClient, req *testpb.CreateInvoiceRequest) answers {
 	t.Helper()
+	var a answers
 	var wg sync.WaitGroup
-	wg.Go(func() { first, firstErr = client.CreateInvoice(t.Context(), req) })
+	wg.Go(func() { a.first, a.firstErr = client.CreateInvoice(t.Context(), req) })
 	time.Sleep(50 * time.Millisecond)
-	dup, dupErr = client.CreateInvoice(ctx, req, grpc.Header(&header))
+	a.dup, a.dupErr = client.CreateInvoice(ctx, req, grpc.Header(&a.header))
 	wg.Wait()
-	return first, dup, firstErr, dupErr, header
+	return a
 }
 
 func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplaysTheFirstOutcome) }
@@ -56,7 +64,8 @@ func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplay
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, nil)}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{OnInProgress: idempotency.Wait})...)
-	first, dup, err1, err2, header := duplicate(t, client, request("k"), t.Context())
+	a := duplicate(t.Context(), t, client, request("k"))
+	first, dup, err1, err2, header := a.first, a.dup, a.firstErr, a.dupErr, a.header
 	if err1 != nil || err2 != nil {
 		t.Fatalf("first: %v; duplicate: %v", err1, err2)
 	}
@@ -78,7 +87,8 @@ func TestWaitClaimsWhenTheFirstReleases(t *testing.T) {
 func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, func(n int64) bool { return n == 1 })}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{OnInProgress: idempotency.Wait})...)
-	_, dup, err1, err2, header := duplicate(t, client, request("k"), t.Context())
+	a := duplicate(t.Context(), t, client, request("k"))
+	dup, err1, err2, header := a.dup, a.firstErr, a.dupErr, a.header
 	if status.Code(err1) != codes.Unavailable {
 		t.Fatalf("first = %v, want its handler's UNAVAILABLE", err1)
 	}
@@ -101,14 +111,17 @@ func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 		},
 		"ByTheCallersDeadline": {
 			policy: idempotency.Policy{OnInProgress: idempotency.Wait},
-			ctx:    func() (context.Context, context.CancelFunc) { return context.WithTimeout(t.Context(), 300*time.Millisecond) },
+			ctx: func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(t.Context(), 300*time.Millisecond)
+			},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			client := serve(t, api.client(t, ledgerConn(t)), svc, protect(tt.policy)...)
 			ctx, cancel := tt.ctx()
 			defer cancel()
-			_, _, err1, err2, _ := duplicate(t, client, request("k"), ctx)
+			a := duplicate(ctx, t, client, request("k"))
+			err1, err2 := a.firstErr, a.dupErr
 			if err1 != nil {
 				t.Fatal(err1)
 			}

@@ -13,7 +13,6 @@ require (
 
 require (
 	github.com/anishathalye/porcupine v1.3.1 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
