@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
@@ -73,6 +74,18 @@ func (s *Store) Write(c idempotency.Claim, build func(number int64) *invoicev1.I
 	return inv, nil
 }
 
+// Find returns the invoice a tenant's key wrote, if any: the lookup that
+// reconciles an earlier attempt (Service.Reconcile).
+func (s *Store) Find(tenant, key string) (*invoicev1.Invoice, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.byKey[tenant+"/"+key]
+	if !ok {
+		return nil, false
+	}
+	return s.rows[i].Invoice, true
+}
+
 // Rows returns a copy of every row.
 func (s *Store) Rows() []Row {
 	s.mu.Lock()
@@ -87,6 +100,23 @@ type Service struct {
 	// BeforeWrite and AfterWrite, when set, run around the write; the demo
 	// crashes the handler there.
 	BeforeWrite, AfterWrite func(ctx context.Context)
+}
+
+// Reconcile is CreateInvoice's reconcile function (idempotency.Policy's
+// Reconcile): on a takeover, the interceptor asks it whether the earlier
+// attempt's invoice was written, and the service looks for its own row by
+// the key. Found, it is the answer, and CreateInvoice does not run again;
+// not found, CreateInvoice runs. A store that cannot answer would return
+// an error: the call then fails UNAVAILABLE and is retried later.
+func (s *Service) Reconcile(ctx context.Context, _ proto.Message) (proto.Message, error) {
+	c, ok := idempotency.ClaimFromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.FailedPrecondition, "Reconcile runs behind the idempotency interceptor")
+	}
+	if inv, ok := s.Store.Find(c.Tenant, c.Key); ok {
+		return &invoicev1.CreateInvoiceResponse{Invoice: inv}, nil
+	}
+	return nil, nil
 }
 
 // CreateInvoice writes an invoice. It must run behind the idempotency

@@ -67,15 +67,21 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, lo
 	defer conn.Close()
 	ledgerClient := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledgerClient.Close()
+	// A duplicate waits for the first attempt's answer; a takeover first
+	// looks for the earlier attempt's invoice row by key.
+	svc := &invoice.Service{Store: invoice.NewStore()}
 	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
-		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
+		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{
+			Lease: 30 * time.Second, Retention: 24 * time.Hour,
+			OnInProgress: idempotency.Wait, Reconcile: svc.Reconcile,
+		}),
 		idempotency.WithKeyField("request_id"),
 		idempotency.WithLogger(log))
 	if err != nil {
 		return err
 	}
 	gs := grpc.NewServer(grpc.UnaryInterceptor(icpt))
-	invoicev1.RegisterInvoiceServiceServer(gs, &invoice.Service{Store: invoice.NewStore()})
+	invoicev1.RegisterInvoiceServiceServer(gs, svc)
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(gs, h)
 	go func() {
