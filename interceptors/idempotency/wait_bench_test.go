@@ -1,0 +1,78 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idemclient"
+	"github.com/idemledger/idemledger/interceptors/idempotency"
+	testpb "github.com/idemledger/idemledger/internal/testpb"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// BenchmarkDuplicateLatency: a write takes 300 ms; a duplicate of it is
+// sent 50 ms after the first attempt. Under Wait, the duplicate gets the
+// first attempt's outcome when it is stored. Under Reject, it gets
+// IN_PROGRESS and its client (idemclient) retries after the hint. Both
+// through the ledger's Stream, side by side:
+//
+//	ms/first      the first attempt's latency
+//	ms/duplicate  the duplicate's latency, from when it was sent
+//	ms/answered   when the duplicate was answered, from the first attempt's start
+func BenchmarkDuplicateLatency(b *testing.B) {
+	const write, lag = 300 * time.Millisecond, 50 * time.Millisecond
+	for _, bm := range []struct {
+		name   string
+		policy idempotency.Policy
+	}{
+		{"Wait", idempotency.Policy{OnInProgress: idempotency.Wait}},
+		{"Reject", idempotency.Policy{OnInProgress: idempotency.Reject}},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			svc := &invoices{create: slow(write, nil)}
+			ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(b, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(b)))
+			b.Cleanup(func() { _ = ledger.Close() })
+			icpt, err := idempotency.UnaryServerInterceptor(ledger, protect(bm.policy)...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			conn := servertest.NewServer(b, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) }, grpc.UnaryInterceptor(icpt)).
+				Dial(b, grpc.WithUnaryInterceptor(idemclient.UnaryClientInterceptor(idemclient.WithKeyField("request_id"), idemclient.WithMaxAttempts(10))))
+			client := testpb.NewInvoiceServiceClient(conn)
+			var first, dup, answered time.Duration
+			for i := 0; b.Loop(); i++ {
+				req := request(fmt.Sprintf("k-%d", i))
+				start := time.Now()
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					if _, err := client.CreateInvoice(context.Background(), req); err != nil {
+						b.Error(err)
+					}
+					first += time.Since(start)
+				})
+				time.Sleep(lag)
+				sent := time.Now()
+				if _, err := client.CreateInvoice(context.Background(), req); err != nil {
+					b.Fatal(err)
+				}
+				dup += time.Since(sent)
+				answered += time.Since(start)
+				wg.Wait()
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(first.Milliseconds())/n, "ms/first")
+			b.ReportMetric(float64(dup.Milliseconds())/n, "ms/duplicate")
+			b.ReportMetric(float64(answered.Milliseconds())/n, "ms/answered")
+			if svc.runs.Load() != int64(b.N) {
+				b.Fatalf("the handler ran %d times for %d intents", svc.runs.Load(), b.N)
+			}
+		})
+	}
+}
