@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
@@ -62,4 +63,60 @@ func BenchmarkBeginComplete(b *testing.B) {
 			b.ReportMetric(float64(retries.Load())/float64(b.N), "retries/op")
 		})
 	}
+}
+
+// BenchmarkTombstoneBytes measures what a record costs PostgreSQL, for
+// 2,000 completed records with a 256-byte response, and again once the
+// sweeper has shrunk them to tombstones:
+//
+//	B/completed  the row's bytes (pg_column_size), per completed record
+//	B/tombstone  the row's bytes, per tombstone
+//	B/index      the bytes of the table's indexes, per record
+//
+// Each row also pays PostgreSQL's tuple header and line pointer (28
+// bytes); the space a shrunk row frees is reused after VACUUM.
+func BenchmarkTombstoneBytes(b *testing.B) {
+	const n, outcome = 2000, 256
+	for b.Loop() {
+		clock := ledgertest.NewClock(time.Now())
+		s, err := Open(context.Background(), crdbtest.NewDatabase(b), Config{Now: clock.Now})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Migrate(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		ledgertest.Fill(b, ledger.New(s, ledger.Config{}), n, outcome)
+		completed := s.rowBytes(b)
+		clock.Advance(ledger.DefaultRetention + time.Minute)
+		for {
+			k, err := s.Sweep(context.Background(), 500)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if k == 0 {
+				break
+			}
+		}
+		ledgertest.WantTombstones(b, s, n)
+		tombstones := s.rowBytes(b)
+		var index int64
+		if err := s.pool.QueryRow(context.Background(), `SELECT pg_indexes_size('idempotency_records')`).Scan(&index); err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+		b.ReportMetric(float64(completed)/n, "B/completed")
+		b.ReportMetric(float64(tombstones)/n, "B/tombstone")
+		b.ReportMetric(float64(index)/n, "B/index")
+	}
+}
+
+// rowBytes is the bytes of every row of the table.
+func (s *Store) rowBytes(tb testing.TB) int64 {
+	tb.Helper()
+	var total int64
+	if err := s.pool.QueryRow(context.Background(), `SELECT COALESCE(sum(pg_column_size(r.*)), 0) FROM idempotency_records r`).Scan(&total); err != nil {
+		tb.Fatal(err)
+	}
+	return total
 }
