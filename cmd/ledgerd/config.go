@@ -71,6 +71,8 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.ledger.MaxLease, "max-lease", ledger.DefaultMaxLease, "longest lease a request may ask")
 	fs.DurationVar(&c.ledger.DefaultRetention, "retention", ledger.DefaultRetention, "retention of a record when the request sets none")
 	fs.DurationVar(&c.ledger.MaxRetention, "max-retention", ledger.DefaultMaxRetention, "longest retention a request may ask")
+	fs.DurationVar(&c.ledger.DefaultTombstoneRetention, "tombstone-retention", ledger.DefaultTombstoneRetention, "how long a completed record stays a tombstone after its retention, when the request sets none; 0 turns tombstones off")
+	fs.DurationVar(&c.ledger.MaxTombstoneRetention, "max-tombstone-retention", ledger.DefaultMaxTombstone, "longest tombstone retention a request may ask")
 	fs.IntVar(&c.ledger.MaxOutcomeBytes, "max-outcome-bytes", ledger.DefaultMaxOutcomeBytes, "largest stored outcome")
 	fs.IntVar(&c.ledger.MaxWaiters, "max-waiters", ledger.DefaultMaxWaiters, "Lookups with a wait one namespace may have waiting at once; past it, RATE_LIMITED")
 	fs.DurationVar(&c.ledger.StoreTimeout, "store-timeout", ledger.DefaultStoreTimeout, "bound on every store call, whatever the caller's deadline; SQL sessions get it as statement_timeout and half of it as lock_timeout")
@@ -95,6 +97,14 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.Visit(func(f *flag.Flag) { reflectionSet = reflectionSet || f.Name == "reflection" })
 	if !reflectionSet {
 		c.reflection = c.devMode()
+	}
+	switch {
+	case c.ledger.DefaultTombstoneRetention < 0 || c.ledger.MaxTombstoneRetention <= 0:
+		return c, errors.New("--tombstone-retention must not be negative, and --max-tombstone-retention must be positive")
+	case c.ledger.DefaultTombstoneRetention > c.ledger.MaxTombstoneRetention:
+		return c, errors.New("--tombstone-retention is longer than --max-tombstone-retention")
+	case c.ledger.DefaultTombstoneRetention == 0:
+		c.ledger.DefaultTombstoneRetention = -1 // ledger.Config: negative turns tombstones off
 	}
 	if c.maxRecvBytes == 0 {
 		c.maxRecvBytes = c.ledger.MaxOutcomeBytes + 64<<10

@@ -396,6 +396,8 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"RecvUnderStreamed":   {"--max-outcome-bytes", "1024", "--max-recv-bytes", "2048"},
 		"DevModeAdminOpen":    {"--admin-listen", "0.0.0.0:0"},
 		"DevModeHealthOpen":   {"--health-listen", ":0"},
+		"NegativeTombstones":  {"--tombstone-retention", "-1h"},
+		"TombstonesOverMax":   {"--tombstone-retention", "100h", "--max-tombstone-retention", "10h"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
@@ -413,6 +415,44 @@ func TestRefusesBadConfiguration(t *testing.T) {
 			t.Fatalf("LEDGER_LISTEN off loopback in dev mode: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
 		}
 	})
+}
+
+// TestTombstoneRetentionFlag: past its retention a completed key is a
+// tombstone (KEY_EXPIRED) by default, and free again with
+// --tombstone-retention 0.
+func TestTombstoneRetentionFlag(t *testing.T) {
+	for name, tt := range map[string]struct {
+		args []string
+		want ledger.Code // of the Begin after the retention; 0: a claim
+	}{
+		"Default": {want: ledger.CodeKeyExpired},
+		"Off":     {args: []string{"--tombstone-retention", "0"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := start(t, append([]string{"--data-dir", t.TempDir()}, tt.args...)...)
+			conn := p.dial(t)
+			p.waitServing(t, conn)
+			client := ledgerv1.NewLedgerServiceClient(conn)
+			req := begin("k")
+			req.Lease, req.Retention = durationpb.New(time.Second), durationpb.New(time.Second)
+			res, err := client.Begin(t.Context(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1100 * time.Millisecond)
+			res, err = client.Begin(t.Context(), req)
+			if tt.want == 0 {
+				if err != nil || res.GetClaim() == nil {
+					t.Fatalf("after the retention without tombstones: %v, %v; want a claim", res, err)
+				}
+				return
+			}
+			ledgertest.WantStatus(t, err, tt.want)
+		})
+	}
 }
 
 // TestNotServingUntilTheDatabaseAnswers: with a database that is not there,
