@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -304,4 +305,27 @@ func optionalDuration(d time.Duration) *durationpb.Duration {
 		return nil
 	}
 	return durationpb.New(d)
+}
+
+// Transient reports whether a handler's Go error means it applied nothing
+// and a retry should run afresh: a typed error's retryable flag; a gRPC
+// status of UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED
+// or CANCELED; a context's cancellation or deadline. Every other error is
+// permanent: stored and replayed.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if ledgerstatus.IsTyped(err) {
+		return ledgerstatus.FromError(err).Retryable()
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
+	}
+	switch st.Code() {
+	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
+		return true
+	}
+	return false
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -223,7 +222,7 @@ func (i *interceptor) replay(ctx context.Context, m *method, out guard.Outcome) 
 func outcome(resp any, herr error) (guard.Outcome, error) {
 	if herr != nil {
 		st := toStatus(herr)
-		return guard.Outcome{Status: st, Transient: transient(herr, st)}, nil
+		return guard.Outcome{Status: st, Transient: guard.Transient(herr)}, nil
 	}
 	msg, ok := resp.(proto.Message)
 	if !ok {
@@ -242,19 +241,4 @@ func toStatus(err error) *status.Status {
 		return st
 	}
 	return status.FromContextError(err)
-}
-
-// transient reports whether a handler's error means it applied nothing and
-// a retry should run afresh: a typed error's retryable flag, or, untyped,
-// UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED and CANCELED.
-// Every other error is permanent and replayed.
-func transient(err error, st *status.Status) bool {
-	if ledgerstatus.IsTyped(err) {
-		return ledgerstatus.FromError(err).Retryable()
-	}
-	switch st.Code() {
-	case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded, codes.Canceled:
-		return true
-	}
-	return false
 }

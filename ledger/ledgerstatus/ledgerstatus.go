@@ -10,6 +10,7 @@ package ledgerstatus
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -106,12 +107,16 @@ func SetPushback(ctx context.Context, err error) {
 	_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackTrailer, Pushback(err)))
 }
 
-// FromError decodes an error returned by a gRPC call: nil for nil, the
-// typed error for a status, and ledger.AsError's classification for any
-// other error (a context error is UPSTREAM_TIMEOUT).
+// FromError decodes an error returned by a gRPC call: nil for nil, a
+// *ledger.Error in err's chain as it is, the typed error for a status, and
+// ledger.AsError's classification for any other error (a context error is
+// UPSTREAM_TIMEOUT).
 func FromError(err error) *ledger.Error {
 	if err == nil {
 		return nil
+	}
+	if le := (*ledger.Error)(nil); errors.As(err, &le) && le.Code.Known() {
+		return le
 	}
 	if st, ok := status.FromError(err); ok {
 		if le := Decode(st); le != nil {

@@ -1,0 +1,163 @@
+package mcpguard_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/idemclient"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// faulty is an HTTP transport that counts the tools/call requests it
+// carries and lets fault decide the fate of each: "" passes it through,
+// "lose" delivers it and loses the response, "429" answers Too Many
+// Requests without delivering it, "reset" fails before delivering it.
+type faulty struct {
+	calls atomic.Int64
+	fault func(n int64) string
+}
+
+func (f *faulty) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.Method != http.MethodPost {
+		return http.DefaultTransport.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	if !strings.Contains(string(body), `"tools/call"`) {
+		return http.DefaultTransport.RoundTrip(req)
+	}
+	switch f.fault(f.calls.Add(1)) {
+	case "lose":
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			_ = res.Body.Close()
+		}
+		return nil, errors.New("connection reset by peer (the response was lost)")
+	case "429":
+		return &http.Response{StatusCode: http.StatusTooManyRequests, Status: "429 Too Many Requests", Header: http.Header{"Retry-After": {"0"}},
+			Body: io.NopCloser(strings.NewReader("slow down")), Request: req}, nil
+	case "reset":
+		return nil, errors.New("connection reset by peer")
+	}
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+var fastRetries = mcpguard.ClientMiddleware(mcpguard.WithBackoff(time.Millisecond, 10*time.Millisecond))
+
+func TestClientRetriesWithTheSameKey(t *testing.T) {
+	for _, fault := range []string{"lose", "429", "reset"} {
+		t.Run(fault, func(t *testing.T) {
+			ts := &tools{}
+			rt := &faulty{fault: func(n int64) string {
+				if n == 1 {
+					return fault
+				}
+				return ""
+			}}
+			cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt, fastRetries)
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}})
+			if err != nil || res.IsError {
+				t.Fatalf("%v, %v", res, err)
+			}
+			if rt.calls.Load() != 2 || ts.runs.Load() != 1 {
+				t.Fatalf("%d sends, %d runs; want 2 sends and 1 run", rt.calls.Load(), ts.runs.Load())
+			}
+			// A lost response's retry is a replay: the call had run.
+			if (fault == "lose") != replayed(res) {
+				t.Fatalf("replayed = %v after %q", replayed(res), fault)
+			}
+		})
+	}
+}
+
+func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
+	ts := &tools{delay: 300 * time.Millisecond}
+	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{OnInProgress: guard.Reject})))
+	rt := &faulty{fault: func(int64) string { return "" }}
+	cs := serveHTTP(t, ts.newServer(g), rt, fastRetries)
+	ctx := idemclient.WithKey(t.Context(), "one-intent")
+	var wg sync.WaitGroup
+	results := make([]*mcp.CallToolResult, 2)
+	for i := range results {
+		wg.Go(func() {
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}})
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = res
+		})
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	if results[0].IsError || results[1].IsError || withoutReplayed(t, results[0]) != withoutReplayed(t, results[1]) {
+		t.Fatalf("answers %s and %s", withoutReplayed(t, results[0]), withoutReplayed(t, results[1]))
+	}
+	if ts.runs.Load() != 1 || rt.calls.Load() < 3 {
+		t.Fatalf("%d runs, %d sends; want 1 run and the duplicate retried", ts.runs.Load(), rt.calls.Load())
+	}
+}
+
+func TestClientDoesNotRetryWhatIsNotRetryable(t *testing.T) {
+	ts := &tools{}
+	rt := &faulty{fault: func(int64) string { return "" }}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt, fastRetries)
+	ctx := idemclient.WithKey(t.Context(), "k")
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, res, ledger.CodeKeyReused)
+	if rt.calls.Load() != 2 {
+		t.Fatalf("%d sends; KEY_REUSED was retried", rt.calls.Load())
+	}
+	// Each CallTool without a key in the context is an intent of its own.
+	for range 2 {
+		if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ts.runs.Load() != 3 {
+		t.Fatalf("%d runs, want 3", ts.runs.Load())
+	}
+}
+
+func TestClientRetriesAreBounded(t *testing.T) {
+	ts := &tools{}
+	rt := &faulty{fault: func(int64) string { return "reset" }}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt,
+		mcpguard.ClientMiddleware(mcpguard.WithMaxAttempts(3), mcpguard.WithBackoff(time.Millisecond, 5*time.Millisecond)))
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{}}); err == nil {
+		t.Fatal("no error through a transport that always fails")
+	}
+	if rt.calls.Load() != 3 {
+		t.Fatalf("%d sends, want 3", rt.calls.Load())
+	}
+	// A deadline shorter than the backoff ends the retries at once.
+	rt.calls.Store(0)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	slow := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt,
+		mcpguard.ClientMiddleware(mcpguard.WithBackoff(time.Second, time.Second)))
+	if _, err := slow.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{}}); err == nil || rt.calls.Load() != 1 {
+		t.Fatalf("%v after %d sends; want one send and its error", err, rt.calls.Load())
+	}
+}

@@ -1,0 +1,365 @@
+// Package mcpguard makes an MCP server's write tools idempotent through
+// the idemledger LedgerService: a receiving middleware for the official Go
+// SDK (github.com/modelcontextprotocol/go-sdk) that runs every tools/call
+// of a protected tool through the guard (package guard), and a sending
+// middleware for the agent's side that carries one key per intent across
+// retries.
+//
+// For a tools/call of a protected tool, the middleware takes the key from
+// the call's _meta["io.idemledger/idempotency-key"], or from the tool's
+// key argument when it declares one (the argument wins), the tenant from
+// the tool's TenantFunc, and fingerprints the arguments ("j1:", RFC 8785,
+// without the key argument) under the method "mcp:tools/<name>". Then:
+//
+//   - the first attempt runs the tool, and its CallToolResult is stored;
+//     every later attempt gets the same JSON, with
+//     _meta["io.idemledger/replayed"] = true;
+//   - a result with isError is stored too, unless the tool's classifier
+//     (or, for an error a typed tool handler returned, its class) says it
+//     is transient: then the key is released and a retry runs afresh; so
+//     is a result that asks for more input;
+//   - a Go error from the handler is stored and replayed as the same
+//     JSON-RPC error, or released when it is transient;
+//   - every error of the ledger or of the guard becomes a tool result with
+//     isError, one line a model can act on, and
+//     _meta["io.idemledger/error"] = {code, retryable, retry_after_ms}.
+//
+// Tools not named, and every other method, pass through untouched.
+package mcpguard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/fingerprint"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// The _meta keys and the default argument the adapter reads and writes.
+const (
+	// KeyMeta is the _meta key of the idempotency key on a tools/call.
+	KeyMeta = "io.idemledger/idempotency-key"
+	// ReplayedMeta is set to true on a replayed result's _meta.
+	ReplayedMeta = "io.idemledger/replayed"
+	// ErrorMeta carries {code, retryable, retry_after_ms} on an error
+	// result of the ledger or the guard.
+	ErrorMeta = "io.idemledger/error"
+	// ClaimMeta carries {token, attempt} on a call forwarded under a claim
+	// (WithClaimInMeta), so that the tool may fence its own write.
+	ClaimMeta = "io.idemledger/claim"
+	// DefaultKeyArgument is the name of a tool's key argument.
+	DefaultKeyArgument = "idempotency_key"
+	// MethodPrefix names a tool's method in the ledger: "mcp:tools/<name>".
+	MethodPrefix = "mcp:tools/"
+)
+
+// Tool is how one tool is protected.
+type Tool struct {
+	// Policy is the guard's policy; Policy.Reconcile is replaced by
+	// Reconcile below.
+	Policy guard.Policy
+	// KeyArgument names the argument that carries the key, left out of
+	// the fingerprint; "" takes the key from _meta only. NewTool sets
+	// DefaultKeyArgument.
+	KeyArgument string
+	// Transient, when set, says whether a result with isError applied
+	// nothing, so that its key is released rather than its result stored.
+	Transient func(*mcp.CallToolResult) bool
+	// Reconcile, when set, is asked on a takeover whether the earlier
+	// attempt's write landed: its result when it did, nil when it did
+	// not, an error when it cannot tell. The claim is in ctx
+	// (guard.ClaimFromContext).
+	Reconcile func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error)
+	// StructuredOutput says the tool declares an output schema: error
+	// results then keep their detail out of structuredContent.
+	StructuredOutput bool
+}
+
+// NewTool returns a Tool with policy p whose key may also travel in the
+// argument DefaultKeyArgument.
+func NewTool(p guard.Policy) Tool { return Tool{Policy: p, KeyArgument: DefaultKeyArgument} }
+
+// TenantFunc returns the tenant a tools/call acts for. An error that is
+// not a *ledger.Error fails the call with VALIDATION_FAILED.
+type TenantFunc func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
+
+// Tenant is a TenantFunc for a server that acts for one tenant.
+func Tenant(name string) TenantFunc {
+	return func(context.Context, *mcp.CallToolRequest) (string, error) { return name, nil }
+}
+
+// TenantFromHeader reads the tenant from an HTTP header of the call
+// (Streamable HTTP).
+func TenantFromHeader(name string) TenantFunc {
+	return func(_ context.Context, req *mcp.CallToolRequest) (string, error) {
+		if req.Extra != nil && req.Extra.Header.Get(name) != "" {
+			return req.Extra.Header.Get(name), nil
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s header", name)
+	}
+}
+
+// TenantFromToken reads the tenant from the verified OAuth token of the
+// call (auth.RequireBearerToken): the string in its Extra[name], or its
+// UserID when name is "".
+func TenantFromToken(name string) TenantFunc {
+	return func(_ context.Context, req *mcp.CallToolRequest) (string, error) {
+		var info *auth.TokenInfo
+		if req.Extra != nil {
+			info = req.Extra.TokenInfo
+		}
+		if info != nil {
+			if name == "" && info.UserID != "" {
+				return info.UserID, nil
+			}
+			if s, ok := info.Extra[name].(string); ok && s != "" {
+				return s, nil
+			}
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call's token names no tenant")
+	}
+}
+
+// TenantFromArgument reads the tenant from a top-level string argument.
+func TenantFromArgument(name string) TenantFunc {
+	return func(_ context.Context, req *mcp.CallToolRequest) (string, error) {
+		var args map[string]json.RawMessage
+		var s string
+		if json.Unmarshal(req.Params.Arguments, &args) == nil && json.Unmarshal(args[name], &s) == nil && s != "" {
+			return s, nil
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s argument", name)
+	}
+}
+
+// Option configures a Guard.
+type Option func(*options)
+
+type options struct {
+	tools       map[string]Tool
+	tenant      TenantFunc
+	claimInMeta bool
+	guardOpts   []guard.Option
+	log         *slog.Logger
+}
+
+// WithTool protects the tool named name.
+func WithTool(name string, t Tool) Option { return func(o *options) { o.tools[name] = t } }
+
+// WithTenant sets how the tenant of a call is found. It is required.
+func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithClaimInMeta puts the claim ({token, attempt}) in the _meta of the
+// call the tool handler receives (ClaimMeta): for a handler that cannot
+// read the context, such as an upstream server behind a proxy.
+func WithClaimInMeta() Option { return func(o *options) { o.claimInMeta = true } }
+
+// WithGuardOptions passes options to the guard (completion, outcome
+// limit).
+func WithGuardOptions(opts ...guard.Option) Option {
+	return func(o *options) { o.guardOpts = append(o.guardOpts, opts...) }
+}
+
+// WithLogger logs what the caller cannot be told. nil discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+			o.guardOpts = append(o.guardOpts, guard.WithLogger(l))
+		}
+	}
+}
+
+// Guard is the receiving middleware's state. It is safe for concurrent
+// use.
+type Guard struct {
+	guard *guard.Guard
+	opts  options
+}
+
+// New returns a Guard for the tools named with WithTool, calling the
+// ledger through client.
+func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
+	o := options{tools: map[string]Tool{}, log: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tenant == nil {
+		return nil, errors.New("mcpguard: no tenant function (WithTenant)")
+	}
+	for name, t := range o.tools {
+		if err := ledger.ValidateMethod(MethodPrefix + name); err != nil || name == "" {
+			return nil, fmt.Errorf("mcpguard: tool %q: not a method name", name)
+		}
+		if err := t.Policy.Check(); err != nil {
+			return nil, fmt.Errorf("mcpguard: tool %q: %w", name, err)
+		}
+	}
+	g, err := guard.New(client, o.guardOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("mcpguard: %w", err)
+	}
+	return &Guard{guard: g, opts: o}, nil
+}
+
+// Middleware is the receiving middleware to install with
+// mcp.Server.AddReceivingMiddleware.
+func (g *Guard) Middleware() mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			call, ok := req.(*mcp.CallToolRequest)
+			if !ok || method != "tools/call" || call.Params == nil {
+				return next(ctx, method, req)
+			}
+			t, ok := g.opts.tools[call.Params.Name]
+			if !ok {
+				return next(ctx, method, req)
+			}
+			return g.call(ctx, t, call, func(ctx context.Context, req *mcp.CallToolRequest) (mcp.Result, error) {
+				return next(ctx, method, req)
+			})
+		}
+	}
+}
+
+// call runs one tools/call of a protected tool under the guard.
+func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next func(context.Context, *mcp.CallToolRequest) (mcp.Result, error)) (mcp.Result, error) {
+	method := MethodPrefix + req.Params.Name
+	c := guard.Call{Method: method, Policy: t.Policy}
+	key, err := callKey(t, req)
+	if err != nil {
+		return errorResult(t, err), nil
+	}
+	c.Key = key
+	if key != "" {
+		tenant, err := g.opts.tenant(ctx, req)
+		if err != nil {
+			if le := (*ledger.Error)(nil); !errors.As(err, &le) {
+				err = ledger.Errorf(ledger.CodeValidationFailed, "the call names no tenant")
+			}
+			return errorResult(t, err), nil
+		}
+		var skip []string
+		if t.KeyArgument != "" {
+			skip = []string{t.KeyArgument}
+		}
+		fp, err := fingerprint.JSON(method, req.Params.Arguments, skip...)
+		if err != nil {
+			return errorResult(t, ledger.Errorf(ledger.CodeValidationFailed, "the arguments are not JSON: %v", err)), nil
+		}
+		c.Tenant, c.Fingerprint = tenant, fp
+	}
+	c.Policy.Reconcile = nil
+	if t.Reconcile != nil {
+		c.Policy.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+			res, err := t.Reconcile(ctx, req)
+			if err != nil || res == nil {
+				return nil, err
+			}
+			out, err := resultOutcome(res)
+			return &out, err
+		}
+	}
+	var live mcp.Result
+	var liveErr error
+	res, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
+		claim, protected := guard.ClaimFromContext(ctx)
+		forwarded := req
+		if protected && g.opts.claimInMeta {
+			forwarded = withClaim(req, claim)
+		}
+		live, liveErr = next(ctx, forwarded)
+		if !protected {
+			return guard.Outcome{}, nil
+		}
+		return outcome(t, live, liveErr)
+	})
+	switch {
+	case err != nil:
+		return errorResult(t, err), nil
+	case !res.Protected, !res.Replayed && res.Outcome.Transient:
+		return live, liveErr // unprotected, or released: nothing stored
+	}
+	// The first answer and every replay come from the same stored bytes.
+	return fromOutcome(t, res.Outcome, res.Replayed)
+}
+
+// callKey is the call's key: the key argument's, else the _meta one's.
+func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
+	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
+		var args map[string]json.RawMessage
+		if json.Unmarshal(req.Params.Arguments, &args) == nil {
+			if raw, ok := args[t.KeyArgument]; ok && string(raw) != "null" {
+				var key string
+				if json.Unmarshal(raw, &key) != nil {
+					return "", ledger.Errorf(ledger.CodeKeyInvalid, "the %s argument is not a string", t.KeyArgument)
+				}
+				if key != "" {
+					return key, nil
+				}
+			}
+		}
+	}
+	switch v := req.Params.Meta[KeyMeta].(type) {
+	case nil:
+		return "", nil
+	case string:
+		return v, nil
+	}
+	return "", ledger.Errorf(ledger.CodeKeyInvalid, "_meta[%q] is not a string", KeyMeta)
+}
+
+// withClaim is req with the claim in its _meta, for the handler.
+func withClaim(req *mcp.CallToolRequest, c guard.Claim) *mcp.CallToolRequest {
+	params := *req.Params
+	meta := make(mcp.Meta, len(params.Meta)+1)
+	for k, v := range params.Meta {
+		meta[k] = v
+	}
+	meta[ClaimMeta] = map[string]any{"token": c.Token, "attempt": c.Attempt}
+	params.Meta = meta
+	forwarded := *req
+	forwarded.Params = &params
+	return &forwarded
+}
+
+// ClaimFromMeta returns the claim a call carries in its _meta
+// (WithClaimInMeta): the token and the attempt.
+func ClaimFromMeta(meta mcp.Meta) (token uint64, attempt uint32, ok bool) {
+	m, ok := meta[ClaimMeta].(map[string]any)
+	if !ok {
+		return 0, 0, false
+	}
+	num := func(v any) (float64, bool) {
+		switch n := v.(type) {
+		case float64:
+			return n, true
+		case uint64:
+			return float64(n), true
+		case uint32:
+			return float64(n), true
+		case json.Number:
+			f, err := n.Float64()
+			return f, err == nil
+		}
+		return 0, false
+	}
+	tok, ok1 := num(m["token"])
+	att, ok2 := num(m["attempt"])
+	if !ok1 || !ok2 || tok < 1 || att < 1 {
+		return 0, 0, false
+	}
+	return uint64(tok), uint32(att), true
+}
+
+// oneLine is s on one line.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -1,0 +1,459 @@
+package mcpguard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+func TestMain(m *testing.M) {
+	if serveStdio() {
+		return
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"), goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+type invoiceIn struct {
+	Customer    string `json:"customer"`
+	AmountCents int    `json:"amount_cents"`
+}
+
+type invoiceOut struct {
+	ID     string `json:"id"`
+	Number int64  `json:"number"`
+	Token  uint64 `json:"token,omitempty"`
+}
+
+// tools is a tool server's state: how often each tool ran, and what the
+// next run of create_invoice does.
+type tools struct {
+	runs   atomic.Int64
+	before func(ctx context.Context, n int64) (*mcp.CallToolResult, error) // nil: write
+	delay  time.Duration
+}
+
+// newServer is an MCP server with create_invoice (typed, key argument
+// declared), echo (unprotected) and raw (a low-level handler).
+func (ts *tools) newServer(g *mcpguard.Guard, inner ...mcp.Middleware) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
+	in, err := jsonschema.For[invoiceIn](nil)
+	if err != nil {
+		panic(err)
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "create_invoice", Description: "create an invoice", InputSchema: mcpguard.KeySchema(in, "")},
+		func(ctx context.Context, req *mcp.CallToolRequest, args invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
+			n := ts.runs.Add(1)
+			if ts.delay > 0 {
+				time.Sleep(ts.delay)
+			}
+			if ts.before != nil {
+				if res, err := ts.before(ctx, n); res != nil || err != nil {
+					return res, invoiceOut{}, err
+				}
+			}
+			out := invoiceOut{ID: fmt.Sprintf("inv_%04d", n), Number: n}
+			if c, ok := guard.ClaimFromContext(ctx); ok {
+				out.Token = c.Token
+			}
+			return nil, out, nil
+		})
+	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(_ context.Context, _ *mcp.CallToolRequest, args map[string]any) (*mcp.CallToolResult, any, error) {
+		ts.runs.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint(args)}}}, nil, nil
+	})
+	s.AddTool(&mcp.Tool{Name: "raw", InputSchema: &jsonschema.Schema{Type: "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		n := ts.runs.Add(1)
+		return nil, &jsonrpc.Error{Code: 4001, Message: fmt.Sprintf("refused (run %d)", n)}
+	})
+	s.AddReceivingMiddleware(inner...) // each call wraps the handler so far: these run inside the guard
+	s.AddReceivingMiddleware(g.Middleware())
+	return s
+}
+
+// ledgerClient is a real LedgerService on the memory store, over gRPC.
+func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
+	t.Helper()
+	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("tools"))).Dial(t))
+}
+
+func newGuard(t *testing.T, client ledgerv1.LedgerServiceClient, opts ...mcpguard.Option) *mcpguard.Guard {
+	t.Helper()
+	g, err := mcpguard.New(client, append([]mcpguard.Option{
+		mcpguard.WithTenant(mcpguard.Tenant("acme")),
+		mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{Lease: 2 * time.Second})),
+		mcpguard.WithTool("raw", mcpguard.Tool{}),
+	}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// serveHTTP serves s over Streamable HTTP on loopback and connects a
+// client with the given sending middleware.
+func serveHTTP(t *testing.T, s *mcp.Server, rt http.RoundTripper, mw ...mcp.Middleware) *mcp.ClientSession {
+	t.Helper()
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(srv.Close)
+	return connect(t, &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: rt}}, mw...)
+}
+
+func connect(t *testing.T, transport mcp.Transport, mw ...mcp.Middleware) *mcp.ClientSession {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept"}, nil
+		},
+	})
+	c.AddSendingMiddleware(mw...)
+	cs, err := c.Connect(t.Context(), transport, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func call(t *testing.T, cs *mcp.ClientSession, key string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: args}
+	if key != "" {
+		params.Meta = mcp.Meta{mcpguard.KeyMeta: key}
+	}
+	res, err := cs.CallTool(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// withoutReplayed is a result's JSON without the replayed marker.
+func withoutReplayed(t *testing.T, r *mcp.CallToolResult) string {
+	t.Helper()
+	c := *r
+	c.Meta = nil
+	for k, v := range r.Meta {
+		if k != mcpguard.ReplayedMeta {
+			if c.Meta == nil {
+				c.Meta = mcp.Meta{}
+			}
+			c.Meta[k] = v
+		}
+	}
+	b, err := json.Marshal(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func wantError(t *testing.T, r *mcp.CallToolResult, code ledger.Code) mcpguard.ErrorInfo {
+	t.Helper()
+	info, ok := mcpguard.ErrorFromResult(r)
+	if !r.IsError || !ok || info.Code != code.String() {
+		b, _ := json.Marshal(r)
+		t.Fatalf("result %s; want an error result %s", b, code)
+	}
+	if len(r.Content) != 1 || r.Content[0].(*mcp.TextContent).Text == "" {
+		t.Fatalf("error result without its one line: %v", r.Content)
+	}
+	if sc, ok := r.StructuredContent.(map[string]any); !ok || sc["error"] == nil {
+		t.Fatalf("error result without structuredContent: %v", r.StructuredContent)
+	}
+	return info
+}
+
+func replayed(r *mcp.CallToolResult) bool { return r.Meta[mcpguard.ReplayedMeta] == true }
+
+func TestReplayIsTheSameJSON(t *testing.T) {
+	ts := &tools{}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
+	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
+	first := call(t, cs, "k-1", args)
+	if first.IsError || replayed(first) {
+		t.Fatalf("first = %+v", first)
+	}
+	again := call(t, cs, "k-1", map[string]any{"amount_cents": 4200.0, "customer": "cus_1"}) // equal under JCS
+	if !replayed(again) || withoutReplayed(t, first) != withoutReplayed(t, again) {
+		t.Fatalf("replay %s, want %s marked replayed", withoutReplayed(t, again), withoutReplayed(t, first))
+	}
+	if ts.runs.Load() != 1 {
+		t.Fatalf("%d runs", ts.runs.Load())
+	}
+	// The key argument wins over _meta and is left out of the fingerprint.
+	withArg := call(t, cs, "other", map[string]any{"customer": "cus_1", "amount_cents": 4200, mcpguard.DefaultKeyArgument: "k-1"})
+	if !replayed(withArg) || ts.runs.Load() != 1 {
+		t.Fatalf("key argument: replayed=%v, %d runs", replayed(withArg), ts.runs.Load())
+	}
+}
+
+func TestErrorsAreToolResults(t *testing.T) {
+	ts := &tools{}
+	conn := ledgerClient(t)
+	g := newGuard(t, conn, mcpguard.WithTool("lax", mcpguard.Tool{Policy: guard.Policy{KeyOptional: true}}))
+	s := ts.newServer(g)
+	mcp.AddTool(s, &mcp.Tool{Name: "lax"}, func(context.Context, *mcp.CallToolRequest, map[string]any) (*mcp.CallToolResult, any, error) {
+		ts.runs.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
+	})
+	cs := serveHTTP(t, s, http.DefaultTransport)
+	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
+	call(t, cs, "k", args)
+
+	changed := map[string]any{"customer": "cus_1", "amount_cents": 4300}
+	info := wantError(t, call(t, cs, "k", changed), ledger.CodeKeyReused)
+	if info.Retryable {
+		t.Fatal("KEY_REUSED is retryable")
+	}
+	wantError(t, call(t, cs, "", args), ledger.CodeKeyMissing)
+	wantError(t, call(t, cs, "bad key", args), ledger.CodeKeyInvalid)
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: args, Meta: mcp.Meta{mcpguard.KeyMeta: 42}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, res, ledger.CodeKeyInvalid)
+	if ts.runs.Load() != 1 {
+		t.Fatalf("refused calls ran: %d runs", ts.runs.Load())
+	}
+	// A tool whose key is optional runs without one, unprotected.
+	for range 2 {
+		if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "lax", Arguments: map[string]any{}}); err != nil || res.IsError {
+			t.Fatalf("lax: %v, %v", res, err)
+		}
+	}
+	// Tools not named pass through untouched.
+	if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{"x": 1}}); err != nil || res.IsError {
+		t.Fatalf("echo: %v, %v", res, err)
+	}
+	if ts.runs.Load() != 4 {
+		t.Fatalf("%d runs, want 4", ts.runs.Load())
+	}
+}
+
+func TestResultClasses(t *testing.T) {
+	ts := &tools{}
+	declined := func(ctx context.Context, n int64) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("card declined (run %d)", n)}}}, nil
+	}
+	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("create_invoice", mcpguard.Tool{
+		KeyArgument: mcpguard.DefaultKeyArgument,
+		Transient: func(r *mcp.CallToolResult) bool {
+			return r.Content[0].(*mcp.TextContent).Text == "busy"
+		},
+	}))
+	cs := serveHTTP(t, ts.newServer(g), http.DefaultTransport)
+	args := map[string]any{"customer": "cus_1", "amount_cents": 1}
+	try := func(key string, before func(context.Context, int64) (*mcp.CallToolResult, error)) *mcp.CallToolResult {
+		ts.before = before
+		return call(t, cs, key, args)
+	}
+
+	// An isError result is stored and replayed.
+	first := try("declined", declined)
+	again := try("declined", nil)
+	if !replayed(again) || withoutReplayed(t, first) != withoutReplayed(t, again) {
+		t.Fatalf("isError replay: %s vs %s", withoutReplayed(t, again), withoutReplayed(t, first))
+	}
+	// Unless the classifier says transient: released, the retry runs.
+	busy := try("busy", func(context.Context, int64) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "busy"}}}, nil
+	})
+	if !busy.IsError || replayed(busy) {
+		t.Fatalf("busy = %+v", busy)
+	}
+	if res := try("busy", nil); res.IsError || replayed(res) {
+		t.Fatalf("after a transient result: %+v; want a fresh run", res)
+	}
+	// A Go error of a typed handler: UNAVAILABLE is transient, others are
+	// stored.
+	if res := try("unavailable", func(context.Context, int64) (*mcp.CallToolResult, error) {
+		return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
+	}); !res.IsError {
+		t.Fatalf("unavailable = %+v", res)
+	}
+	if res := try("unavailable", nil); res.IsError || replayed(res) {
+		t.Fatalf("after a transient Go error: %+v", res)
+	}
+	try("failed", func(context.Context, int64) (*mcp.CallToolResult, error) { return nil, errors.New("invalid customer") })
+	if res := try("failed", nil); !res.IsError || !replayed(res) {
+		t.Fatalf("a permanent Go error's replay: %+v", res)
+	}
+	// A result that asks for more input releases the key: the client
+	// answers it and sends the call again (same key), which runs and is
+	// stored.
+	asked := false
+	before := ts.runs.Load()
+	res := try("input", func(context.Context, int64) (*mcp.CallToolResult, error) {
+		if asked {
+			return nil, nil
+		}
+		asked = true
+		return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{Message: "confirm the amount?"}}}, nil
+	})
+	if res.IsError || replayed(res) || ts.runs.Load() != before+2 {
+		t.Fatalf("after an input request: %+v, %d runs", res, ts.runs.Load()-before)
+	}
+	if res := try("input", nil); !replayed(res) {
+		t.Fatalf("the completed call's replay: %+v", res)
+	}
+	// A low-level handler's JSON-RPC error is replayed as the same error.
+	_, err1 := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "raw", Arguments: map[string]any{}, Meta: mcp.Meta{mcpguard.KeyMeta: "raw"}})
+	_, err2 := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "raw", Arguments: map[string]any{}, Meta: mcp.Meta{mcpguard.KeyMeta: "raw"}})
+	var w1, w2 *jsonrpc.Error
+	if !errors.As(err1, &w1) || !errors.As(err2, &w2) || w1.Code != w2.Code || w1.Message != w2.Message || w1.Code != 4001 {
+		t.Fatalf("raw: %v then %v", err1, err2)
+	}
+}
+
+func TestLedgerDownFailsClosed(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ts := &tools{}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerv1.NewLedgerServiceClient(conn))), http.DefaultTransport)
+	res := call(t, cs, "k", map[string]any{"customer": "c", "amount_cents": 1})
+	if info := wantError(t, res, ledger.CodeUnavailable); !info.Retryable || info.RetryAfterMS < 1000 {
+		t.Fatalf("UNAVAILABLE: %+v", info)
+	}
+	if ts.runs.Load() != 0 {
+		t.Fatal("the tool ran with the ledger down")
+	}
+}
+
+// TestParallelDuplicatesWait: fan-out of one intent: the tool runs once,
+// every duplicate waits for its result (WAIT, the default) and gets it.
+func TestParallelDuplicatesWait(t *testing.T) {
+	ts := &tools{delay: 200 * time.Millisecond}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
+	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
+	results := make([]*mcp.CallToolResult, 8)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() { results[i] = call(t, cs, "fan-out", args) })
+	}
+	wg.Wait()
+	n := 0
+	for _, r := range results {
+		if r.IsError || withoutReplayed(t, r) != withoutReplayed(t, results[0]) {
+			t.Fatalf("answers differ: %s vs %s", withoutReplayed(t, r), withoutReplayed(t, results[0]))
+		}
+		if !replayed(r) {
+			n++
+		}
+	}
+	if n != 1 || ts.runs.Load() != 1 {
+		t.Fatalf("%d first answers, %d runs; want 1, 1", n, ts.runs.Load())
+	}
+}
+
+// TestClaimInMeta: a handler that cannot read the context finds the
+// claim in the call's _meta.
+func TestClaimInMeta(t *testing.T) {
+	ts := &tools{}
+	var seen atomic.Uint64
+	g := newGuard(t, ledgerClient(t), mcpguard.WithClaimInMeta())
+	s := ts.newServer(g, func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if c, ok := req.(*mcp.CallToolRequest); ok {
+				if tok, att, ok := mcpguard.ClaimFromMeta(c.Params.Meta); ok && att == 1 {
+					seen.Store(tok)
+				}
+			}
+			return next(ctx, method, req)
+		}
+	})
+	cs := serveHTTP(t, s, http.DefaultTransport)
+	call(t, cs, "k", map[string]any{"customer": "c", "amount_cents": 1})
+	if seen.Load() != 1 {
+		t.Fatalf("the handler saw token %d in _meta, want 1", seen.Load())
+	}
+}
+
+// TestKeySchema: tools/list shows the key argument, described for a
+// model.
+func TestKeySchema(t *testing.T) {
+	ts := &tools{}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
+	list, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range list.Tools {
+		if tool.Name != "create_invoice" {
+			continue
+		}
+		b, _ := json.Marshal(tool.InputSchema)
+		var schema struct {
+			Properties map[string]struct {
+				Type        string `json:"type"`
+				Description string `json:"description"`
+			} `json:"properties"`
+			Required []string `json:"required"`
+		}
+		if err := json.Unmarshal(b, &schema); err != nil {
+			t.Fatal(err)
+		}
+		p := schema.Properties[mcpguard.DefaultKeyArgument]
+		if p.Type != "string" || p.Description != mcpguard.KeyDescription || len(schema.Properties) != 3 {
+			t.Fatalf("input schema %s", b)
+		}
+		return
+	}
+	t.Fatal("create_invoice not listed")
+}
+
+func TestRefusesToBuild(t *testing.T) {
+	client := ledgerClient(t)
+	for name, opts := range map[string][]mcpguard.Option{
+		"NoTenant":  {mcpguard.WithTool("x", mcpguard.Tool{})},
+		"BadName":   {mcpguard.WithTenant(mcpguard.Tenant("a")), mcpguard.WithTool("bad\nname", mcpguard.Tool{})},
+		"BadPolicy": {mcpguard.WithTenant(mcpguard.Tenant("a")), mcpguard.WithTool("x", mcpguard.Tool{Policy: guard.Policy{Lease: -1}})},
+	} {
+		if _, err := mcpguard.New(client, opts...); err == nil {
+			t.Errorf("%s: built", name)
+		}
+	}
+	if _, err := mcpguard.New(nil, mcpguard.WithTenant(mcpguard.Tenant("a"))); err == nil {
+		t.Error("built without a ledger")
+	}
+}
+
+// unmarshalStructured decodes a result's structuredContent.
+func unmarshalStructured(r *mcp.CallToolResult, v any) error {
+	b, err := json.Marshal(r.StructuredContent)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
