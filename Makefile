@@ -4,10 +4,12 @@ BUF := bin/buf
 GOLANGCI := bin/golangci-lint
 # Every package of every module of the workspace (go.work).
 PKGS := github.com/idemledger/idemledger/...
+# The npm projects the tests run with node (their lockfiles are committed).
+NPM_DIRS := examples/mcp-ts
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test test-short lint breaking generate checkgenerate fuzz bench buf golangci
+.PHONY: help build run test npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -18,8 +20,13 @@ build: ## Build every package and command of every module.
 run: ## Start ledgerd on its embedded store (dev mode, loopback, ./ledgerd-data).
 	go run ./cmd/ledgerd
 
-test: ## Run every test of every module with the race detector (starts a throwaway PostgreSQL).
+test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL).
 	go test -race -count=1 $(PKGS)
+
+npm: ## Install the npm packages of the TypeScript interoperability tests (npm ci, from the lockfiles).
+	@if command -v npm >/dev/null; then for d in $(NPM_DIRS); do \
+	  [ -d $$d/node_modules ] || npm ci --prefix $$d --no-audit --no-fund; done; \
+	else echo "npm not found: the TypeScript interoperability tests will skip (they fail under CI=true)"; fi
 
 test-short: ## Run the tests that need no PostgreSQL and no module proxy.
 	go test -race -short $(PKGS)

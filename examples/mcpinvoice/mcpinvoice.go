@@ -1,0 +1,159 @@
+// Package mcpinvoice is the example MCP tool server: create_invoice,
+// get_invoice and list_invoices over an invoice table of its own (Store),
+// with create_invoice made idempotent by the ledger's MCP adapter
+// (package mcpguard). A takeover of create_invoice is reconciled by
+// looking for the earlier attempt's row by key, so a crash between the
+// write and its Complete never writes a second invoice.
+package mcpinvoice
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+)
+
+// CreateArgs are create_invoice's arguments (besides the key).
+type CreateArgs struct {
+	Customer    string `json:"customer" jsonschema:"the customer's id"`
+	Currency    string `json:"currency" jsonschema:"ISO 4217 code, such as EUR"`
+	AmountCents int64  `json:"amount_cents" jsonschema:"the amount, in cents"`
+}
+
+// InvoiceResult is what create_invoice and get_invoice answer.
+type InvoiceResult struct {
+	Invoice Invoice `json:"invoice"`
+}
+
+// ListResult is what list_invoices answers.
+type ListResult struct {
+	Invoices []Invoice `json:"invoices"`
+}
+
+// Tools is the tool server.
+type Tools struct {
+	Store *Store
+	// Tenant finds the tenant of a call (the same function the guard
+	// uses).
+	Tenant mcpguard.TenantFunc
+	// BeforeWrite and AfterWrite, when set, run around create_invoice's
+	// write; the lab's demo crashes the server there.
+	BeforeWrite, AfterWrite func(ctx context.Context)
+}
+
+// Policy is create_invoice's protection: a duplicate waits for the first
+// attempt's answer, and a takeover is reconciled by key.
+func (t *Tools) Policy() mcpguard.Tool {
+	tool := mcpguard.NewTool(guard.Policy{Lease: 10 * time.Second})
+	tool.Reconcile = t.Reconcile
+	tool.StructuredOutput = true
+	return tool
+}
+
+// Guard returns the MCP adapter that protects create_invoice through the
+// ledger behind client.
+func (t *Tools) Guard(client ledgerv1.LedgerServiceClient, opts ...mcpguard.Option) (*mcpguard.Guard, error) {
+	return mcpguard.New(client, append([]mcpguard.Option{
+		mcpguard.WithTenant(t.Tenant),
+		mcpguard.WithTool("create_invoice", t.Policy()),
+	}, opts...)...)
+}
+
+// Server returns the MCP server with the three tools, guarded by g.
+func (t *Tools) Server(g *mcpguard.Guard) (*mcp.Server, error) {
+	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
+	in, err := jsonschema.For[CreateArgs](nil)
+	if err != nil {
+		return nil, err
+	}
+	mcp.AddTool(s, &mcp.Tool{
+		Name:        "create_invoice",
+		Description: "Create an invoice for a customer. Pass an idempotency key: the same key on every retry of one invoice, a new key for a new invoice.",
+		InputSchema: mcpguard.KeySchema(in, ""),
+	}, t.create)
+	mcp.AddTool(s, &mcp.Tool{Name: "get_invoice", Description: "Get an invoice by id."}, t.get)
+	mcp.AddTool(s, &mcp.Tool{Name: "list_invoices", Description: "List the invoices."}, t.list)
+	s.AddReceivingMiddleware(g.Middleware())
+	return s, nil
+}
+
+func (t *Tools) create(ctx context.Context, req *mcp.CallToolRequest, args CreateArgs) (*mcp.CallToolResult, InvoiceResult, error) {
+	c, ok := guard.ClaimFromContext(ctx)
+	if !ok {
+		return nil, InvoiceResult{}, fmt.Errorf("create_invoice runs behind the idempotency guard")
+	}
+	if args.Customer == "" || len(args.Currency) != 3 || args.AmountCents <= 0 {
+		return nil, InvoiceResult{}, fmt.Errorf("an invoice needs a customer, a 3-letter currency and a positive amount")
+	}
+	if t.BeforeWrite != nil {
+		t.BeforeWrite(ctx)
+	}
+	inv, err := t.Store.Insert(c.Tenant, c.Key, c.Token, func(n int64) Invoice {
+		return Invoice{
+			ID: fmt.Sprintf("inv_%s_%06d", c.Tenant, n), Number: n, Customer: args.Customer,
+			Currency: args.Currency, AmountCents: args.AmountCents, CreatedAt: time.Now().UTC(),
+		}
+	})
+	if err != nil {
+		return nil, InvoiceResult{}, err
+	}
+	if t.AfterWrite != nil {
+		t.AfterWrite(ctx)
+	}
+	return nil, InvoiceResult{Invoice: inv}, nil
+}
+
+// Reconcile is create_invoice's reconcile function: the earlier attempt's
+// invoice, found by the claim's key, answered as create_invoice answers.
+func (t *Tools) Reconcile(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	c, ok := guard.ClaimFromContext(ctx)
+	if !ok {
+		return nil, fmt.Errorf("reconcile runs behind the idempotency guard")
+	}
+	inv, ok := t.Store.FindByKey(c.Tenant, c.Key)
+	if !ok {
+		return nil, nil
+	}
+	return Result(InvoiceResult{Invoice: inv})
+}
+
+// Result is the CallToolResult the SDK makes of a typed tool's output: the
+// output as structuredContent and as JSON text.
+func Result(out any) (*mcp.CallToolResult, error) {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(b)}}, StructuredContent: json.RawMessage(b)}, nil
+}
+
+type getArgs struct {
+	ID string `json:"id"`
+}
+
+func (t *Tools) get(ctx context.Context, req *mcp.CallToolRequest, args getArgs) (*mcp.CallToolResult, InvoiceResult, error) {
+	tenant, err := t.Tenant(ctx, req)
+	if err != nil {
+		return nil, InvoiceResult{}, err
+	}
+	inv, ok := t.Store.Get(tenant, args.ID)
+	if !ok {
+		return nil, InvoiceResult{}, fmt.Errorf("no invoice %q", args.ID)
+	}
+	return nil, InvoiceResult{Invoice: inv}, nil
+}
+
+func (t *Tools) list(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, ListResult, error) {
+	tenant, err := t.Tenant(ctx, req)
+	if err != nil {
+		return nil, ListResult{}, err
+	}
+	return nil, ListResult{Invoices: t.Store.List(tenant)}, nil
+}

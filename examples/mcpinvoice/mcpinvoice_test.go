@@ -1,0 +1,150 @@
+package mcpinvoice_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemledger/idemledger/examples/mcpinvoice"
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// serve starts the tool server over Streamable HTTP on loopback, against
+// a LedgerService on the memory store, and returns its endpoint.
+func serve(t *testing.T) (string, *mcpinvoice.Tools) {
+	t.Helper()
+	ledger := ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("invoices"))).Dial(t))
+	store, err := mcpinvoice.OpenStore(filepath.Join(t.TempDir(), "invoices.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	tools := &mcpinvoice.Tools{Store: store, Tenant: mcpguard.Tenant("acme")}
+	g, err := tools.Guard(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := tools.Server(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(srv.Close)
+	return srv.URL, tools
+}
+
+// node runs a script of examples/mcp-ts with the official TypeScript SDK
+// and returns its standard output. Without node or the npm packages
+// (npm ci in examples/mcp-ts) it skips, except under CI=true.
+func node(t *testing.T, script string, args ...string) []byte {
+	t.Helper()
+	dir, err := filepath.Abs("../mcp-ts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := exec.LookPath("node")
+	if err == nil {
+		_, err = os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk"))
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("node and examples/mcp-ts/node_modules are needed (npm ci --prefix examples/mcp-ts): %v", err)
+		}
+		t.Skipf("no node or no npm packages (npm ci --prefix examples/mcp-ts): %v", err)
+	}
+	cmd := exec.CommandContext(t.Context(), bin, append([]string{filepath.Join(dir, script)}, args...)...)
+	cmd.Dir = dir
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\n%s", script, err, stderr.String())
+	}
+	return out
+}
+
+type tsResult struct {
+	Meta              map[string]any    `json:"_meta"`
+	Content           []json.RawMessage `json:"content"`
+	StructuredContent json.RawMessage   `json:"structuredContent"`
+	IsError           bool              `json:"isError"`
+}
+
+// TestTypeScriptClient drives the Go tool server with the official
+// TypeScript SDK's client: a call, its retry with the same _meta key (a
+// replay, the same content), a changed argument under that key
+// (KEY_REUSED as a tool result), and a call without a key (KEY_MISSING).
+func TestTypeScriptClient(t *testing.T) {
+	url, tools := serve(t)
+	var out struct{ First, Retry, Changed, NoKey tsResult }
+	if err := json.Unmarshal(node(t, "client.mjs", url), &out); err != nil {
+		t.Fatal(err)
+	}
+	var first mcpinvoice.InvoiceResult
+	if err := json.Unmarshal(out.First.StructuredContent, &first); err != nil || out.First.IsError || first.Invoice.Number != 1 {
+		t.Fatalf("first: %+v (%v)", out.First, err)
+	}
+	if out.Retry.Meta[mcpguard.ReplayedMeta] != true || string(out.Retry.StructuredContent) != string(out.First.StructuredContent) ||
+		len(out.Retry.Content) != 1 || string(out.Retry.Content[0]) != string(out.First.Content[0]) {
+		t.Fatalf("retry: %+v, want the first result replayed", out.Retry)
+	}
+	for name, tt := range map[string]struct {
+		res  tsResult
+		code string
+	}{"Changed": {out.Changed, "KEY_REUSED"}, "NoKey": {out.NoKey, "KEY_MISSING"}} {
+		info, _ := tt.res.Meta[mcpguard.ErrorMeta].(map[string]any)
+		if !tt.res.IsError || info["code"] != tt.code || info["retryable"] != false || len(tt.res.Content) != 1 {
+			t.Errorf("%s: %+v, want an error result %s", name, tt.res, tt.code)
+		}
+	}
+	if rows := tools.Store.Rows(); len(rows) != 1 {
+		t.Fatalf("%d invoice rows, want 1", len(rows))
+	}
+}
+
+// TestStoreSurvivesATornWrite: rows written before a crash are there
+// after it, and a torn last line is cut, not joined to the next row.
+func TestStoreSurvivesATornWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "invoices.jsonl")
+	s, err := mcpinvoice.OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(n int64) mcpinvoice.Invoice { return mcpinvoice.Invoice{ID: "inv", Number: n} }
+	if _, err := s.Insert("acme", "k1", 1, build); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(`{"tenant":"acme","key":"k2","tok`)
+	_ = f.Close()
+	s, err = mcpinvoice.OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Insert("acme", "k3", 1, build); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+	s, err = mcpinvoice.OpenStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rows := s.Rows()
+	if len(rows) != 2 || rows[0].Key != "k1" || rows[1].Key != "k3" || rows[1].Invoice.Number != 2 {
+		t.Fatalf("rows after a torn write: %+v", rows)
+	}
+}
