@@ -89,7 +89,8 @@ type Outcome struct {
 }
 
 // RunFunc runs the write under the claim in ctx and returns its outcome.
-// An error means the write ran but its result cannot be put in an
+// An error that wraps ErrOutcomeUnknown leaves the claim to run out. Any
+// other error means the write ran but its result cannot be put in an
 // Outcome: the record is completed with an INTERNAL error that says so,
 // and the write never runs again for this key.
 type RunFunc func(ctx context.Context) (Outcome, error)

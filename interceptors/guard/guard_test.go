@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,5 +168,40 @@ func TestPolicyCheck(t *testing.T) {
 	}
 	if err := (guard.Policy{OnInProgress: guard.Reject, OnLeaseExpiry: ledger.Hold, MaxWait: time.Second}).Check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOutcomeUnknownLeavesTheClaim: a run that cannot tell whether its
+// write happened leaves the claim to run out: the caller gets
+// UNAVAILABLE, a retry within the lease IN_PROGRESS, and one after it a
+// takeover (TAKEOVER) or OUTCOME_UNKNOWN (HOLD).
+func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
+	g := newGuard(t)
+	unknown := func(context.Context) (guard.Outcome, error) {
+		return guard.Outcome{}, fmt.Errorf("the upstream hung up after the request: %w", guard.ErrOutcomeUnknown)
+	}
+	for _, p := range []ledger.LeaseExpiry{ledger.Takeover, ledger.Hold} {
+		c := call("unknown-" + p.String())
+		c.Policy = guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: p, OnInProgress: guard.Reject}
+		_, err := g.Do(t.Context(), c, unknown)
+		if le := ledgertest.WantCode(t, err, ledger.CodeUnavailable); le.RetryAfter <= 0 {
+			t.Fatalf("%s: UNAVAILABLE without a retry-after", p)
+		}
+		var runs atomic.Int64
+		_, err = g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
+		ledgertest.WantCode(t, err, ledger.CodeInProgress)
+		time.Sleep(250 * time.Millisecond)
+		res, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
+		switch p {
+		case ledger.Takeover:
+			if err != nil || res.Replayed || runs.Load() != 1 {
+				t.Fatalf("TAKEOVER after the lease: %+v, %v, %d runs", res, err, runs.Load())
+			}
+		case ledger.Hold:
+			ledgertest.WantCode(t, err, ledger.CodeOutcomeUnknown)
+			if runs.Load() != 0 {
+				t.Fatal("HOLD ran again")
+			}
+		}
 	}
 }

@@ -17,6 +17,14 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
+// ErrOutcomeUnknown, wrapped in a run's error, says that nobody knows
+// whether the write happened: a call to an upstream that failed after it
+// was sent, a timeout of an external API. The guard neither completes nor
+// releases: the claim runs out, and the next attempt takes over (and may
+// reconcile) or, under Hold, finds the record OUTCOME_UNKNOWN. The caller
+// gets UNAVAILABLE, retryable once the lease has run out.
+var ErrOutcomeUnknown = errors.New("the outcome of the call is unknown")
+
 // errLeaseLost is the cause of a run's context canceled because another
 // attempt took over the key.
 var errLeaseLost = errors.New("guard: another attempt took over the key")
@@ -75,6 +83,11 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 	out, err := run(rctx)
 	panicked = false
 	stop()
+	if errors.Is(err, ErrOutcomeUnknown) {
+		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)
+		return Result{}, &ledger.Error{Code: ledger.CodeUnavailable, Message: "nobody knows yet whether this call was done: retry with the same key once its lease has run out",
+			RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
+	}
 	if err != nil {
 		g.opts.log.ErrorContext(ctx, "the run's result cannot be stored: the record says the call ran", "method", call.Method, "key", c.Key, "error", err)
 		g.complete(ctx, c, notKept(ledger.CodeInternal, 0, g.opts.maxOutcomeBytes))

@@ -218,8 +218,12 @@ func (i *interceptor) replay(ctx context.Context, m *method, out guard.Outcome) 
 }
 
 // outcome is a handler's result as the guard stores it: a response as its
-// deterministic encoding, an error as its status, transient or not.
+// deterministic encoding, an error as its status, transient or not; an
+// error that wraps guard.ErrOutcomeUnknown leaves the claim to run out.
 func outcome(resp any, herr error) (guard.Outcome, error) {
+	if errors.Is(herr, guard.ErrOutcomeUnknown) {
+		return guard.Outcome{}, herr
+	}
 	if herr != nil {
 		st := toStatus(herr)
 		return guard.Outcome{Status: st, Transient: guard.Transient(herr)}, nil

@@ -24,6 +24,9 @@ const (
 
 // outcome is a handler's answer as the guard stores it.
 func outcome(t Tool, res mcp.Result, err error) (guard.Outcome, error) {
+	if errors.Is(err, guard.ErrOutcomeUnknown) {
+		return guard.Outcome{}, err
+	}
 	if err != nil {
 		b, merr := json.Marshal(wireError(err))
 		if merr != nil {
