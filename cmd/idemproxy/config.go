@@ -1,0 +1,186 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// fileConfig is the configuration file. Unknown fields are an error.
+//
+//	ledger:
+//	  address: 127.0.0.1:7070
+//	  token_file: /run/secrets/ledger-token
+//	mcp:
+//	  upstream:
+//	    url: http://127.0.0.1:8090/mcp        # Streamable HTTP, or:
+//	    command: [node, server.mjs, --stdio]  # a stdio child process
+//	  tenant: {header: X-Tenant}              # or {static: acme}, or {argument: tenant}
+//	  tools:
+//	    create_invoice:
+//	      key_argument: idempotency_key
+//	      lease: 30s
+//	      on_in_progress: wait                # or reject
+//	      on_lease_expiry: takeover           # or hold
+type fileConfig struct {
+	Ledger struct {
+		Address   string `yaml:"address"`
+		TokenFile string `yaml:"token_file"`
+	} `yaml:"ledger"`
+	MCP *mcpConfig `yaml:"mcp"`
+}
+
+type mcpConfig struct {
+	Upstream struct {
+		URL     string   `yaml:"url"`
+		Command []string `yaml:"command"`
+	} `yaml:"upstream"`
+	Tenant tenantConfig          `yaml:"tenant"`
+	Tools  map[string]toolConfig `yaml:"tools"`
+}
+
+type tenantConfig struct {
+	Static   string `yaml:"static"`
+	Header   string `yaml:"header"`
+	Argument string `yaml:"argument"`
+}
+
+// policyConfig is a guard.Policy in the file.
+type policyConfig struct {
+	Lease              duration `yaml:"lease"`
+	Retention          duration `yaml:"retention"`
+	TombstoneRetention duration `yaml:"tombstone_retention"`
+	NoTombstones       bool     `yaml:"no_tombstones"`
+	KeyOptional        bool     `yaml:"key_optional"`
+	OnInProgress       string   `yaml:"on_in_progress"`
+	MaxWait            duration `yaml:"max_wait"`
+	OnLeaseExpiry      string   `yaml:"on_lease_expiry"`
+}
+
+type toolConfig struct {
+	policyConfig `yaml:",inline"`
+	// KeyArgument names the argument that carries the key; absent takes
+	// mcpguard.DefaultKeyArgument, "" takes the key from _meta only.
+	KeyArgument *string `yaml:"key_argument"`
+}
+
+// duration is a time.Duration written as "30s" in the file.
+type duration time.Duration
+
+func (d *duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as 30s: %w", n.Line, n.Value, err)
+	}
+	*d = duration(v)
+	return nil
+}
+
+// loadConfig reads and checks the configuration file.
+func loadConfig(path string) (fileConfig, error) {
+	var c fileConfig
+	f, err := os.Open(path)
+	if err != nil {
+		return c, err
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := c.check(); err != nil {
+		return c, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+func (c fileConfig) check() error {
+	if c.MCP == nil {
+		return errors.New("no mcp section: nothing to proxy")
+	}
+	m := c.MCP
+	if (m.Upstream.URL == "") == (len(m.Upstream.Command) == 0) {
+		return errors.New("mcp.upstream needs exactly one of url and command")
+	}
+	n := 0
+	for _, s := range []string{m.Tenant.Static, m.Tenant.Header, m.Tenant.Argument} {
+		if s != "" {
+			n++
+		}
+	}
+	if n != 1 {
+		return errors.New("mcp.tenant needs exactly one of static, header and argument")
+	}
+	if len(m.Tools) == 0 {
+		return errors.New("mcp.tools names no tool to guard")
+	}
+	for name, t := range m.Tools {
+		if err := ledger.ValidateMethod(mcpguard.MethodPrefix + name); err != nil {
+			return fmt.Errorf("mcp.tools: %q is not a tool name: %w", name, err)
+		}
+		if _, err := t.tool(); err != nil {
+			return fmt.Errorf("mcp.tools.%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// policy is the guard's policy the file describes.
+func (p policyConfig) policy() (guard.Policy, error) {
+	g := guard.Policy{
+		Lease: time.Duration(p.Lease), Retention: time.Duration(p.Retention),
+		TombstoneRetention: time.Duration(p.TombstoneRetention), NoTombstones: p.NoTombstones,
+		KeyOptional: p.KeyOptional, MaxWait: time.Duration(p.MaxWait),
+	}
+	switch strings.ToLower(p.OnInProgress) {
+	case "", "wait":
+		g.OnInProgress = guard.Wait
+	case "reject":
+		g.OnInProgress = guard.Reject
+	default:
+		return g, fmt.Errorf("on_in_progress is wait or reject, not %q", p.OnInProgress)
+	}
+	switch strings.ToLower(p.OnLeaseExpiry) {
+	case "", "takeover":
+		g.OnLeaseExpiry = ledger.Takeover
+	case "hold":
+		g.OnLeaseExpiry = ledger.Hold
+	default:
+		return g, fmt.Errorf("on_lease_expiry is takeover or hold, not %q", p.OnLeaseExpiry)
+	}
+	return g, g.Check()
+}
+
+// tool is the MCP adapter's Tool the file describes.
+func (t toolConfig) tool() (mcpguard.Tool, error) {
+	p, err := t.policy()
+	if err != nil {
+		return mcpguard.Tool{}, err
+	}
+	tool := mcpguard.NewTool(p)
+	if t.KeyArgument != nil {
+		tool.KeyArgument = *t.KeyArgument
+	}
+	return tool, nil
+}
+
+// tenant is the MCP adapter's TenantFunc the file describes.
+func (t tenantConfig) tenant() mcpguard.TenantFunc {
+	switch {
+	case t.Header != "":
+		return mcpguard.TenantFromHeader(t.Header)
+	case t.Argument != "":
+		return mcpguard.TenantFromArgument(t.Argument)
+	}
+	return mcpguard.Tenant(t.Static)
+}

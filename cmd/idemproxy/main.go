@@ -1,0 +1,286 @@
+// Command idemproxy puts the idempotency guard in front of an MCP server
+// written in any language: it serves Streamable HTTP, guards the tools/call
+// of the tools its configuration names through the idemledger ledger, and
+// passes everything else to the upstream server (Streamable HTTP, or a
+// stdio child process) untouched. A guarded call reaches the upstream
+// with its claim in _meta["io.idemledger/claim"] = {token, attempt}, so
+// that an upstream that can fence its own writes may do so.
+//
+//	idemproxy --config idemproxy.yaml [--listen 127.0.0.1:8091] [--admin-listen 127.0.0.1:8092]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+)
+
+// flags are the command line.
+type flags struct {
+	config, listen, adminListen, ledger string
+	drainTimeout                        time.Duration
+	logLevel                            string
+	version                             bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (flags, error) {
+	var f flags
+	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.config, "config", "idemproxy.yaml", "the configuration file: the ledger, the upstream, the tools to guard")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8091", "Streamable HTTP address (the endpoint is /mcp)")
+	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:8092", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
+	fs.StringVar(&f.ledger, "ledger", "", "ledgerd's gRPC address (overrides the file's ledger.address)")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for calls in flight")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return f, nil
+}
+
+func main() {
+	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cli runs the command and returns its exit code: 2 for a usage error.
+func cli(args []string, stdout, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
+	if err != nil {
+		return 2
+	}
+	if f.version {
+		_, _ = fmt.Fprintln(stdout, "idemproxy", version())
+		return 0
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		_, _ = fmt.Fprintln(stderr, "idemproxy: --log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg, err := loadConfig(f.config)
+	if err != nil {
+		_, _ = fmt.Fprintln(stderr, "idemproxy:", err)
+		return 2
+	}
+	if f.ledger != "" {
+		cfg.Ledger.Address = f.ledger
+	}
+	if cfg.Ledger.Address == "" {
+		cfg.Ledger.Address = "127.0.0.1:7070"
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, f, cfg, nil, log); err != nil {
+		log.Error("idemproxy stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+// listeners are the proxy's listeners, for tests; nil ones are opened
+// from the flags.
+type listeners struct{ mcp, admin net.Listener }
+
+// run serves until ctx ends, then drains.
+func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog.Logger) error {
+	if lis == nil {
+		lis = &listeners{}
+	}
+	var err error
+	if lis.mcp == nil {
+		if lis.mcp, err = net.Listen("tcp", f.listen); err != nil {
+			return err
+		}
+	}
+	if lis.admin == nil && f.adminListen != "" {
+		if lis.admin, err = net.Listen("tcp", f.adminListen); err != nil {
+			return err
+		}
+	}
+	conn, ledger, err := dialLedger(cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer ledger.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := newMetrics(reg)
+
+	up := newUpstream(cfg.MCP, log)
+	defer up.close()
+	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.MCP.Tenant.tenant()), mcpguard.WithClaimInMeta(), mcpguard.WithLogger(log)}
+	for name, t := range cfg.MCP.Tools {
+		tool, err := t.tool()
+		if err != nil {
+			return err
+		}
+		opts = append(opts, mcpguard.WithTool(name, tool))
+	}
+	g, err := mcpguard.New(ledger, opts...)
+	if err != nil {
+		return err
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "idemproxy", Version: version()}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{
+			Tools: &mcp.ToolCapabilities{}, Resources: &mcp.ResourceCapabilities{}, Prompts: &mcp.PromptCapabilities{},
+		},
+	})
+	// Each call wraps the handler so far: forward is innermost, then the
+	// guard, then the metrics.
+	srv.AddReceivingMiddleware(up.forward)
+	srv.AddReceivingMiddleware(g.Middleware())
+	srv.AddReceivingMiddleware(m.observe(cfg.MCP.Tools))
+
+	var draining atomic.Bool
+	drainCtx, startDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer startDrain()
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", untilDrain(drainCtx, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	admin := &http.Server{Handler: adminMux(reg, &draining, up, conn), ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 2)
+	go func() { errc <- serve(hs, lis.mcp) }()
+	if lis.admin != nil {
+		go func() { errc <- serve(admin, lis.admin) }()
+	}
+	log.InfoContext(ctx, "idemproxy listening", "mcp", "http://"+lis.mcp.Addr().String()+"/mcp", "ledger", cfg.Ledger.Address,
+		"upstream", upstreamName(cfg.MCP), "tools", len(cfg.MCP.Tools))
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	// Drain: not ready, stop taking calls, end the clients' listening
+	// streams, let the calls in flight finish.
+	draining.Store(true)
+	startDrain()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.drainTimeout)
+	defer cancel()
+	log.InfoContext(sctx, "draining", "timeout", f.drainTimeout.String())
+	err = hs.Shutdown(sctx)
+	_ = admin.Shutdown(sctx)
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	log.InfoContext(sctx, "stopped")
+	return nil
+}
+
+// untilDrain ends the GET requests (a client's stream that listens for
+// server messages, open for as long as the client likes) when drain ends;
+// calls (POST) run to their end.
+func untilDrain(drain context.Context, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			ctx, cancel := context.WithCancel(r.Context())
+			defer cancel()
+			stop := context.AfterFunc(drain, cancel)
+			defer stop()
+			r = r.WithContext(ctx) //nolint:contextcheck // the request's own context, ended early by drain
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func serve(hs *http.Server, lis net.Listener) error {
+	if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// dialLedger connects to ledgerd, carrying the token on a Stream.
+func dialLedger(cfg fileConfig) (*grpc.ClientConn, *ledgerclient.Client, error) {
+	var opts []ledgerclient.Option
+	if cfg.Ledger.TokenFile != "" {
+		b, err := os.ReadFile(cfg.Ledger.TokenFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("ledger token: %w", err)
+		}
+		opts = append(opts, ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+strings.TrimSpace(string(b)))))
+	}
+	conn, err := grpc.NewClient(cfg.Ledger.Address, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...), nil
+}
+
+// adminMux serves /metrics, /healthz (the process is up) and /readyz
+// (not draining, the upstream answers a ping, the ledger's connection is
+// not failing).
+func adminMux(reg *prometheus.Registry, draining *atomic.Bool, up *upstream, conn *grpc.ClientConn) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		why := ""
+		switch {
+		case draining.Load():
+			why = "draining"
+		case conn.GetState() == connectivity.TransientFailure || conn.GetState() == connectivity.Shutdown:
+			why = "the ledger cannot be reached"
+		default:
+			if err := up.ping(ctx); err != nil {
+				why = "the upstream does not answer: " + err.Error()
+			}
+		}
+		if why != "" {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	return mux
+}
+
+func upstreamName(c *mcpConfig) string {
+	if c.Upstream.URL != "" {
+		return c.Upstream.URL
+	}
+	return strings.Join(c.Upstream.Command, " ")
+}
+
+// version is the module version from the build info.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

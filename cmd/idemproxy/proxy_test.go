@@ -1,0 +1,441 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/idemclient"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// ledgerAddr starts a LedgerService on the memory store on loopback.
+func ledgerAddr(t testing.TB) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("tools"))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return lis.Addr().String()
+}
+
+// proxy runs idemproxy with cfg and returns its MCP endpoint and admin
+// address. It drains when the test ends.
+func proxy(t testing.TB, cfg fileConfig) (endpoint, admin string) {
+	t.Helper()
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
+	l1, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{mcp: l1, admin: l2}, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("idemproxy: %v", err)
+		}
+	})
+	return "http://" + l1.Addr().String() + "/mcp", l2.Addr().String()
+}
+
+// config guards create_invoice (key in _meta or the default argument),
+// one tenant.
+func config(ledger string, up func(*mcpConfig), p policyConfig) fileConfig {
+	var c fileConfig
+	c.Ledger.Address = ledger
+	c.MCP = &mcpConfig{Tenant: tenantConfig{Static: "acme"}, Tools: map[string]toolConfig{"create_invoice": {policyConfig: p}}}
+	up(c.MCP)
+	return c
+}
+
+func byURL(url string) func(*mcpConfig) { return func(c *mcpConfig) { c.Upstream.URL = url } }
+func byCommand(argv ...string) func(*mcpConfig) {
+	return func(c *mcpConfig) { c.Upstream.Command = argv }
+}
+
+// goUpstream is an MCP server with no guard of its own: create_invoice
+// writes a row each time it runs (with the claim it was forwarded), echo
+// is not guarded by the proxy.
+type goUpstream struct {
+	mu     sync.Mutex
+	rows   []uint64 // the claim token of each write
+	echoes atomic.Int64
+	hangUp atomic.Bool // the next create_invoice writes, then its connection is cut
+}
+
+func (u *goUpstream) serve(t testing.TB) string {
+	t.Helper()
+	s := mcp.NewServer(&mcp.Implementation{Name: "upstream", Version: "v1"}, nil)
+	type args struct {
+		Customer    string `json:"customer"`
+		Currency    string `json:"currency"`
+		AmountCents int    `json:"amount_cents"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "create_invoice"}, func(_ context.Context, req *mcp.CallToolRequest, a args) (*mcp.CallToolResult, map[string]any, error) {
+		tok, _, _ := mcpguard.ClaimFromMeta(req.Params.Meta)
+		u.mu.Lock()
+		u.rows = append(u.rows, tok)
+		n := len(u.rows)
+		u.mu.Unlock()
+		return nil, map[string]any{"id": fmt.Sprintf("inv_%d", n), "customer": a.Customer}, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(context.Context, *mcp.CallToolRequest, map[string]any) (*mcp.CallToolResult, any, error) {
+		u.echoes.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "echo"}}}, nil, nil
+	})
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !strings.Contains(string(body), `"create_invoice"`) || !u.hangUp.CompareAndSwap(true, false) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		// The call runs to its end, then the connection is cut before
+		// the answer leaves.
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func (u *goUpstream) writes() []uint64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]uint64(nil), u.rows...)
+}
+
+func connect(t testing.TB, endpoint string, rt http.RoundTripper, mw ...mcp.Middleware) *mcp.ClientSession {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	c.AddSendingMiddleware(mw...)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: &http.Client{Transport: rt}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+func create(ctx context.Context, t testing.TB, cs *mcp.ClientSession, key string) *mcp.CallToolResult {
+	t.Helper()
+	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200}}
+	if key != "" {
+		params.Meta = mcp.Meta{mcpguard.KeyMeta: key}
+	}
+	res, err := cs.CallTool(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func bare(t testing.TB, r *mcp.CallToolResult) string {
+	t.Helper()
+	c := *r
+	c.Meta = nil
+	b, err := json.Marshal(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestProxyGuardsTheNamedTools(t *testing.T) {
+	up := &goUpstream{}
+	endpoint, admin := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	first := create(t.Context(), t, cs, "k-1")
+	again := create(t.Context(), t, cs, "k-1")
+	if first.IsError || again.Meta[mcpguard.ReplayedMeta] != true || bare(t, first) != bare(t, again) {
+		t.Fatalf("through the proxy: %s then %s", bare(t, first), bare(t, again))
+	}
+	if w := up.writes(); len(w) != 1 || w[0] != 1 {
+		t.Fatalf("the upstream wrote %v (claim tokens); want one write under token 1", w)
+	}
+	// Everything else passes through: tools/list, an unguarded tool.
+	list, err := cs.ListTools(t.Context(), nil)
+	if err != nil || len(list.Tools) != 2 {
+		t.Fatalf("tools/list through the proxy: %v, %v", list, err)
+	}
+	for range 2 {
+		if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
+			t.Fatalf("echo: %v, %v", res, err)
+		}
+	}
+	if up.echoes.Load() != 2 {
+		t.Fatalf("echo ran %d times, want 2 (not guarded)", up.echoes.Load())
+	}
+	res, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	for _, want := range []string{
+		`idemproxy_tool_calls_total{result="ran",tool="create_invoice"} 1`,
+		`idemproxy_tool_calls_total{result="replayed",tool="create_invoice"} 1`,
+		`idemproxy_tool_calls_total{result="passthrough",tool="(other)"} 2`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	for path, code := range map[string]int{"/healthz": 200, "/readyz": 200} {
+		res, err := http.Get("http://" + admin + path)
+		if err != nil || res.StatusCode != code {
+			t.Fatalf("%s: %v, %v", path, res, err)
+		}
+		_ = res.Body.Close()
+	}
+}
+
+// TestProxyUnknownOutcome: the upstream's connection is cut after it
+// wrote. Nobody knows whether the write happened, so the call's claim is
+// left to run out: UNAVAILABLE now; under HOLD, OUTCOME_UNKNOWN after the
+// lease, and nothing runs again.
+func TestProxyUnknownOutcome(t *testing.T) {
+	up := &goUpstream{}
+	up.hangUp.Store(true)
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{
+		Lease: duration(300 * time.Millisecond), OnLeaseExpiry: "hold", OnInProgress: "reject",
+	}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	res := create(t.Context(), t, cs, "k")
+	if info, ok := mcpguard.ErrorFromResult(res); !ok || info.Code != "UNAVAILABLE" || !info.Retryable {
+		t.Fatalf("a cut upstream call: %s", bare(t, res))
+	}
+	time.Sleep(400 * time.Millisecond)
+	res = create(t.Context(), t, cs, "k")
+	if info, ok := mcpguard.ErrorFromResult(res); !ok || info.Code != "OUTCOME_UNKNOWN" || info.Retryable {
+		t.Fatalf("after the lease, under HOLD: %s", bare(t, res))
+	}
+	if len(up.writes()) != 1 {
+		t.Fatalf("%d writes, want 1", len(up.writes()))
+	}
+}
+
+// lossy loses the response of every third tools/call it carries (the call
+// is delivered), so the agent's middleware re-sends it with a new
+// JSON-RPC id and the same key.
+type lossy struct{ n atomic.Int64 }
+
+func (l *lossy) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.Method != http.MethodPost {
+		return http.DefaultTransport.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || !strings.Contains(string(body), `"create_invoice"`) || l.n.Add(1)%3 != 1 {
+		return res, err
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	_ = res.Body.Close()
+	return nil, fmt.Errorf("connection reset by peer (the response was lost)")
+}
+
+// tsServer starts the TypeScript SDK's server (examples/mcp-ts) over
+// Streamable HTTP and returns its endpoint; or returns the command that
+// runs it over stdio.
+func tsServer(t *testing.T, stdio bool) func(*mcpConfig) {
+	t.Helper()
+	dir, err := filepath.Abs("../../examples/mcp-ts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := exec.LookPath("node")
+	if err == nil {
+		_, err = os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk"))
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("node and examples/mcp-ts/node_modules are needed (make npm): %v", err)
+		}
+		t.Skipf("no node or no npm packages (make npm): %v", err)
+	}
+	script := filepath.Join(dir, "server.mjs")
+	if stdio {
+		return byCommand(node, script, "--stdio", "--delay-ms", "50")
+	}
+	cmd := exec.Command(node, script, "--delay-ms", "50")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("the TypeScript server said %q, %v", line, err)
+	}
+	return byURL("http://127.0.0.1:" + port + "/mcp")
+}
+
+// TestProxyInFrontOfATypeScriptServer: an MCP server written with the
+// official TypeScript SDK, with no idempotency of its own, behind the
+// proxy (over Streamable HTTP and over stdio). An agent sends 12 intents,
+// each also retried, with a response lost every third send, and 8
+// parallel duplicates of one more intent: the server writes once per
+// intent, and every answer of an intent is the same result.
+func TestProxyInFrontOfATypeScriptServer(t *testing.T) {
+	for _, stdio := range []bool{false, true} {
+		t.Run(map[bool]string{false: "StreamableHTTP", true: "Stdio"}[stdio], func(t *testing.T) {
+			endpoint, _ := proxy(t, config(ledgerAddr(t), tsServer(t, stdio), policyConfig{}))
+			cs := connect(t, endpoint, &lossy{}, mcpguard.ClientMiddleware(mcpguard.WithBackoff(5*time.Millisecond, 50*time.Millisecond)))
+			const intents = 12
+			for i := range intents {
+				ctx := idemclient.WithKey(t.Context(), fmt.Sprintf("intent-%d", i))
+				first := create(ctx, t, cs, "")
+				retry := create(ctx, t, cs, "")
+				if first.IsError || bare(t, first) != bare(t, retry) || retry.Meta[mcpguard.ReplayedMeta] != true {
+					t.Fatalf("intent %d: %s then %s", i, bare(t, first), bare(t, retry))
+				}
+			}
+			ctx := idemclient.WithKey(t.Context(), "fan-out")
+			answers := make([]string, 8)
+			var wg sync.WaitGroup
+			for i := range answers {
+				wg.Go(func() { answers[i] = bare(t, create(ctx, t, cs, "")) })
+			}
+			wg.Wait()
+			for _, a := range answers {
+				if a != answers[0] || strings.Contains(a, `"isError":true`) {
+					t.Fatalf("fan-out answers differ: %s vs %s", a, answers[0])
+				}
+			}
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "count_writes", Arguments: map[string]any{}})
+			if err != nil || len(res.Content) != 1 {
+				t.Fatalf("count_writes: %v, %v", res, err)
+			}
+			var count struct{ Rows int }
+			if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &count); err != nil || count.Rows != intents+1 {
+				t.Fatalf("the TypeScript server wrote %d rows for %d intents (%v)", count.Rows, intents+1, err)
+			}
+		})
+	}
+}
+
+func TestRefusesBadConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"NoMCP":          "ledger: {address: 127.0.0.1:1}\n",
+		"TwoUpstreams":   "mcp: {upstream: {url: http://x, command: [x]}, tenant: {static: a}, tools: {t: {}}}\n",
+		"NoTenant":       "mcp: {upstream: {url: http://x}, tools: {t: {}}}\n",
+		"NoTools":        "mcp: {upstream: {url: http://x}, tenant: {static: a}}\n",
+		"UnknownField":   "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {t: {leese: 1s}}}\n",
+		"BadDuration":    "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {t: {lease: soon}}}\n",
+		"BadPolicy":      "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {t: {on_in_progress: queue}}}\n",
+		"NegativeLease":  "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {t: {lease: -1s}}}\n",
+		"BadToolName":    "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {\"bad\\nname\": {}}}\n",
+		"MissingConfig":  "",
+		"TwoTenantRules": "mcp: {upstream: {url: http://x}, tenant: {static: a, header: X-T}, tools: {t: {}}}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, name+".yaml")
+			if text != "" {
+				if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var stderr bytes.Buffer
+			code := cli([]string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", ""}, io.Discard, &stderr)
+			if code == 0 {
+				t.Fatalf("exit 0; stderr:\n%s", stderr.String())
+			}
+		})
+	}
+}
+
+// TestDrainFinishesCallsInFlight: when the proxy is told to stop, a call
+// already running finishes and is answered; then the proxy exits.
+func TestDrainFinishesCallsInFlight(t *testing.T) {
+	up := &goUpstream{}
+	forward := proxyTo(up.serve(t))
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			time.Sleep(300 * time.Millisecond)
+		}
+		forward.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { slow.CloseClientConnections(); slow.Close() })
+	cfg := config(ledgerAddr(t), byURL(slow.URL), policyConfig{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{mcp: l}, slog.New(slog.DiscardHandler))
+	}()
+	cs := connect(t, "http://"+l.Addr().String()+"/mcp", http.DefaultTransport)
+	answered := make(chan *mcp.CallToolResult, 1)
+	go func() { answered <- create(context.Background(), t, cs, "k") }()
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	if res := <-answered; res.IsError {
+		t.Fatalf("the call in flight: %s", bare(t, res))
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+// proxyTo forwards a request to url, flushing as it goes (server-sent
+// events).
+func proxyTo(target string) http.Handler {
+	u, err := url.Parse(target)
+	if err != nil {
+		panic(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	return rp
+}
