@@ -6,9 +6,11 @@ require (
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/examples v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/interceptors/mcpguard v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/ledger/bolt v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/ledger/crdb v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/modelcontextprotocol/go-sdk v1.8.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.48.0
 	gonum.org/v1/plot v0.17.0
@@ -25,14 +27,19 @@ require (
 	github.com/cockroachdb/cockroach-go/v2 v2.4.2 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/segmentio/asm v1.1.3 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
+	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
@@ -48,3 +55,5 @@ replace github.com/idemledger/idemledger/ledger/crdb => ../ledger/crdb
 replace github.com/idemledger/idemledger/ledger/lincheck => ../ledger/lincheck
 
 replace github.com/idemledger/idemledger/examples => ../examples
+
+replace github.com/idemledger/idemledger/interceptors/mcpguard => ../interceptors/mcpguard

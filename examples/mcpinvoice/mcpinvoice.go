@@ -43,6 +43,8 @@ type Tools struct {
 	// Tenant finds the tenant of a call (the same function the guard
 	// uses).
 	Tenant mcpguard.TenantFunc
+	// Lease is create_invoice's lease; 0 means 10 s.
+	Lease time.Duration
 	// BeforeWrite and AfterWrite, when set, run around create_invoice's
 	// write; the lab's demo crashes the server there.
 	BeforeWrite, AfterWrite func(ctx context.Context)
@@ -51,7 +53,11 @@ type Tools struct {
 // Policy is create_invoice's protection: a duplicate waits for the first
 // attempt's answer, and a takeover is reconciled by key.
 func (t *Tools) Policy() mcpguard.Tool {
-	tool := mcpguard.NewTool(guard.Policy{Lease: 10 * time.Second})
+	lease := t.Lease
+	if lease <= 0 {
+		lease = 10 * time.Second
+	}
+	tool := mcpguard.NewTool(guard.Policy{Lease: lease})
 	tool.Reconcile = t.Reconcile
 	tool.StructuredOutput = true
 	return tool
