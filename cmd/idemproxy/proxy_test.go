@@ -439,3 +439,18 @@ func proxyTo(target string) http.Handler {
 	rp.FlushInterval = -1
 	return rp
 }
+
+// TestExampleConfiguration: the example file in the repository loads.
+func TestExampleConfiguration(t *testing.T) {
+	cfg, err := loadConfig("idemproxy.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.MCP.Tools) != 2 || cfg.MCP.Tenant.Header != "X-Tenant" || cfg.Ledger.Address == "" {
+		t.Fatalf("%+v", cfg)
+	}
+	email, err := cfg.MCP.Tools["send_email"].tool()
+	if err != nil || email.Policy.OnLeaseExpiry.String() != "HOLD" || email.KeyArgument != mcpguard.DefaultKeyArgument {
+		t.Fatalf("send_email: %+v, %v", email, err)
+	}
+}
