@@ -17,7 +17,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
-// ErrOutcomeUnknown, wrapped in a run's error, says that nobody knows
+// ErrOutcomeUnknown says, wrapped in a run's error, that nobody knows
 // whether the write happened: a call to an upstream that failed after it
 // was sent, a timeout of an external API. The guard neither completes nor
 // releases: the claim runs out, and the next attempt takes over (and may
