@@ -13,6 +13,7 @@ require (
 )
 
 require (
+	github.com/dunglas/httpsfv v1.1.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
 	github.com/segmentio/asm v1.1.3 // indirect

@@ -1,5 +1,5 @@
 // Package mcpinvoice is the example MCP tool server: create_invoice,
-// get_invoice and list_invoices over an invoice table of its own (Store),
+// get_invoice and list_invoices over an invoice table of its own (invoicedb.Store),
 // with create_invoice made idempotent by the ledger's MCP adapter
 // (package mcpguard). A takeover of create_invoice is reconciled by
 // looking for the earlier attempt's row by key, so a crash between the
@@ -15,6 +15,7 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemledger/idemledger/examples/invoicedb"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -29,17 +30,17 @@ type CreateArgs struct {
 
 // InvoiceResult is what create_invoice and get_invoice answer.
 type InvoiceResult struct {
-	Invoice Invoice `json:"invoice"`
+	Invoice invoicedb.Invoice `json:"invoice"`
 }
 
 // ListResult is what list_invoices answers.
 type ListResult struct {
-	Invoices []Invoice `json:"invoices"`
+	Invoices []invoicedb.Invoice `json:"invoices"`
 }
 
 // Tools is the tool server.
 type Tools struct {
-	Store *Store
+	Store *invoicedb.Store
 	// Tenant finds the tenant of a call (the same function the guard
 	// uses).
 	Tenant mcpguard.TenantFunc
@@ -101,8 +102,8 @@ func (t *Tools) create(ctx context.Context, req *mcp.CallToolRequest, args Creat
 	if t.BeforeWrite != nil {
 		t.BeforeWrite(ctx)
 	}
-	inv, err := t.Store.Insert(c.Tenant, c.Key, c.Token, func(n int64) Invoice {
-		return Invoice{
+	inv, err := t.Store.Insert(c.Tenant, c.Key, c.Token, func(n int64) invoicedb.Invoice {
+		return invoicedb.Invoice{
 			ID: fmt.Sprintf("inv_%s_%06d", c.Tenant, n), Number: n, Customer: args.Customer,
 			Currency: args.Currency, AmountCents: args.AmountCents, CreatedAt: time.Now().UTC(),
 		}

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
@@ -161,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 
-	store, err := mcpinvoice.OpenStore(data)
+	store, err := invoicedb.OpenStore(data)
 	if err != nil {
 		return rep, err
 	}
@@ -425,7 +426,7 @@ func Serve(args []string) error {
 		return err
 	}
 	defer conn.Close()
-	store, err := mcpinvoice.OpenStore(*data)
+	store, err := invoicedb.OpenStore(*data)
 	if err != nil {
 		return err
 	}

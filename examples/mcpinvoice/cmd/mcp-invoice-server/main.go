@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -73,7 +74,7 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 	defer conn.Close()
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledger.Close()
-	store, err := mcpinvoice.OpenStore(c.data)
+	store, err := invoicedb.OpenStore(c.data)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,7 @@
-package mcpinvoice
+// Package invoicedb is the examples' own invoice database: an append-only
+// table of invoice rows with no unique constraint on the idempotency key,
+// so that a write the guard failed to deduplicate shows as a second row.
+package invoicedb
 
 import (
 	"bytes"

@@ -1,0 +1,422 @@
+// Package httpguard makes HTTP write routes idempotent through the
+// idemledger LedgerService, as draft-ietf-httpapi-idempotency-key-header
+// describes: a net/http middleware on the guard (package guard).
+//
+// A protected route is named by its ServeMux pattern ("POST /v1/invoices"),
+// so the ledger's method is the route, never a path with ids in it
+// ("http:POST /v1/invoices"). For a request to it, the middleware takes
+// the key from the Idempotency-Key header (a structured-field string, or
+// a bare token), the tenant from the route's TenantFunc, reads the body
+// once (up to a limit, 413 past it) and fingerprints it ("j1:" for JSON,
+// "b1:" for any other body). Then:
+//
+//   - the first request runs the handler, with the claim in its context
+//     (guard.ClaimFromContext); its status, body and an allow-list of
+//     headers are stored, and every retry gets them again, byte for byte,
+//     with Idempotency-Replayed: true;
+//   - a status the route releases (408, 425, 429, 502, 503, 504 by
+//     default) is not stored: the retry runs afresh;
+//   - every ledger or guard error is an RFC 9457 problem
+//     (application/problem+json) with its code, retryable and
+//     retry_after_ms: 400 for a missing or malformed key, 422 for a key
+//     reused with another request, 409 for a request in progress (with
+//     Retry-After) and for OUTCOME_UNKNOWN, KEY_EXPIRED and RETRY_TOO_LATE,
+//     503 with Retry-After when the ledger cannot be reached.
+//
+// The middleware must run inside the ServeMux (wrap a route's handler, or
+// use Guard.Mux), where r.Pattern names the route.
+package httpguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/dunglas/httpsfv"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/fingerprint"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// Header names the middleware reads and writes.
+const (
+	// KeyHeader carries the idempotency key.
+	KeyHeader = "Idempotency-Key"
+	// ReplayedHeader is "true" on a replayed response.
+	ReplayedHeader = "Idempotency-Replayed"
+	// MethodPrefix names a route's method in the ledger.
+	MethodPrefix = "http:"
+	// DefaultMaxBodyBytes is the largest request body read: 1 MiB.
+	DefaultMaxBodyBytes = 1 << 20
+)
+
+// DefaultMethods are the methods a route covers unless it says.
+var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+
+// DefaultStoredHeaders are the response headers stored and replayed,
+// besides a route's own.
+var DefaultStoredHeaders = []string{"Content-Type", "Location", "ETag", "Cache-Control"}
+
+// DefaultRelease reports whether a status means the handler applied
+// nothing and a retry should run afresh: 408, 425, 429, 502, 503, 504.
+func DefaultRelease(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// Response is a stored response.
+type Response struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header,omitempty"`
+	Body   []byte      `json:"body,omitempty"`
+}
+
+// Route is how one route is protected.
+type Route struct {
+	// Policy is the guard's policy; Policy.Reconcile is replaced by
+	// Reconcile below.
+	Policy guard.Policy
+	// Methods are the request methods the route covers; nil means POST
+	// and PATCH. A pattern that names its method ("POST /v1/invoices")
+	// covers that one.
+	Methods []string
+	// Release says which statuses are released rather than stored; nil
+	// means DefaultRelease.
+	Release func(status int) bool
+	// StoreHeaders are response headers stored and replayed besides
+	// DefaultStoredHeaders.
+	StoreHeaders []string
+	// Reconcile, when set, is asked on a takeover whether the earlier
+	// attempt's write landed: the response it answered when it did, nil
+	// when it did not, an error when it cannot tell. The claim is in the
+	// request's context.
+	Reconcile func(r *http.Request) (*Response, error)
+}
+
+// TenantFunc returns the tenant a request acts for. An error that is not
+// a *ledger.Error fails the request with VALIDATION_FAILED.
+type TenantFunc func(r *http.Request) (string, error)
+
+// Tenant is a TenantFunc for a service that acts for one tenant.
+func Tenant(name string) TenantFunc {
+	return func(*http.Request) (string, error) { return name, nil }
+}
+
+// TenantFromHeader reads the tenant from a request header.
+func TenantFromHeader(name string) TenantFunc {
+	return func(r *http.Request) (string, error) {
+		if v := r.Header.Get(name); v != "" {
+			return v, nil
+		}
+		return "", ledger.Errorf(ledger.CodeValidationFailed, "the request has no %s header", name)
+	}
+}
+
+// Option configures a Guard.
+type Option func(*options)
+
+type options struct {
+	routes    map[string]Route
+	tenant    TenantFunc
+	maxBody   int64
+	guardOpts []guard.Option
+	log       *slog.Logger
+}
+
+// WithRoute protects the route registered on the ServeMux with pattern.
+func WithRoute(pattern string, r Route) Option { return func(o *options) { o.routes[pattern] = r } }
+
+// WithTenant sets how the tenant of a request is found. It is required.
+func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithMaxBodyBytes bounds the request bodies read (1 MiB); a larger one is
+// answered 413.
+func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n } }
+
+// WithGuardOptions passes options to the guard.
+func WithGuardOptions(opts ...guard.Option) Option {
+	return func(o *options) { o.guardOpts = append(o.guardOpts, opts...) }
+}
+
+// WithLogger logs what the client cannot be told. nil discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+			o.guardOpts = append(o.guardOpts, guard.WithLogger(l))
+		}
+	}
+}
+
+// Guard is the middleware's state. It is safe for concurrent use.
+type Guard struct {
+	guard  *guard.Guard
+	opts   options
+	routes map[string]*route
+}
+
+// route is a protected route, resolved at build time.
+type route struct {
+	Route
+	method  string // the ledger's method without the request's HTTP method: "POST /v1/invoices" → "/v1/invoices"
+	stored  []string
+	release func(int) bool
+}
+
+// New returns a Guard for the routes named with WithRoute, calling the
+// ledger through client.
+func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
+	o := options{routes: map[string]Route{}, maxBody: DefaultMaxBodyBytes, log: slog.New(slog.DiscardHandler)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tenant == nil {
+		return nil, errors.New("httpguard: no tenant function (WithTenant)")
+	}
+	if o.maxBody <= 0 {
+		return nil, errors.New("httpguard: the body limit must be positive")
+	}
+	g := &Guard{opts: o, routes: map[string]*route{}}
+	for pattern, r := range o.routes {
+		method, path, ok := strings.Cut(pattern, " ")
+		if !ok {
+			method, path = "", pattern
+		}
+		if !strings.HasPrefix(path, "/") {
+			return nil, fmt.Errorf("httpguard: %q is not a ServeMux pattern without a host, such as \"POST /v1/invoices\"", pattern)
+		}
+		if method != "" {
+			r.Methods = []string{method}
+		}
+		if r.Methods == nil {
+			r.Methods = DefaultMethods
+		}
+		for _, m := range r.Methods {
+			if err := ledger.ValidateMethod(MethodPrefix + m + " " + path); err != nil {
+				return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
+			}
+		}
+		if err := r.Policy.Check(); err != nil {
+			return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
+		}
+		rt := &route{Route: r, method: path, release: r.Release, stored: append(slices.Clone(DefaultStoredHeaders), r.StoreHeaders...)}
+		if rt.release == nil {
+			rt.release = DefaultRelease
+		}
+		g.routes[pattern] = rt
+	}
+	var err error
+	if g.guard, err = guard.New(client, o.guardOpts...); err != nil {
+		return nil, fmt.Errorf("httpguard: %w", err)
+	}
+	return g, nil
+}
+
+// Middleware protects next's requests to the configured routes; it must
+// run inside the ServeMux, where r.Pattern is set.
+func (g *Guard) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rt, ok := g.routes[r.Pattern]
+		if !ok || !slices.Contains(rt.Methods, r.Method) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		g.serve(w, r, rt, next)
+	})
+}
+
+// Mux serves mux with every request to a configured route protected: it
+// finds the route as mux would, then lets mux serve the request.
+func (g *Guard) Mux(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, pattern := mux.Handler(r)
+		rt, ok := g.routes[pattern]
+		if !ok || !slices.Contains(rt.Methods, r.Method) {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		g.serve(w, r, rt, mux)
+	})
+}
+
+// serve runs one request to a protected route under the guard.
+func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next http.Handler) {
+	method := MethodPrefix + r.Method + " " + rt.method
+	c := guard.Call{Method: method, Policy: rt.Policy}
+	key, err := requestKey(r)
+	if err != nil {
+		writeProblem(w, err)
+		return
+	}
+	c.Key = key
+	if key != "" {
+		if c.Tenant, err = g.opts.tenant(r); err != nil {
+			if le := (*ledger.Error)(nil); !errors.As(err, &le) {
+				err = ledger.Errorf(ledger.CodeValidationFailed, "the request names no tenant")
+			}
+			writeProblem(w, err)
+			return
+		}
+		body, err := readBody(r, g.opts.maxBody)
+		if err != nil {
+			writeProblem(w, err)
+			return
+		}
+		if c.Fingerprint, err = requestPrint(method, r.Header.Get("Content-Type"), body); err != nil {
+			writeProblem(w, err)
+			return
+		}
+	}
+	c.Policy.Reconcile = nil
+	if rt.Reconcile != nil {
+		c.Policy.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+			res, err := rt.Reconcile(r.WithContext(ctx))
+			if err != nil || res == nil {
+				return nil, err
+			}
+			out, err := encode(rt, res)
+			return &out, err
+		}
+	}
+	var live *recorder
+	res, err := g.guard.Do(r.Context(), c, func(ctx context.Context) (guard.Outcome, error) {
+		if _, protected := guard.ClaimFromContext(ctx); !protected {
+			next.ServeHTTP(w, r) // no key, key optional: unprotected, unbuffered
+			return guard.Outcome{}, nil
+		}
+		live = newRecorder()
+		next.ServeHTTP(live, r.WithContext(ctx))
+		out, err := encode(rt, live.response())
+		if err == nil && rt.release(live.status) {
+			out.Transient = true
+		}
+		return out, err
+	})
+	switch {
+	case err != nil:
+		writeProblem(w, err)
+	case !res.Protected:
+	case !res.Replayed && live != nil:
+		live.writeTo(w) // the first answer, every header of it
+	default:
+		replay(w, res.Outcome)
+	}
+}
+
+// requestKey is the request's key: "" for none, KEY_INVALID for a header
+// that is not one structured-field string or token.
+func requestKey(r *http.Request) (string, error) {
+	values := r.Header.Values(KeyHeader)
+	if len(values) == 0 {
+		return "", nil
+	}
+	invalid := ledger.Errorf(ledger.CodeKeyInvalid, "the %s header must be one structured-field string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", KeyHeader)
+	if len(values) > 1 {
+		return "", invalid
+	}
+	item, err := httpsfv.UnmarshalItem(values)
+	if err != nil {
+		return "", invalid
+	}
+	switch v := item.Value.(type) {
+	case string:
+		if v == "" {
+			return "", invalid
+		}
+		return v, nil
+	case httpsfv.Token:
+		return string(v), nil
+	}
+	return "", invalid
+}
+
+// readBody reads the body once, up to limit, and puts it back for the
+// handler.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	_ = r.Body.Close()
+	if err != nil {
+		return nil, ledger.Wrap(ledger.CodeValidationFailed, err, "the request body could not be read")
+	}
+	if int64(len(body)) > limit {
+		return nil, &tooLarge{limit: limit}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return body, nil
+}
+
+// tooLarge is the error of a body over the limit: 413.
+type tooLarge struct{ limit int64 }
+
+func (e *tooLarge) Error() string {
+	return fmt.Sprintf("the request body is larger than %d bytes", e.limit)
+}
+
+// requestPrint is the fingerprint of a body: j1 for JSON, b1 otherwise.
+func requestPrint(method, contentType string, body []byte) (string, error) {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
+		fp, err := fingerprint.JSON(method, body)
+		if err != nil {
+			return "", ledger.Errorf(ledger.CodeValidationFailed, "the body says it is JSON but is not: %v", err)
+		}
+		return fp, nil
+	}
+	return fingerprint.Bytes(method, contentType, body), nil
+}
+
+// ResponseTypeURL is the type URL of a stored HTTP response.
+const ResponseTypeURL = "type.idemledger.io/http.Response"
+
+// encode is a response as the guard stores it: its status, its body and
+// the route's allow-listed headers, as JSON.
+func encode(rt *route, res *Response) (guard.Outcome, error) {
+	kept := Response{Status: res.Status, Body: res.Body, Header: http.Header{}}
+	for _, h := range rt.stored {
+		if v := res.Header.Values(h); len(v) > 0 {
+			kept.Header[http.CanonicalHeaderKey(h)] = v
+		}
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return guard.Outcome{}, err
+	}
+	return guard.Outcome{Response: anyOf(b)}, nil
+}
+
+// replay writes a stored outcome.
+func replay(w http.ResponseWriter, out guard.Outcome) {
+	if out.Response == nil || out.Response.GetTypeUrl() != ResponseTypeURL {
+		writeProblem(w, storedError(out))
+		return
+	}
+	var res Response
+	if err := json.Unmarshal(out.Response.GetValue(), &res); err != nil || res.Status < 100 {
+		writeProblem(w, ledger.Errorf(ledger.CodeInternal, "the stored response does not decode"))
+		return
+	}
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
+}
