@@ -21,6 +21,7 @@ type config struct {
 	listen       string
 	adminListen  string
 	healthListen string
+	httpListen   string
 	dataDir      string
 	databaseURL  string
 	migrate      bool
@@ -56,6 +57,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "gRPC address")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:7071", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
+	fs.StringVar(&c.httpListen, "http-listen", "127.0.0.1:7072", "HTTP address serving LedgerService over the Connect protocol (JSON POSTs), gRPC-Web and gRPC; empty turns it off")
 	fs.StringVar(&c.healthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1, for kubelet probes when --listen uses TLS; empty turns it off")
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
@@ -143,7 +145,7 @@ func (c config) check() error {
 		return errors.New("--log-format is json or text")
 	}
 	if c.devMode() && !c.migrateOnly {
-		for _, l := range []struct{ flag, addr string }{{"--listen", c.listen}, {"--admin-listen", c.adminListen}, {"--health-listen", c.healthListen}} {
+		for _, l := range []struct{ flag, addr string }{{"--listen", c.listen}, {"--admin-listen", c.adminListen}, {"--health-listen", c.healthListen}, {"--http-listen", c.httpListen}} {
 			if l.addr != "" && !loopback(l.addr) {
 				return fmt.Errorf("no --tokens or --certs: dev mode accepts every caller and listens on loopback only, not %s %q", l.flag, l.addr)
 			}

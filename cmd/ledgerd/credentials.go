@@ -123,3 +123,20 @@ func (cs *credentialSet) transport() credentials.TransportCredentials {
 		},
 	})
 }
+
+// httpTLS is the HTTP listener's TLS configuration: nil without
+// --tls-cert; otherwise the certificate and client CA in force for each
+// new connection, offering HTTP/2 and HTTP/1.1.
+func (cs *credentialSet) httpTLS() *tls.Config {
+	if cs.tls.Load() == nil {
+		return nil
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := cs.tls.Load().Clone()
+			c.NextProtos = []string{"h2", "http/1.1"}
+			return c, nil
+		},
+	}
+}

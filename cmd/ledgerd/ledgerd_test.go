@@ -63,11 +63,11 @@ func TestMain(m *testing.M) {
 
 // proc is a running ledgerd.
 type proc struct {
-	cmd                 *exec.Cmd
-	grpc, admin, health string
-	mu                  sync.Mutex
-	log                 bytes.Buffer
-	exited              chan struct{}
+	cmd                       *exec.Cmd
+	grpc, admin, health, http string
+	mu                        sync.Mutex
+	log                       bytes.Buffer
+	exited                    chan struct{}
 }
 
 // start runs ledgerd with args on loopback ports of its own choosing and
@@ -75,7 +75,7 @@ type proc struct {
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
 	p := &proc{exited: make(chan struct{})}
-	p.cmd = exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--drain-timeout", "10s"}, args...)...)
+	p.cmd = exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--drain-timeout", "10s"}, args...)...)
 	p.cmd.Env = append(os.Environ(), "LEDGER_LOG_LEVEL=debug")
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -99,9 +99,9 @@ func start(t *testing.T, args ...string) *proc {
 			p.mu.Lock()
 			p.log.Write(append(lines.Bytes(), '\n'))
 			p.mu.Unlock()
-			var line struct{ Msg, GRPC, Admin, Health string }
+			var line struct{ Msg, GRPC, Admin, Health, HTTP string }
 			if json.Unmarshal(lines.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
-				p.grpc, p.admin, p.health = line.GRPC, line.Admin, line.Health
+				p.grpc, p.admin, p.health, p.http = line.GRPC, line.Admin, line.Health, line.HTTP
 				close(ready)
 			}
 		}
@@ -643,7 +643,7 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	if err := os.Truncate(filepath.Join(dir, "ledger.db"), 0); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", dir)
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir)
 	out, _ := cmd.CombinedOutput()
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
 		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
@@ -666,7 +666,7 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 		}
 	}
 	write("old-secret", 0o666)
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", t.TempDir(), "--tokens", tokens)
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", t.TempDir(), "--tokens", tokens)
 	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "writable") {
 		t.Fatalf("a token file others may write: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
 	}

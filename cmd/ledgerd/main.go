@@ -171,6 +171,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		go func() { _ = healthOnly.Serve(hl) }()
 		defer healthOnly.Stop()
 	}
+	var httpSrv *http.Server
+	httpAddr := ""
+	if cfg.httpListen != "" {
+		if httpSrv, httpAddr, err = startHTTP(cfg.httpListen, gs, cs.httpTLS(), cfg, log); err != nil {
+			_ = lis.Close()
+			return err
+		}
+	}
 	var admin *http.Server
 	if cfg.adminListen != "" {
 		if admin, err = startAdmin(cfg.adminListen, reg, healthSrv, log); err != nil {
@@ -218,7 +226,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	served := make(chan error, 1)
 	if serveErr == nil {
 		go func() { served <- gs.Serve(lis) }()
-		log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "store", storeName(cfg), "version", version())
+		log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "http", httpAddr, "store", storeName(cfg), "version", version())
 		select {
 		case <-ctx.Done():
 			log.InfoContext(ctx, "ledgerd draining", "timeout", cfg.drainTimeout.String())
@@ -235,7 +243,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	// Serve returns as soon as GracefulStop begins; the drain is over only
 	// when GracefulStop returns.
 	drained := make(chan struct{})
-	go func() { gs.GracefulStop(); close(drained) }()
+	go func() {
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.drainTimeout)
+		defer cancel()
+		stopHTTP(hctx, httpSrv)
+		gs.GracefulStop()
+		close(drained)
+	}()
 	select {
 	case <-drained:
 	case <-time.After(cfg.drainTimeout):

@@ -23,24 +23,29 @@ func TestQuickStartRunsTwice(t *testing.T) {
 	if i := strings.Index(section, "## Quick start"); i >= 0 {
 		section = section[i:]
 	}
-	m := regexp.MustCompile("(?s)```sh\n(.*?)```").FindStringSubmatch(section)
-	if m == nil {
-		t.Fatal("no sh block under the README's Quick start")
+	if i := strings.Index(section[1:], "\n## "); i >= 0 {
+		section = section[:i+1]
+	}
+	blocks := regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section, -1)
+	if len(blocks) != 2 {
+		t.Fatalf("the README's Quick start has %d sh blocks, want 2: grpcurl and curl", len(blocks))
 	}
 	p := start(t, "--data-dir", t.TempDir())
-	script := "set -euo pipefail\n" + strings.ReplaceAll(m[1], "127.0.0.1:7070", p.grpc)
-	for run := 1; run <= 2; run++ {
-		cmd := exec.Command("bash", "-c", script)
-		cmd.Dir = t.TempDir() // outside the workspace, as a user's shell would be
-		cmd.Env = append(os.Environ(), "GOFLAGS=")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("run %d: %v\n%s", run, err, out)
-		}
-		text := string(out)
-		claim, done, replay := strings.Index(text, `"claim"`), strings.Index(text, `"completedAt"`), strings.Index(text, `"replay"`)
-		if claim < 0 || done < claim || replay < done || !strings.Contains(text[replay:], "inv_0042") {
-			t.Fatalf("run %d: want a claim, a completion, then a replay of inv_0042; got\n%s", run, text)
+	for i, block := range blocks {
+		script := "set -euo pipefail\n" + strings.NewReplacer("127.0.0.1:7070", p.grpc, "127.0.0.1:7072", p.http).Replace(block[1])
+		for run := 1; run <= 2; run++ {
+			cmd := exec.Command("bash", "-c", script)
+			cmd.Dir = t.TempDir() // outside the workspace, as a user's shell would be
+			cmd.Env = append(os.Environ(), "GOFLAGS=")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("block %d, run %d: %v\n%s", i+1, run, err, out)
+			}
+			text := string(out)
+			claim, done, replay := strings.Index(text, `"claim"`), strings.Index(text, `"completedAt"`), strings.Index(text, `"replay"`)
+			if claim < 0 || done < claim || replay < done || !strings.Contains(text[replay:], "inv_0042") {
+				t.Fatalf("block %d, run %d: want a claim, a completion, then a replay of inv_0042; got\n%s", i+1, run, text)
+			}
 		}
 	}
 }

@@ -42,7 +42,7 @@ func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
 	if err := os.Mkdir(work, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", "data")
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", "data")
 	cmd.Env = []string{}
 	cmd.Dir = work
 	if os.Geteuid() == 0 {

@@ -1,0 +1,133 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/server"
+)
+
+// connectError is a Connect protocol error as it travels in JSON.
+type connectError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Details []struct {
+		Type  string `json:"type"`
+		Value string `json:"value"`
+	} `json:"details"`
+}
+
+// postJSON makes a Connect unary call with a JSON body, as curl would.
+func postJSON(t *testing.T, base, method, token, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+base+"/idemledger.v1.LedgerService/"+method, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, b
+}
+
+// errorDetail decodes the ledger's ErrorDetail from a Connect error.
+func errorDetail(t *testing.T, body []byte) (connectError, *ledgerv1.ErrorDetail) {
+	t.Helper()
+	var ce connectError
+	if err := json.Unmarshal(body, &ce); err != nil {
+		t.Fatalf("not a Connect error: %s", body)
+	}
+	for _, d := range ce.Details {
+		if d.Type != "idemledger.v1.ErrorDetail" {
+			continue
+		}
+		raw, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(d.Value, "="))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ed ledgerv1.ErrorDetail
+		if err := proto.Unmarshal(raw, &ed); err != nil {
+			t.Fatal(err)
+		}
+		return ce, &ed
+	}
+	t.Fatalf("no ErrorDetail in %s", body)
+	return ce, nil
+}
+
+// TestHTTPListener: LedgerService over the Connect protocol with JSON on
+// --http-listen: claim, complete, replay; typed errors in the Connect
+// error's details; the same authentication as gRPC; the same decision
+// counters.
+func TestHTTPListener(t *testing.T) {
+	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
+	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	p.waitServing(t, p.dial(t))
+	begin := `{"tenant":"acme","key":"k-http","fingerprint":"` + ledgertest.Fingerprint("p") + `","method":"http:POST /v1/invoices"}`
+
+	status, body := postJSON(t, p.http, "Begin", token, begin)
+	var claim struct{ Claim struct{ Token string } }
+	if status != http.StatusOK || json.Unmarshal(body, &claim) != nil || claim.Claim.Token != "1" {
+		t.Fatalf("Begin: %d %s", status, body)
+	}
+	outcome := `{"response":{"@type":"type.googleapis.com/google.protobuf.StringValue","value":"inv_0042"}}`
+	if status, body := postJSON(t, p.http, "Complete", token, `{"tenant":"acme","key":"k-http","token":"1","outcome":`+outcome+`}`); status != http.StatusOK {
+		t.Fatalf("Complete: %d %s", status, body)
+	}
+	status, body = postJSON(t, p.http, "Begin", token, begin)
+	if status != http.StatusOK || !bytes.Contains(body, []byte(`"inv_0042"`)) || !bytes.Contains(body, []byte(`"replay"`)) {
+		t.Fatalf("replay: %d %s", status, body)
+	}
+
+	// KEY_REUSED, with its detail.
+	other := strings.Replace(begin, ledgertest.Fingerprint("p"), ledgertest.Fingerprint("q"), 1)
+	status, body = postJSON(t, p.http, "Begin", token, other)
+	ce, ed := errorDetail(t, body)
+	if status != http.StatusBadRequest || ce.Code != "failed_precondition" || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_KEY_REUSED || ed.GetRetryable() {
+		t.Fatalf("KEY_REUSED: %d %s", status, body)
+	}
+	// IN_PROGRESS, retryable with a retry-after.
+	postJSON(t, p.http, "Begin", token, strings.Replace(begin, "k-http", "k-busy", 1))
+	status, body = postJSON(t, p.http, "Begin", token, strings.Replace(begin, "k-http", "k-busy", 1))
+	ce, ed = errorDetail(t, body)
+	if ce.Code != "aborted" || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_IN_PROGRESS || !ed.GetRetryable() || ed.GetRetryAfter().AsDuration() <= 0 {
+		t.Fatalf("IN_PROGRESS: %d %s", status, body)
+	}
+	// The same authentication: no token, or a wrong one, is UNAUTHENTICATED.
+	for _, tok := range []string{"", "not-a-token"} {
+		status, body = postJSON(t, p.http, "Begin", tok, begin)
+		if ce, ed := errorDetail(t, body); status != http.StatusUnauthorized || ce.Code != "unauthenticated" || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_UNAUTHENTICATED {
+			t.Fatalf("token %q: %d %s", tok, status, body)
+		}
+	}
+	metrics := p.metrics(t)
+	for _, want := range []string{`decision="claimed",namespace="billing"} 2`, `decision="replayed",namespace="billing"} 1`, `decision="key_reused",namespace="billing"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
