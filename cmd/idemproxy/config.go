@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger"
 )
@@ -31,12 +34,39 @@ import (
 //	      lease: 30s
 //	      on_in_progress: wait                # or reject
 //	      on_lease_expiry: takeover           # or hold
+//
+// or, in HTTP mode, instead of mcp:
+//
+//	http:
+//	  upstream: http://127.0.0.1:8080
+//	  tenant: {header: X-Tenant}              # or {static: acme}
+//	  routes:
+//	    "POST /v1/invoices": {lease: 30s, release: [408, 429, 503]}
 type fileConfig struct {
 	Ledger struct {
 		Address   string `yaml:"address"`
 		TokenFile string `yaml:"token_file"`
 	} `yaml:"ledger"`
-	MCP *mcpConfig `yaml:"mcp"`
+	MCP  *mcpConfig  `yaml:"mcp"`
+	HTTP *httpConfig `yaml:"http"`
+}
+
+// httpConfig is the HTTP mode: a reverse proxy in front of an HTTP API.
+type httpConfig struct {
+	// Upstream is the API's base URL.
+	Upstream     string                 `yaml:"upstream"`
+	Tenant       tenantConfig           `yaml:"tenant"`
+	MaxBodyBytes int64                  `yaml:"max_body_bytes"`
+	Routes       map[string]routeConfig `yaml:"routes"`
+}
+
+// routeConfig is an httpguard.Route in the file, keyed by its ServeMux
+// pattern ("POST /v1/invoices").
+type routeConfig struct {
+	policyConfig `yaml:",inline"`
+	Methods      []string `yaml:"methods"`
+	Release      []int    `yaml:"release"`
+	StoreHeaders []string `yaml:"store_headers"`
 }
 
 type mcpConfig struct {
@@ -105,8 +135,13 @@ func loadConfig(path string) (fileConfig, error) {
 }
 
 func (c fileConfig) check() error {
-	if c.MCP == nil {
-		return errors.New("no mcp section: nothing to proxy")
+	switch {
+	case c.MCP == nil && c.HTTP == nil:
+		return errors.New("no mcp or http section: nothing to proxy")
+	case c.MCP != nil && c.HTTP != nil:
+		return errors.New("one of mcp and http: a proxy serves one mode")
+	case c.HTTP != nil:
+		return c.HTTP.check()
 	}
 	m := c.MCP
 	if (m.Upstream.URL == "") == (len(m.Upstream.Command) == 0) {
@@ -183,4 +218,45 @@ func (t tenantConfig) tenant() mcpguard.TenantFunc {
 		return mcpguard.TenantFromArgument(t.Argument)
 	}
 	return mcpguard.Tenant(t.Static)
+}
+
+func (h *httpConfig) check() error {
+	u, err := url.Parse(h.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("http.upstream %q is not an http(s) URL", h.Upstream)
+	}
+	if h.Tenant.Argument != "" || (h.Tenant.Static == "") == (h.Tenant.Header == "") {
+		return errors.New("http.tenant needs exactly one of static and header")
+	}
+	if h.MaxBodyBytes < 0 {
+		return errors.New("http.max_body_bytes must not be negative")
+	}
+	if len(h.Routes) == 0 {
+		return errors.New("http.routes names no route to protect")
+	}
+	for pattern, r := range h.Routes {
+		if _, err := r.route(); err != nil {
+			return fmt.Errorf("http.routes.%q: %w", pattern, err)
+		}
+		for _, s := range r.Release {
+			if s < 100 || s > 599 {
+				return fmt.Errorf("http.routes.%q: %d is not an HTTP status", pattern, s)
+			}
+		}
+	}
+	return nil
+}
+
+// route is the httpguard.Route the file describes.
+func (r routeConfig) route() (httpguard.Route, error) {
+	p, err := r.policy()
+	if err != nil {
+		return httpguard.Route{}, err
+	}
+	route := httpguard.Route{Policy: p, Methods: r.Methods, StoreHeaders: r.StoreHeaders}
+	if len(r.Release) > 0 {
+		release := slices.Clone(r.Release)
+		route.Release = func(status int) bool { return slices.Contains(release, status) }
+	}
+	return route, nil
 }

@@ -1,10 +1,17 @@
-// Command idemproxy puts the idempotency guard in front of an MCP server
-// written in any language: it serves Streamable HTTP, guards the tools/call
-// of the tools its configuration names through the idemledger ledger, and
-// passes everything else to the upstream server (Streamable HTTP, or a
-// stdio child process) untouched. A guarded call reaches the upstream
-// with its claim in _meta["io.idemledger/claim"] = {token, attempt}, so
-// that an upstream that can fence its own writes may do so.
+// Command idemproxy puts the idempotency guard in front of a server
+// written in any language, in one of two modes:
+//
+//   - MCP: it serves Streamable HTTP, guards the tools/call of the tools
+//     its configuration names, and passes everything else to the upstream
+//     MCP server (Streamable HTTP, or a stdio child process). A guarded
+//     call reaches the upstream with its claim in
+//     _meta["io.idemledger/claim"] = {token, attempt}.
+//   - HTTP: a reverse proxy that protects the routes its configuration
+//     names with the Idempotency-Key middleware. A protected request
+//     reaches the upstream with its claim in the Idempotency-Token and
+//     Idempotency-Attempt headers.
+//
+// An upstream that can fence its own writes with the token may do so.
 //
 //	idemproxy --config idemproxy.yaml [--listen 127.0.0.1:8091] [--admin-listen 127.0.0.1:8092]
 package main
@@ -53,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.config, "config", "idemproxy.yaml", "the configuration file: the ledger, the upstream, the tools to guard")
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:8091", "Streamable HTTP address (the endpoint is /mcp)")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:8091", "the proxy's address (in MCP mode the endpoint is /mcp)")
 	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:8092", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
 	fs.StringVar(&f.ledger, "ledger", "", "ledgerd's gRPC address (overrides the file's ledger.address)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for calls in flight")
@@ -110,7 +117,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 
 // listeners are the proxy's listeners, for tests; nil ones are opened
 // from the flags.
-type listeners struct{ mcp, admin net.Listener }
+type listeners struct{ front, admin net.Listener }
 
 // run serves until ctx ends, then drains.
 func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog.Logger) error {
@@ -118,8 +125,8 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 		lis = &listeners{}
 	}
 	var err error
-	if lis.mcp == nil {
-		if lis.mcp, err = net.Listen("tcp", f.listen); err != nil {
+	if lis.front == nil {
+		if lis.front, err = net.Listen("tcp", f.listen); err != nil {
 			return err
 		}
 	}
@@ -139,46 +146,36 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 
-	up := newUpstream(cfg.MCP, log)
-	defer up.close()
-	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.MCP.Tenant.tenant()), mcpguard.WithClaimInMeta(), mcpguard.WithLogger(log)}
-	for name, t := range cfg.MCP.Tools {
-		tool, err := t.tool()
-		if err != nil {
-			return err
-		}
-		opts = append(opts, mcpguard.WithTool(name, tool))
-	}
-	g, err := mcpguard.New(ledger, opts...)
-	if err != nil {
-		return err
-	}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "idemproxy", Version: version()}, &mcp.ServerOptions{
-		Capabilities: &mcp.ServerCapabilities{
-			Tools: &mcp.ToolCapabilities{}, Resources: &mcp.ResourceCapabilities{}, Prompts: &mcp.PromptCapabilities{},
-		},
-	})
-	// Each call wraps the handler so far: forward is innermost, then the
-	// guard, then the metrics.
-	srv.AddReceivingMiddleware(up.forward)
-	srv.AddReceivingMiddleware(g.Middleware())
-	srv.AddReceivingMiddleware(m.observe(cfg.MCP.Tools))
-
 	var draining atomic.Bool
 	drainCtx, startDrain := context.WithCancel(context.WithoutCancel(ctx))
 	defer startDrain()
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", untilDrain(drainCtx, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	admin := &http.Server{Handler: adminMux(reg, &draining, up, conn), ReadHeaderTimeout: 10 * time.Second}
+	var handler http.Handler
+	var ping func(context.Context) error
+	mode, endpoint := "http", "http://"+lis.front.Addr().String()
+	if cfg.HTTP != nil {
+		if handler, err = httpHandler(cfg.HTTP, ledger, reg, log); err != nil { //nolint:contextcheck // its handlers run on their requests' contexts
+			return err
+		}
+	} else {
+		mode, endpoint = "mcp", endpoint+"/mcp"
+		up := newUpstream(cfg.MCP, log)
+		defer up.close()
+		ping = up.ping
+		if handler, err = mcpHandler(cfg.MCP, up, ledger, m, log); err != nil {
+			return err
+		}
+		handler = untilDrain(drainCtx, handler)
+	}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	admin := &http.Server{Handler: adminMux(reg, &draining, ping, conn), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 2)
-	go func() { errc <- serve(hs, lis.mcp) }()
+	go func() { errc <- serve(hs, lis.front) }()
 	if lis.admin != nil {
 		go func() { errc <- serve(admin, lis.admin) }()
 	}
-	log.InfoContext(ctx, "idemproxy listening", "mcp", "http://"+lis.mcp.Addr().String()+"/mcp", "ledger", cfg.Ledger.Address,
-		"upstream", upstreamName(cfg.MCP), "tools", len(cfg.MCP.Tools))
+	log.InfoContext(ctx, "idemproxy listening", "mode", mode, "endpoint", endpoint, "admin", adminAddr(lis.admin),
+		"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg))
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -243,7 +240,7 @@ func dialLedger(cfg fileConfig) (*grpc.ClientConn, *ledgerclient.Client, error) 
 // adminMux serves /metrics, /healthz (the process is up) and /readyz
 // (not draining, the upstream answers a ping, the ledger's connection is
 // not failing).
-func adminMux(reg *prometheus.Registry, draining *atomic.Bool, up *upstream, conn *grpc.ClientConn) http.Handler {
+func adminMux(reg *prometheus.Registry, draining *atomic.Bool, ping func(context.Context) error, conn *grpc.ClientConn) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
@@ -256,8 +253,8 @@ func adminMux(reg *prometheus.Registry, draining *atomic.Bool, up *upstream, con
 			why = "draining"
 		case conn.GetState() == connectivity.TransientFailure || conn.GetState() == connectivity.Shutdown:
 			why = "the ledger cannot be reached"
-		default:
-			if err := up.ping(ctx); err != nil {
+		case ping != nil:
+			if err := ping(ctx); err != nil {
 				why = "the upstream does not answer: " + err.Error()
 			}
 		}
@@ -270,11 +267,51 @@ func adminMux(reg *prometheus.Registry, draining *atomic.Bool, up *upstream, con
 	return mux
 }
 
-func upstreamName(c *mcpConfig) string {
-	if c.Upstream.URL != "" {
-		return c.Upstream.URL
+func upstreamName(cfg fileConfig) string {
+	switch {
+	case cfg.HTTP != nil:
+		return cfg.HTTP.Upstream
+	case cfg.MCP.Upstream.URL != "":
+		return cfg.MCP.Upstream.URL
 	}
-	return strings.Join(c.Upstream.Command, " ")
+	return strings.Join(cfg.MCP.Upstream.Command, " ")
+}
+
+func adminAddr(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// mcpHandler is the MCP mode: Streamable HTTP on /mcp, the named tools
+// guarded, everything else forwarded to the upstream MCP server.
+func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, error) {
+	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta(), mcpguard.WithLogger(log)}
+	for name, t := range cfg.Tools {
+		tool, err := t.tool()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, mcpguard.WithTool(name, tool))
+	}
+	g, err := mcpguard.New(ledger, opts...)
+	if err != nil {
+		return nil, err
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "idemproxy", Version: version()}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{
+			Tools: &mcp.ToolCapabilities{}, Resources: &mcp.ResourceCapabilities{}, Prompts: &mcp.PromptCapabilities{},
+		},
+	})
+	// Each call wraps the handler so far: forward is innermost, then the
+	// guard, then the metrics.
+	srv.AddReceivingMiddleware(up.forward)
+	srv.AddReceivingMiddleware(g.Middleware())
+	srv.AddReceivingMiddleware(m.observe(cfg.Tools))
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	return mux, nil
 }
 
 // version is the module version from the build info.

@@ -63,7 +63,7 @@ func proxy(t testing.TB, cfg fileConfig) (endpoint, admin string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{mcp: l1, admin: l2}, slog.New(slog.DiscardHandler))
+		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{front: l1, admin: l2}, slog.New(slog.DiscardHandler))
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -376,6 +376,12 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"BadToolName":    "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {\"bad\\nname\": {}}}\n",
 		"MissingConfig":  "",
 		"TwoTenantRules": "mcp: {upstream: {url: http://x}, tenant: {static: a, header: X-T}, tools: {t: {}}}\n",
+		"TwoModes":       "mcp: {upstream: {url: http://x}, tenant: {static: a}, tools: {t: {}}}\nhttp: {upstream: http://x, tenant: {static: a}, routes: {\"POST /x\": {}}}\n",
+		"HTTPBadURL":     "http: {upstream: x, tenant: {static: a}, routes: {\"POST /x\": {}}}\n",
+		"HTTPArgTenant":  "http: {upstream: http://x, tenant: {argument: a}, routes: {\"POST /x\": {}}}\n",
+		"HTTPNoRoutes":   "http: {upstream: http://x, tenant: {static: a}}\n",
+		"HTTPBadStatus":  "http: {upstream: http://x, tenant: {static: a}, routes: {\"POST /x\": {release: [42]}}}\n",
+		"HTTPHostRoute":  "http: {upstream: http://x, tenant: {static: a}, routes: {\"example.com/x\": {}}}\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(dir, name+".yaml")
@@ -413,7 +419,7 @@ func TestDrainFinishesCallsInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{mcp: l}, slog.New(slog.DiscardHandler))
+		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{front: l}, slog.New(slog.DiscardHandler))
 	}()
 	cs := connect(t, "http://"+l.Addr().String()+"/mcp", http.DefaultTransport)
 	answered := make(chan *mcp.CallToolResult, 1)
@@ -440,7 +446,7 @@ func proxyTo(target string) http.Handler {
 	return rp
 }
 
-// TestExampleConfiguration: the example file in the repository loads.
+// TestExampleConfiguration: the example files in the repository load.
 func TestExampleConfiguration(t *testing.T) {
 	cfg, err := loadConfig("idemproxy.example.yaml")
 	if err != nil {
@@ -453,4 +459,16 @@ func TestExampleConfiguration(t *testing.T) {
 	if err != nil || email.Policy.OnLeaseExpiry.String() != "HOLD" || email.KeyArgument != mcpguard.DefaultKeyArgument {
 		t.Fatalf("send_email: %+v, %v", email, err)
 	}
+	cfg, err = loadConfig("idemproxy.http.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := cfg.HTTP.Routes["PATCH /v1/invoices/{id}"].route()
+	if err != nil || !patch.Release(500) || patch.Release(400) || len(cfg.HTTP.Routes) != 2 {
+		t.Fatalf("the HTTP example: %+v, %v", cfg.HTTP, err)
+	}
+}
+
+func contextWithCancel() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
 }

@@ -39,6 +39,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/dunglas/httpsfv"
 
@@ -299,7 +300,11 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			return guard.Outcome{}, nil
 		}
 		live = newRecorder()
-		next.ServeHTTP(live, r.WithContext(ctx))
+		unknown := new(atomic.Bool)
+		next.ServeHTTP(live, r.WithContext(context.WithValue(ctx, unknownKey{}, unknown)))
+		if unknown.Load() {
+			return guard.Outcome{}, guard.ErrOutcomeUnknown
+		}
 		out, err := encode(rt, live.response())
 		if err == nil && rt.release(live.status) {
 			out.Transient = true
@@ -314,6 +319,19 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 		live.writeTo(w) // the first answer, every header of it
 	default:
 		replay(w, res.Outcome)
+	}
+}
+
+type unknownKey struct{}
+
+// MarkOutcomeUnknown says, from a protected route's handler, that nobody
+// knows whether the request's write happened (a proxy whose upstream
+// hung up after the request was sent): the response is neither stored
+// nor released, the claim runs out, and the client gets 503 with
+// Retry-After. Outside a protected request it does nothing.
+func MarkOutcomeUnknown(r *http.Request) {
+	if b, ok := r.Context().Value(unknownKey{}).(*atomic.Bool); ok {
+		b.Store(true)
 	}
 }
 

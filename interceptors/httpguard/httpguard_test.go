@@ -352,3 +352,21 @@ func TestRefusesToBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestOutcomeUnknown: a handler that cannot tell whether its write
+// happened marks it; the client gets 503 with Retry-After, and the claim
+// is left to run out (a retry within the lease is 409).
+func TestOutcomeUnknown(t *testing.T) {
+	g := newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{Lease: 2 * time.Second, OnInProgress: guard.Reject}}))
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/things", g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpguard.MarkOutcomeUnknown(r)
+		w.WriteHeader(http.StatusBadGateway)
+	})))
+	url := serve(t, mux)
+	p := wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusServiceUnavailable, ledger.CodeUnavailable)
+	if p.RetryAfterMS < 1000 {
+		t.Fatalf("retry after %d ms; want the lease's time left", p.RetryAfterMS)
+	}
+	wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusConflict, ledger.CodeInProgress)
+}

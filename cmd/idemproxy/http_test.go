@@ -1,0 +1,184 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/interceptors/httpguard"
+)
+
+// invoiceAPI is an HTTP API in front of which the proxy runs: POST
+// /v1/invoices writes a row each time it runs (no idempotency of its own)
+// and answers with the claim token the proxy forwarded; hangUp makes the
+// next POST write, then cut the connection.
+type invoiceAPI struct {
+	mu     sync.Mutex
+	tokens []string
+	gets   atomic.Int64
+	hangUp atomic.Bool
+}
+
+func (a *invoiceAPI) serve(t *testing.T) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/invoices", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		a.mu.Lock()
+		a.tokens = append(a.tokens, r.Header.Get(ClaimTokenHeader))
+		n := len(a.tokens)
+		a.mu.Unlock()
+		if a.hangUp.CompareAndSwap(true, false) {
+			panic(http.ErrAbortHandler)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", fmt.Sprintf("/v1/invoices/inv_%d", n))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"id":"inv_%d","token":%q,"request":%s}`, n, r.Header.Get(ClaimTokenHeader), body)
+	})
+	mux.HandleFunc("GET /v1/invoices/{id}", func(w http.ResponseWriter, r *http.Request) {
+		a.gets.Add(1)
+		_, _ = fmt.Fprintf(w, `{"id":%q}`, r.PathValue("id"))
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func (a *invoiceAPI) writes() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.tokens...)
+}
+
+// httpProxy runs idemproxy in HTTP mode in front of upstream.
+func httpProxy(t *testing.T, upstream string, route routeConfig) string {
+	t.Helper()
+	var cfg fileConfig
+	cfg.Ledger.Address = ledgerAddr(t)
+	cfg.HTTP = &httpConfig{Upstream: upstream, Tenant: tenantConfig{Header: "X-Tenant"}, Routes: map[string]routeConfig{"POST /v1/invoices": route}}
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := contextWithCancel()
+	go func() {
+		done <- run(ctx, flags{drainTimeout: 5 * time.Second}, cfg, &listeners{front: l}, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("idemproxy: %v", err)
+		}
+	})
+	return "http://" + l.Addr().String()
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func postInvoice(t *testing.T, base, key, body string) reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/invoices", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Tenant", "acme")
+	req.Header.Set(httpguard.KeyHeader, `"`+key+`"`)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return reply{res.StatusCode, res.Header, string(b)}
+}
+
+// TestHTTPMode: the proxy in front of an HTTP API that has no idempotency
+// of its own: one write per key through retries and parallel duplicates,
+// identical replays, 422 for another body, the claim forwarded, other
+// routes passed through.
+func TestHTTPMode(t *testing.T) {
+	api := &invoiceAPI{}
+	base := httpProxy(t, api.serve(t), routeConfig{})
+	first := postInvoice(t, base, "k-1", `{"amount":1}`)
+	if first.status != http.StatusCreated || !strings.Contains(first.body, `"token":"1"`) {
+		t.Fatalf("first: %+v", first)
+	}
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			again := postInvoice(t, base, "k-1", `{"amount":1.0}`)
+			if again.status != first.status || again.body != first.body || again.header.Get(httpguard.ReplayedHeader) != "true" ||
+				again.header.Get("Location") != first.header.Get("Location") {
+				t.Errorf("replay: %+v, want %+v", again, first)
+			}
+		})
+	}
+	wg.Wait()
+	var p httpguard.Problem
+	if other := postInvoice(t, base, "k-1", `{"amount":2}`); other.status != http.StatusUnprocessableEntity || json.Unmarshal([]byte(other.body), &p) != nil || p.Code != "KEY_REUSED" {
+		t.Fatalf("another body: %+v", other)
+	}
+	if w := api.writes(); len(w) != 1 {
+		t.Fatalf("the API wrote %d times: %v", len(w), w)
+	}
+	res, err := http.Get(base + "/v1/invoices/inv_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusOK || api.gets.Load() != 1 {
+		t.Fatalf("GET through the proxy: %d", res.StatusCode)
+	}
+}
+
+// TestHTTPModeUpstreamFailures: an API that hangs up after it received
+// the request leaves the claim to run out (503 with Retry-After, then
+// 409 while the lease holds); one that cannot be reached answers 502,
+// which releases the key (the retry is sent again).
+func TestHTTPModeUpstreamFailures(t *testing.T) {
+	api := &invoiceAPI{}
+	api.hangUp.Store(true)
+	base := httpProxy(t, api.serve(t), routeConfig{policyConfig: policyConfig{Lease: duration(2 * time.Second), OnInProgress: "reject"}})
+	cut := postInvoice(t, base, "k-cut", `{}`)
+	if cut.status != http.StatusServiceUnavailable || cut.header.Get("Retry-After") == "" {
+		t.Fatalf("an upstream that hung up: %+v", cut)
+	}
+	if again := postInvoice(t, base, "k-cut", `{}`); again.status != http.StatusConflict {
+		t.Fatalf("within the lease: %+v", again)
+	}
+	if len(api.writes()) != 1 {
+		t.Fatalf("%d writes", len(api.writes()))
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + l.Addr().String()
+	_ = l.Close()
+	base = httpProxy(t, down, routeConfig{})
+	for range 2 {
+		if r := postInvoice(t, base, "k-down", `{}`); r.status != http.StatusBadGateway {
+			t.Fatalf("an upstream that cannot be reached: %+v; want 502, released", r)
+		}
+	}
+}
