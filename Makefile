@@ -5,7 +5,9 @@ GOLANGCI := bin/golangci-lint
 # Every package of every module of the workspace (go.work).
 PKGS := github.com/idemledger/idemledger/...
 # The npm projects the tests run with node (their lockfiles are committed).
-NPM_DIRS := examples/mcp-ts
+NPM_DIRS := examples/mcp-ts examples/ledger-ts
+# What make generate writes.
+GENERATED := gen examples/gen internal/testpb examples/ledger-ts/src/gen
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
@@ -41,13 +43,14 @@ lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module
 breaking: buf ## Check proto/ for breaking changes against BASE (default: the previous commit).
 	$(BUF) breaking proto --against '.git#ref=$(or $(BASE),HEAD~1),subdir=proto'
 
-generate: buf ## Regenerate gen/, examples/gen/ and internal/testpb from the protos (buf with the pinned local plugins).
+generate: buf npm ## Regenerate gen/, examples/gen/, internal/testpb and the TypeScript client's types (buf with the pinned local plugins).
 	$(BUF) generate
 	$(BUF) generate --template examples/buf.gen.yaml
 	$(BUF) generate --template internal/testpb/buf.gen.yaml
+	$(BUF) generate --template examples/ledger-ts/buf.gen.yaml
 
 checkgenerate: generate ## Regenerate and fail if generated code differs from what is committed.
-	@if [ -n "$$(git status --porcelain -- gen examples/gen internal/testpb)" ]; then git status --porcelain -- gen examples/gen internal/testpb; git diff -- gen examples/gen internal/testpb | head -40; echo "generated code is stale: run make generate and commit"; exit 1; fi
+	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then git status --porcelain -- $(GENERATED); git diff -- $(GENERATED) | head -40; echo "generated code is stale: run make generate and commit"; exit 1; fi
 
 fuzz: ## Run each fuzz target for FUZZTIME (default 20s).
 	@set -e; for pkg in $$(go list $(PKGS)); do \
