@@ -17,6 +17,7 @@ var writeServicePackages = []string{
 	"github.com/idemledger/idemledger/gen/idemledger/v1",
 	"github.com/idemledger/idemledger/interceptors/fingerprint",
 	"github.com/idemledger/idemledger/interceptors/guard",
+	"github.com/idemledger/idemledger/interceptors/httpguard",
 	"github.com/idemledger/idemledger/interceptors/idemclient",
 	"github.com/idemledger/idemledger/interceptors/idempotency",
 	"github.com/idemledger/idemledger/ledger",
