@@ -40,6 +40,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/dunglas/httpsfv"
 
@@ -53,6 +54,10 @@ import (
 const (
 	// KeyHeader carries the idempotency key.
 	KeyHeader = "Idempotency-Key"
+	// FirstAttemptHeader, optional, says when the client first sent this
+	// intent (RFC 3339), so that a retry older than the ledger's windows
+	// is refused (409 RETRY_TOO_LATE) rather than run a second time.
+	FirstAttemptHeader = "Idempotency-First-Attempt-At"
 	// ReplayedHeader is "true" on a replayed response.
 	ReplayedHeader = "Idempotency-Replayed"
 	// MethodPrefix names a route's method in the ledger.
@@ -271,6 +276,12 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			}
 			writeProblem(w, err)
 			return
+		}
+		if v := r.Header.Get(FirstAttemptHeader); v != "" {
+			if c.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
+				writeProblem(w, ledger.Errorf(ledger.CodeValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
+				return
+			}
 		}
 		body, err := readBody(r, g.opts.maxBody)
 		if err != nil {

@@ -370,3 +370,36 @@ func TestOutcomeUnknown(t *testing.T) {
 	}
 	wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusConflict, ledger.CodeInProgress)
 }
+
+// TestWaitBoundAndTooLate: a duplicate that waits past the route's
+// MaxWait gets 409 IN_PROGRESS with Retry-After; a first attempt older
+// than the ledger's windows gets 409 RETRY_TOO_LATE, and a malformed one
+// 400.
+func TestWaitBoundAndTooLate(t *testing.T) {
+	a := &api{delay: 500 * time.Millisecond}
+	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{MaxWait: 100 * time.Millisecond}}))))
+	done := make(chan answer, 1)
+	go func() { done <- post(t, url, `"slow"`, `{}`) }()
+	time.Sleep(50 * time.Millisecond)
+	wantProblem(t, post(t, url, `"slow"`, `{}`), http.StatusConflict, ledger.CodeInProgress)
+	if first := <-done; first.status != http.StatusCreated {
+		t.Fatalf("first: %+v", first)
+	}
+	old := func(v string) answer {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/things", strings.NewReader(`{}`))
+		req.Header.Set(httpguard.KeyHeader, `"old-intent"`)
+		req.Header.Set(httpguard.FirstAttemptHeader, v)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return answer{res.StatusCode, res.Header, string(b)}
+	}
+	wantProblem(t, old(time.Now().Add(-9*24*time.Hour).Format(time.RFC3339)), http.StatusConflict, ledger.CodeRetryTooLate)
+	wantProblem(t, old("yesterday"), http.StatusBadRequest, ledger.CodeValidationFailed)
+	if a.runs.Load() != 1 {
+		t.Fatalf("%d runs", a.runs.Load())
+	}
+}
