@@ -47,7 +47,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	if want := rep.Faults[mcpdemo.FaultCrashBefore] + rep.Faults[mcpdemo.FaultCrashAfter]; rep.Restarts != want {
-		t.Errorf("%d restarts, want one per crash (%d)", rep.Restarts, want)
+		t.Errorf("%d restarts, want one per crash written down (%d)", rep.Restarts, want)
 	}
 }
 
