@@ -54,6 +54,12 @@ func TestPlansUseIndexes(t *testing.T) {
 		{"resolve", resolveSQL, []string{pkey}},
 		{"shrink", shrinkPostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Tid Scan"}},
 		{"forget", forgetPostgresSQL, []string{"Index Scan using idempotency_records_forget_at", "Tid Scan"}},
+		{"list a tenant", listTenantSQL, []string{pkey}},
+		{"list a namespace", listNamespaceSQL, []string{pkey}},
+		{"purge a key", purgeKeySQL, []string{pkey}},
+		{"held key", heldKeySQL, []string{pkey}},
+		{"purge a tenant", purgeTenantPostgresSQL, []string{pkey, "Tid Scan"}},
+		{"held in a tenant", heldTenantSQL, []string{pkey}},
 		{"forget version 1", forgetVersion1PostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Index Scan using idempotency_records_forget_at", "Tid Scan"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -71,6 +71,9 @@ var rules = []rule{
 	{"Hold", ruleHold},
 	{"Resolve", ruleResolve},
 	{"ResolveRefusals", ruleResolveRefusals},
+	// The admin surface.
+	{"List", ruleList},
+	{"Purge", rulePurge},
 }
 
 // races race many goroutines on the same keys and assert exactly one

@@ -1,0 +1,195 @@
+package ledger
+
+import (
+	"context"
+	"time"
+)
+
+// AdminStore is what a Store offers operators besides the transitions:
+// listing the records of a namespace, and erasing them. Every store of
+// this repository implements it.
+type AdminStore interface {
+	// List returns the stored rows of p's namespace (and tenant, when
+	// set) after p.After, in order of tenant and key, at most p.Limit of
+	// them, each as it reads at the store's clock (Record.AsOf; rows that
+	// read as absent are left out but counted in Scanned). It reads at
+	// most p.Limit rows.
+	List(ctx context.Context, p ListParams) (ListPage, error)
+	// Purge erases the records p names (one key, or up to p.Limit records
+	// of a tenant), except those that read as in progress or unknown: an
+	// attempt may still complete them.
+	Purge(ctx context.Context, p PurgeParams) (PurgeResult, error)
+}
+
+// ListParams are the inputs of AdminStore.List.
+type ListParams struct {
+	Namespace string
+	Tenant    string // "" lists every tenant of the namespace
+	// After is the last scope of the previous page: the listing resumes
+	// after it. Zero starts at the beginning.
+	After Scope
+	Limit int
+}
+
+// ListPage is a page of AdminStore.List.
+type ListPage struct {
+	Records []Record // the live records read, as of Now
+	// Scanned counts the rows read; Last is the last of them, where the
+	// next page resumes; More says there may be rows after it.
+	Scanned int
+	Last    Scope
+	More    bool
+	Now     time.Time
+}
+
+// PurgeParams are the inputs of AdminStore.Purge.
+type PurgeParams struct {
+	// Scope names one record, or with Key "" every record of the tenant.
+	Scope Scope
+	Limit int // the most records a tenant purge erases
+}
+
+// PurgeResult is the answer of AdminStore.Purge.
+type PurgeResult struct {
+	Purged int
+	// Skipped counts the records of the key or tenant that an attempt
+	// holds or whose outcome is unknown: they are not erased.
+	Skipped int
+	More    bool // a tenant purge stopped at Limit with more to erase
+}
+
+// Purgeable reports whether an operator may erase a record as it reads
+// now: not while an attempt holds it or its outcome is unknown, since its
+// holder may still complete it, and a row erased would let a new claim
+// start again at token 1.
+func (r *Record) Purgeable(now time.Time) bool {
+	v := r.View(now)
+	return v != StateInProgress && v != StateUnknown
+}
+
+// Bounds of the admin calls.
+const (
+	DefaultListPage = 100
+	MaxListPage     = 1000
+	// listScanPages is how many pages of rows one List reads at most while
+	// it looks for records in the state asked: a page may come back short.
+	listScanPages    = 10
+	DefaultPurgeSize = 1000
+	MaxPurgeSize     = 10000
+)
+
+// ListRequest is the input of Ledger.List.
+type ListRequest struct {
+	Namespace string
+	Tenant    string
+	State     State // StateAbsent: every state
+	PageSize  int
+	After     Scope
+}
+
+// ListResult is a page of Ledger.List.
+type ListResult struct {
+	Records []Record
+	// Next is where the next page starts; More says there is one.
+	Next Scope
+	More bool
+}
+
+// List returns a page of the live records of a namespace (and tenant), in
+// order of tenant and key, those in req.State only when it is set. It
+// reads at most ten store pages of req.PageSize rows, so a page that
+// filters by state may come back short, or empty, with More set.
+func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) {
+	as, ok := l.store.(AdminStore)
+	if !ok {
+		return ListResult{}, Errorf(CodeInternal, "the store cannot list records")
+	}
+	if err := ValidateScope(Scope{Namespace: req.Namespace, Tenant: orX(req.Tenant), Key: "x"}, l.cfg.MaxKeyBytes); err != nil {
+		return ListResult{}, err
+	}
+	switch {
+	case req.PageSize == 0:
+		req.PageSize = DefaultListPage
+	case req.PageSize < 0 || req.PageSize > MaxListPage:
+		return ListResult{}, Errorf(CodeValidationFailed, "page size %d is outside 1 to %d", req.PageSize, MaxListPage)
+	}
+	if req.After != (Scope{}) && (req.After.Namespace != req.Namespace || (req.Tenant != "" && req.After.Tenant != req.Tenant)) {
+		return ListResult{}, Errorf(CodeValidationFailed, "the page token belongs to another listing")
+	}
+	res := ListResult{Next: req.After}
+	for range listScanPages {
+		ctx, cancel := l.bound(ctx)
+		page, err := as.List(ctx, ListParams{Namespace: req.Namespace, Tenant: req.Tenant, After: res.Next, Limit: req.PageSize})
+		cancel()
+		if err != nil {
+			return ListResult{}, err
+		}
+		for _, rec := range page.Records {
+			if req.State == StateAbsent || rec.State == req.State {
+				res.Records = append(res.Records, rec)
+			}
+		}
+		res.More = page.More
+		if page.Scanned > 0 {
+			res.Next = page.Last
+		}
+		if !page.More || len(res.Records) >= req.PageSize {
+			break
+		}
+	}
+	if len(res.Records) > req.PageSize {
+		// The last store page matched more than the page holds: resume
+		// after the last record kept.
+		res.Records = res.Records[:req.PageSize]
+		res.Next, res.More = res.Records[len(res.Records)-1].Scope, true
+	}
+	return res, nil
+}
+
+// Get returns one record as it reads now, of any namespace, or NOT_FOUND.
+func (l *Ledger) Get(ctx context.Context, s Scope) (Record, error) {
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		return Record{}, err
+	}
+	return l.get(ctx, s)
+}
+
+// Purge erases one record (s.Key set) or up to limit records of a tenant
+// (s.Key ""). A record in progress or whose outcome is unknown is not
+// erased: a key purge refuses it (IN_PROGRESS, or VALIDATION_FAILED for an
+// unknown outcome: resolve it first), a tenant purge skips it.
+func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, error) {
+	as, ok := l.store.(AdminStore)
+	if !ok {
+		return PurgeResult{}, Errorf(CodeInternal, "the store cannot purge records")
+	}
+	key := s.Key
+	s.Key = orX(s.Key)
+	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
+		return PurgeResult{}, err
+	}
+	s.Key = key
+	switch {
+	case limit == 0:
+		limit = DefaultPurgeSize
+	case limit < 0 || limit > MaxPurgeSize:
+		return PurgeResult{}, Errorf(CodeValidationFailed, "limit %d is outside 1 to %d", limit, MaxPurgeSize)
+	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
+	res, err := as.Purge(ctx, PurgeParams{Scope: s, Limit: limit})
+	if err != nil {
+		return res, err
+	}
+	if key != "" && res.Skipped > 0 {
+		return res, Errorf(CodeValidationFailed, "the record is in progress or its outcome is unknown: resolve it, or let its lease run out, before purging it")
+	}
+	return res, nil
+}
+
+func orX(s string) string {
+	if s == "" {
+		return "x"
+	}
+	return s
+}

@@ -1,0 +1,88 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+var _ ledger.AdminStore = (*Store)(nil)
+
+// scopeOrder orders scopes by tenant, then key.
+func scopeOrder(a, b ledger.Scope) int {
+	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key))
+}
+
+// List implements ledger.AdminStore, in order of tenant and key.
+func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.ListPage{}, ledger.TimedOut(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var scopes []ledger.Scope
+	for sc := range s.records {
+		if sc.Namespace == p.Namespace && (p.Tenant == "" || sc.Tenant == p.Tenant) &&
+			(p.After == (ledger.Scope{}) || scopeOrder(sc, p.After) > 0) {
+			scopes = append(scopes, sc)
+		}
+	}
+	slices.SortFunc(scopes, scopeOrder)
+	page := ledger.ListPage{Now: s.now(), More: len(scopes) > p.Limit}
+	scopes = scopes[:min(len(scopes), p.Limit)]
+	for _, sc := range scopes {
+		if rec, ok := s.records[sc].AsOf(page.Now); ok {
+			page.Records = append(page.Records, copyOf(rec))
+		}
+	}
+	page.Scanned = len(scopes)
+	if len(scopes) > 0 {
+		page.Last = scopes[len(scopes)-1]
+	}
+	return page, nil
+}
+
+// Purge implements ledger.AdminStore.
+func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.PurgeResult{}, ledger.TimedOut(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var res ledger.PurgeResult
+	purge := func(sc ledger.Scope, rec *ledger.Record) {
+		if !rec.Purgeable(now) {
+			res.Skipped++
+			return
+		}
+		if rec.View(now) != ledger.StateAbsent {
+			res.Purged++
+		}
+		delete(s.records, sc)
+	}
+	if p.Scope.Key != "" {
+		if rec, ok := s.records[p.Scope]; ok {
+			purge(p.Scope, rec)
+		}
+		return res, nil
+	}
+	var scopes []ledger.Scope
+	for sc := range s.records {
+		if sc.Namespace == p.Scope.Namespace && sc.Tenant == p.Scope.Tenant {
+			scopes = append(scopes, sc)
+		}
+	}
+	slices.SortFunc(scopes, scopeOrder)
+	for _, sc := range scopes {
+		rec := s.records[sc]
+		if res.Purged >= p.Limit && rec.Purgeable(now) {
+			res.More = true // past the limit: only counting what is held
+			continue
+		}
+		purge(sc, rec)
+	}
+	return res, nil
+}
