@@ -146,6 +146,12 @@ func AnyOf(auths ...Authenticator) Authenticator {
 // readiness canary); no credentials may name one.
 const ReservedPrefix = "_"
 
+// AdminNamespace, in the namespace field of a credential file's entry,
+// makes it an admin principal named by the third field:
+//
+//	sha256:<hex> _admin ops-alice
+const AdminNamespace = "_admin"
+
 // parsePrincipals reads the common shape of principal files: an identity, a
 // namespace and a comma-separated tenant list a line, with blank lines and #
 // comments skipped. add checks and keeps each entry.
@@ -162,6 +168,15 @@ func parsePrincipals(r io.Reader, what string, add func(id string, p Principal) 
 		}
 		if err := ledger.ValidateScope(ledger.Scope{Namespace: f[1], Tenant: "x", Key: "x"}, ledger.MaxKeyBytes); err != nil {
 			return fmt.Errorf("server: %s line %d: %w", what, n, err)
+		}
+		if f[1] == AdminNamespace {
+			if err := ledger.ValidateScope(ledger.Scope{Namespace: f[2], Tenant: "x", Key: "x"}, ledger.MaxKeyBytes); err != nil || strings.Contains(f[2], ",") {
+				return fmt.Errorf("server: %s line %d: an admin entry is <identity> %s <name>, with a name of printable ASCII", what, n, AdminNamespace)
+			}
+			if err := add(f[0], Principal{Admin: f[2]}); err != nil {
+				return fmt.Errorf("server: %s line %d: %w", what, n, err)
+			}
+			continue
 		}
 		if strings.HasPrefix(f[1], ReservedPrefix) {
 			return fmt.Errorf("server: %s line %d: namespaces that start with %q are ledgerd's own", what, n, ReservedPrefix)

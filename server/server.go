@@ -26,11 +26,15 @@ import (
 )
 
 // Principal is an authenticated caller: the namespace its records live in
-// and the tenants it may act for.
+// and the tenants it may act for, or an operator of AdminService.
 type Principal struct {
 	Namespace string
 	// Tenants lists the tenants the principal may act for; "*" means any.
 	Tenants []string
+	// Admin, when set, names an admin principal: it may call AdminService.
+	// An entry of a credential file is one or the other: a write service
+	// (a namespace) or an admin (namespace field AdminNamespace).
+	Admin string
 }
 
 // May reports whether the principal may act for tenant.
@@ -141,6 +145,9 @@ func (s *Server) principal(ctx context.Context) (Principal, error) {
 		return Principal{}, err
 	}
 	if p.Namespace == "" {
+		if p.Admin != "" {
+			return Principal{}, ledger.Errorf(ledger.CodePermissionDenied, "admin credentials do not write: call LedgerService with a write service's")
+		}
 		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "the caller has no namespace")
 	}
 	return p, nil

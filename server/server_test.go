@@ -27,6 +27,7 @@ import (
 var tokens = map[string]server.Principal{
 	"billing-token": {Namespace: "billing", Tenants: []string{"acme", "globex"}},
 	"refunds-token": {Namespace: "refunds", Tenants: []string{"*"}},
+	"ops-token":     {Admin: "ops"},
 }
 
 var testAuth = server.AuthenticatorFunc(func(ctx context.Context) (server.Principal, error) {

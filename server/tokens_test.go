@@ -129,3 +129,22 @@ func TestCredentialFilesAreGuarded(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminEntries: an entry whose namespace field is _admin is an admin
+// principal named by its third field; a malformed one is refused.
+func TestAdminEntries(t *testing.T) {
+	tok, err := server.ParseTokens(strings.NewReader(server.HashToken("ops-secret") + " _admin ops-alice\n" +
+		server.HashToken("w-secret") + " billing acme\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tok.Authenticate(metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer ops-secret")))
+	if err != nil || p.Admin != "ops-alice" || p.Namespace != "" {
+		t.Fatalf("admin entry: %+v, %v", p, err)
+	}
+	for _, bad := range []string{" _admin a,b\n", " _admin \x01\n", " _ledgerd *\n"} {
+		if _, err := server.ParseTokens(strings.NewReader(server.HashToken("x") + bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+}

@@ -44,7 +44,7 @@ func (cs *credentialSet) load() error {
 	cfg := cs.cfg
 	var auth server.Authenticator
 	if cfg.devMode() {
-		dev := server.Principal{Namespace: "dev", Tenants: []string{"*"}}
+		dev := server.Principal{Namespace: "dev", Tenants: []string{"*"}, Admin: "dev"}
 		auth = server.AuthenticatorFunc(func(context.Context) (server.Principal, error) { return dev, nil })
 	} else {
 		var auths []server.Authenticator

@@ -141,6 +141,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters)."}, func() float64 { return float64(l.Waiters()) }))
 	ledgerSrv := server.New(l, srvCfg)
 	ledgerv1.RegisterLedgerServiceServer(gs, ledgerSrv)
+	ledgerv1.RegisterAdminServiceServer(gs, server.NewAdmin(l, srvCfg))
 	healthSrv := health.NewServer()
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
