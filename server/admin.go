@@ -92,7 +92,7 @@ func (a *Admin) ListRecords(ctx context.Context, req *ledgerv1.ListRecordsReques
 		out.NextPageToken = encodePageToken(res.Next)
 	}
 	a.audit(ctx, who, "list", "namespace", lr.Namespace, "tenant", lr.Tenant, "state", req.GetState().String(),
-		"records", len(out.Records), "more", res.More)
+		"records", len(out.GetRecords()), "more", res.More)
 	return out, nil
 }
 

@@ -146,8 +146,8 @@ func AnyOf(auths ...Authenticator) Authenticator {
 // readiness canary); no credentials may name one.
 const ReservedPrefix = "_"
 
-// AdminNamespace, in the namespace field of a credential file's entry,
-// makes it an admin principal named by the third field:
+// AdminNamespace is the namespace field of a credential file's entry that
+// makes it an admin principal, named by the third field:
 //
 //	sha256:<hex> _admin ops-alice
 const AdminNamespace = "_admin"
