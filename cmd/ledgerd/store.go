@@ -102,6 +102,32 @@ func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledge
 	return nil, ledger.Errorf(ledger.CodeInternal, "the store reads one scope at a time")
 }
 
+// List implements ledger.AdminStore with the store's own.
+func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.ListPage{}, err
+	}
+	as, ok := s.(ledger.AdminStore)
+	if !ok {
+		return ledger.ListPage{}, ledger.Errorf(ledger.CodeInternal, "the store cannot list records")
+	}
+	return as.List(ctx, p)
+}
+
+// Purge implements ledger.AdminStore with the store's own.
+func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
+	s, err := l.get()
+	if err != nil {
+		return ledger.PurgeResult{}, err
+	}
+	as, ok := s.(ledger.AdminStore)
+	if !ok {
+		return ledger.PurgeResult{}, ledger.Errorf(ledger.CodeInternal, "the store cannot purge records")
+	}
+	return as.Purge(ctx, p)
+}
+
 func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
 	s, err := l.get()
 	if err != nil {

@@ -1,0 +1,22 @@
+module github.com/idemledger/idemledger/cmd/idemctl
+
+go 1.26.0
+
+require (
+	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require github.com/google/go-cmp v0.7.0 // indirect
+
+require (
+	github.com/peterbourgon/ff/v3 v3.4.0
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
+)
+
+replace github.com/idemledger/idemledger => ../..

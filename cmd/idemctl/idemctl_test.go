@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/server"
+)
+
+// ledgerdBinary is ledgerd, built once by TestMain from the workspace.
+var ledgerdBinary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemctl-test")
+	if err != nil {
+		panic(err)
+	}
+	ledgerdBinary = filepath.Join(dir, "ledgerd")
+	if out, err := exec.Command("go", "build", "-o", ledgerdBinary, "../ledgerd").CombinedOutput(); err != nil {
+		os.Stderr.Write(out)
+		panic(err)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// startLedgerd runs ledgerd on its embedded store with a write service
+// (billing, token billing-secret) and an admin (ops-alice, token
+// ops-secret), and returns its gRPC address and its log.
+func startLedgerd(t *testing.T) (string, *syncBuffer) {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(server.HashToken("billing-secret")+" billing acme,globex\n"+
+		server.HashToken("ops-secret")+" _admin ops-alice\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(ledgerdBinary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "",
+		"--data-dir", filepath.Join(dir, "data"), "--tokens", tokens)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	log := &syncBuffer{}
+	addr := make(chan string, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			_, _ = log.Write(append(sc.Bytes(), '\n'))
+			var line struct{ Msg, GRPC string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
+				addr <- line.GRPC
+			}
+		}
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); <-done })
+	select {
+	case a := <-addr:
+		return a, log
+	case <-time.After(20 * time.Second):
+		t.Fatalf("ledgerd did not listen:\n%s", log.String())
+	}
+	return "", nil
+}
+
+// idemctl runs the command and returns its status and output.
+func idemctl(t *testing.T, addr, token string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), append([]string{"--addr", addr, "--token", token}, args...), strings.NewReader(""), &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+// TestAgainstLedgerd: an operator lists a namespace, finds a key whose
+// outcome is unknown, reads it, settles it, and erases a key and a tenant,
+// with idemctl against a real ledgerd; the write service's retry then
+// replays the settled outcome.
+func TestAgainstLedgerd(t *testing.T) {
+	addr, log := startLedgerd(t)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	billing := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer billing-secret")
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	begin := func(tenant, key string, hold bool) *ledgerv1.BeginResponse {
+		req := &ledgerv1.BeginRequest{Tenant: tenant, Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: "mcp:tools/charge_card"}
+		if hold {
+			req.OnLeaseExpiry, req.Lease = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD, durationpb.New(time.Second)
+		}
+		for range 50 {
+			res, err := client.Begin(billing, req)
+			if err == nil {
+				return res
+			}
+			time.Sleep(100 * time.Millisecond) // ledgerd opening its store
+		}
+		t.Fatalf("Begin %s never answered", key)
+		return nil
+	}
+	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/google.protobuf.StringValue", Value: []byte("\x0a\x04ch_1")}}}
+	for _, k := range []string{"k-1", "k-2", "k-3"} {
+		res := begin("acme", k, false)
+		if _, err := client.Complete(billing, &ledgerv1.CompleteRequest{Tenant: "acme", Key: k, Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin("acme", "charge-7", true)
+	g1 := begin("globex", "g-1", false)
+	if _, err := client.Complete(billing, &ledgerv1.CompleteRequest{Tenant: "globex", Key: "g-1", Token: g1.GetClaim().GetToken(), Outcome: out}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // charge-7's lease runs out: its outcome is unknown
+
+	// The runbook: find the unknown keys.
+	code, stdout, stderr := idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "unknown")
+	if code != 0 || !strings.Contains(stdout, "charge-7") || !strings.Contains(stdout, "unknown") || strings.Contains(stdout, "k-1") {
+		t.Fatalf("list --state unknown: %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = idemctl(t, addr, "ops-secret", "-o", "json", "list", "--namespace", "billing", "--tenant", "acme", "--page-size", "2", "--all")
+	var listed struct {
+		Records []struct{ Key string } `json:"records"`
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed.Records) != 4 {
+		t.Fatalf("list --all -o json: %d\n%s", code, stdout)
+	}
+	code, stdout, _ = idemctl(t, addr, "ops-secret", "get", "--namespace", "billing", "--tenant", "acme", "--key", "charge-7")
+	if code != 0 || !strings.Contains(stdout, "state") || !strings.Contains(stdout, "HOLD") || !strings.Contains(stdout, "token") {
+		t.Fatalf("get: %d\n%s", code, stdout)
+	}
+	// Settle it: the charge went through at the provider.
+	code, stdout, stderr = idemctl(t, addr, "ops-secret", "resolve", "--namespace", "billing", "--tenant", "acme", "--key", "charge-7",
+		"--applied", `{"response":{"@type":"type.googleapis.com/google.protobuf.StringValue","value":"ch_7"}}`)
+	if code != 0 || !strings.Contains(stdout, "completed") {
+		t.Fatalf("resolve: %d\n%s%s", code, stdout, stderr)
+	}
+	if res := begin("acme", "charge-7", true); res.GetReplay() == nil {
+		t.Fatalf("the write service's retry after the resolution: %v", res)
+	}
+	// Erase one key, then tenant globex.
+	if code, stdout, _ = idemctl(t, addr, "ops-secret", "purge", "--namespace", "billing", "--tenant", "acme", "--key", "k-1"); code != 0 || !strings.Contains(stdout, "purged: true") {
+		t.Fatalf("purge --key: %d\n%s", code, stdout)
+	}
+	if code, stdout, _ = idemctl(t, addr, "ops-secret", "purge", "--namespace", "billing", "--tenant", "globex", "--all-records", "--yes"); code != 0 || !strings.Contains(stdout, "purged 1 records") {
+		t.Fatalf("purge --all-records: %d\n%s", code, stdout)
+	}
+	code, stdout, _ = idemctl(t, addr, "ops-secret", "list", "--namespace", "billing")
+	if code != 0 || strings.Contains(stdout, "k-1") || strings.Contains(stdout, "g-1") || !strings.Contains(stdout, "k-2") {
+		t.Fatalf("after the purges: %d\n%s", code, stdout)
+	}
+
+	// Clear errors: a write service's token, no token, usage mistakes.
+	if code, _, stderr = idemctl(t, addr, "billing-secret", "list", "--namespace", "billing"); code != 1 || !strings.Contains(stderr, "PERMISSION_DENIED") || !strings.Contains(stderr, "_admin") {
+		t.Fatalf("a write service's token: %d %s", code, stderr)
+	}
+	if code, _, stderr = idemctl(t, addr, "", "list", "--namespace", "billing"); code != 1 || !strings.Contains(stderr, "UNAUTHENTICATED") {
+		t.Fatalf("no token: %d %s", code, stderr)
+	}
+	for _, args := range [][]string{
+		{"list"},
+		{"list", "--namespace", "billing", "--state", "sleeping"},
+		{"get", "--namespace", "billing", "--tenant", "acme"},
+		{"resolve", "--namespace", "billing", "--tenant", "acme", "--key", "k", "--applied", "{", "--not-applied"},
+		{"resolve", "--namespace", "billing", "--tenant", "acme", "--key", "k", "--applied", "not json"},
+		{"purge", "--namespace", "billing", "--tenant", "acme"},
+		{"frobnicate"},
+	} {
+		if code, _, stderr := idemctl(t, addr, "ops-secret", args...); code != 2 || stderr == "" {
+			t.Errorf("%v: exit %d, %q; want a usage error", args, code, stderr)
+		}
+	}
+	for _, want := range []string{`"msg":"audit: record resolved"`, `"principal":"ops-alice"`, `"msg":"audit: key purged"`, `"msg":"audit: tenant purged"`} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("ledgerd's log has no %s", want)
+		}
+	}
+}
+
+// TestHashToken: the token-file entries idemctl makes are the ones
+// ledgerd reads.
+func TestHashToken(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                                     server.HashToken("s3cret") + "\n",
+		"--namespace billing --tenants acme,x": server.HashToken("s3cret") + " billing acme,x\n",
+		"--admin ops-alice":                    server.HashToken("s3cret") + " _admin ops-alice\n",
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(t.Context(), append([]string{"hash-token"}, strings.Fields(args)...), strings.NewReader("s3cret\n"), &stdout, &stderr)
+		if code != 0 || stdout.String() != want {
+			t.Errorf("hash-token %s: %d %q %q", args, code, stdout.String(), stderr.String())
+		}
+		if _, err := server.ParseTokens(strings.NewReader(stdout.String())); args != "" && err != nil {
+			t.Errorf("hash-token %s made an entry ledgerd refuses: %v", args, err)
+		}
+	}
+	var stderr bytes.Buffer
+	if code := run(t.Context(), []string{"hash-token"}, strings.NewReader(""), &bytes.Buffer{}, &stderr); code != 2 {
+		t.Fatalf("no token on standard input: exit %d", code)
+	}
+}
+
+// syncBuffer is a buffer one goroutine writes while another reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
