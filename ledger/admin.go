@@ -193,3 +193,9 @@ func orX(s string) string {
 	}
 	return s
 }
+
+// Census is a store that counts its live records by the state they read
+// in now: the operators' records-by-state gauge. It reads every record.
+type Census interface {
+	CountByState(ctx context.Context) (map[State]int, error)
+}

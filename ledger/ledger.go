@@ -391,3 +391,6 @@ func (l *Ledger) Lookup(ctx context.Context, s Scope, wait time.Duration) (Recor
 	a := <-ch
 	return a.rec, a.err
 }
+
+// Store returns the store the ledger runs on.
+func (l *Ledger) Store() Store { return l.store }

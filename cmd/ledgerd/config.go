@@ -22,11 +22,13 @@ type config struct {
 	adminListen  string
 	healthListen string
 	httpListen   string
-	dataDir      string
-	databaseURL  string
-	migrate      bool
-	migrateOnly  bool
-	sqlBatching  bool
+	// censusInterval is how often the records are counted by state.
+	censusInterval time.Duration
+	dataDir        string
+	databaseURL    string
+	migrate        bool
+	migrateOnly    bool
+	sqlBatching    bool
 
 	tokensFile string
 	certsFile  string
@@ -84,6 +86,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&c.maxConnections, "max-connections", 10000, "connections served at once on --listen; more wait in the kernel's backlog")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
 	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
+	fs.DurationVar(&c.censusInterval, "census-interval", 5*time.Minute, "how often idemledger_records{state} counts the records (a read of every record); 0 turns it off")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
@@ -139,8 +142,8 @@ func (c config) check() error {
 		return errors.New("--store-timeout must be positive")
 	case c.streamMaxAge <= 0:
 		return errors.New("--stream-max-age must be positive")
-	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0:
-		return errors.New("--rate-limit, --drain-timeout and --sweep-interval must not be negative")
+	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0, c.censusInterval < 0:
+		return errors.New("--rate-limit, --drain-timeout, --census-interval and --sweep-interval must not be negative")
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")
 	}

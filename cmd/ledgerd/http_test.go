@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -125,9 +126,51 @@ func TestHTTPListener(t *testing.T) {
 		}
 	}
 	metrics := p.metrics(t)
-	for _, want := range []string{`decision="claimed",namespace="billing"} 2`, `decision="replayed",namespace="billing"} 1`, `decision="key_reused",namespace="billing"} 1`} {
+	for _, want := range []string{`decision="claimed",ledger_namespace="billing"} 2`, `decision="replayed",ledger_namespace="billing"} 1`, `decision="key_reused",ledger_namespace="billing"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestStoreMetrics: the store's calls are timed by operation, the
+// outcomes stored are sized, and the census counts the records by state.
+func TestStoreMetrics(t *testing.T) {
+	p := start(t, "--data-dir", t.TempDir(), "--census-interval", "50ms")
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	res, err := client.Begin(t.Context(), begin("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Begin(t.Context(), begin("held")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m := p.metrics(t)
+		missing := ""
+		for _, want := range []string{
+			`idemledger_records{state="completed"} 1`,
+			`idemledger_records{state="in_progress"} 1`,
+			`idemledger_store_seconds_bucket{op="claim",le=`,
+			`idemledger_store_seconds_count{op="complete"} 1`,
+			`idemledger_outcome_bytes_count 1`,
+		} {
+			if !strings.Contains(m, want) {
+				missing = want
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics lack %s:\n%s", missing, m)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

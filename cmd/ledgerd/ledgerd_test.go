@@ -230,9 +230,9 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 	}
 	m := p.metrics(t)
 	for _, want := range []string{
-		`idemledger_decisions_total{decision="claimed",namespace="dev"} 2`,
-		`idemledger_decisions_total{decision="replayed",namespace="dev"} 1`,
-		`idemledger_decisions_total{decision="completed",namespace="dev"} 1`,
+		`idemledger_decisions_total{decision="claimed",ledger_namespace="dev"} 2`,
+		`idemledger_decisions_total{decision="replayed",ledger_namespace="dev"} 1`,
+		`idemledger_decisions_total{decision="completed",ledger_namespace="dev"} 1`,
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 3`,
 		`grpc_server_handling_seconds_bucket{`,
 	} {

@@ -126,6 +126,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...), //nolint:contextcheck // a stream interceptor takes its context from the stream
 	)...)
 	st := newLateStore(cfg, log)
+	sm := newStoreMetrics(reg)
+	sm.bind(st)
 	clockSteps := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "idemledger", Name: "clock_steps_total",
 		Help: "Steps of the wall clock the embedded store noticed; none of them expired a lease or a record early."})
 	reg.MustRegister(clockSteps)
@@ -193,6 +195,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
+	if cfg.censusInterval > 0 {
+		wg.Go(func() { sm.census(bg, st, cfg.censusInterval, log) })
+	}
 	// SIGHUP reloads the credentials files (tokens, certificate principals,
 	// the server's certificate and the client CA).
 	hup := make(chan os.Signal, 1)

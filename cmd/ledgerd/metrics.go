@@ -1,20 +1,27 @@
 package main
 
 import (
+	"context"
+	"log/slog"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/server"
 )
 
 // decisionCounter counts the server's decisions (server.Config.Observe) as
-// idemledger_decisions_total{namespace, decision}.
+// idemledger_decisions_total{ledger_namespace, decision}. The label is not
+// "namespace": the Prometheus operator's target label of that name would
+// rename it exported_namespace.
 func decisionCounter() (*prometheus.CounterVec, func(namespace string, d server.Decision)) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "idemledger",
 		Name:      "decisions_total",
-		Help:      "Ledger decisions by namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, completed, released, extended, lease_lost, rate_limited.",
-	}, []string{"namespace", "decision"})
+		Help:      "Ledger decisions by the caller's namespace: claimed, taken_over, replayed, in_progress, key_reused, too_late, key_expired, outcome_unknown, completed, released, extended, lease_lost, resolved, rate_limited.",
+	}, []string{"ledger_namespace", "decision"})
 	return c, func(namespace string, d server.Decision) { c.WithLabelValues(namespace, string(d)).Inc() }
 }
 
@@ -44,5 +51,75 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 			func(b crdb.BatchStats) float64 { return float64(b.Calls) }),
 		counter("batch_busy_seconds_total", "Time spent running batches: its rate is the share of time a batch is in flight.",
 			func(b crdb.BatchStats) float64 { return b.Busy.Seconds() }),
+	}
+}
+
+// storeMetrics times the store's calls, sizes the outcomes stored and
+// holds the records-by-state census.
+type storeMetrics struct {
+	ops     *prometheus.HistogramVec
+	outcome prometheus.Histogram
+	records *prometheus.GaugeVec
+}
+
+func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
+	m := &storeMetrics{
+		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "idemledger", Name: "store_seconds",
+			Help:    "Latency of the store's calls by operation: claim, complete, release, extend, resolve, get, get_many, list, purge, census.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18), // 100 µs to 13 s
+		}, []string{"op"}),
+		outcome: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "idemledger", Name: "outcome_bytes",
+			Help:    "Size of the outcomes stored (Complete, Resolve as applied), in bytes.",
+			Buckets: prometheus.ExponentialBuckets(64, 4, 9), // 64 B to 4 MiB
+		}),
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "idemledger", Name: "records",
+			Help: "Live records by the state they read in, counted every --census-interval.",
+		}, []string{"state"}),
+	}
+	reg.MustRegister(m.ops, m.outcome, m.records)
+	return m
+}
+
+// bind has st report to m.
+func (m *storeMetrics) bind(st *lateStore) {
+	st.onOp = func(op string, d time.Duration) { m.ops.WithLabelValues(op).Observe(d.Seconds()) }
+	st.onOutcome = func(n int) { m.outcome.Observe(float64(n)) }
+}
+
+// censusStates are the states the census reports, by their label.
+var censusStates = map[ledger.State]string{
+	ledger.StateInProgress: "in_progress", ledger.StateCompleted: "completed",
+	ledger.StateUnknown: "outcome_unknown", ledger.StateExpired: "expired",
+}
+
+// census counts the store's records by state every interval until ctx
+// ends, the first time as soon as the store is open.
+func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.Duration, log *slog.Logger) {
+	select {
+	case <-st.opened:
+	case <-ctx.Done():
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, max(interval/2, 10*time.Second))
+		counts, err := st.CountByState(cctx)
+		cancel()
+		if err != nil {
+			log.WarnContext(ctx, "record census failed", "error", err)
+		} else {
+			for state, label := range censusStates {
+				m.records.WithLabelValues(label).Set(float64(counts[state]))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

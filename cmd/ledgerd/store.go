@@ -32,6 +32,29 @@ type lateStore struct {
 	opened chan struct{} // closed once s is set
 	// onClockStep hears of the embedded store's clock steps.
 	onClockStep func(time.Duration)
+	// onOp hears how long each store call took (op: claim, complete, …);
+	// onOutcome the size of each outcome stored. Both may be nil.
+	onOp      func(op string, d time.Duration)
+	onOutcome func(bytes int)
+}
+
+// timed reports a store call's duration to onOp: defer l.timed("claim")().
+func (l *lateStore) timed(op string) func() {
+	if l.onOp == nil {
+		return func() {}
+	}
+	start := time.Now()
+	return func() { l.onOp(op, time.Since(start)) }
+}
+
+// stored reports the size of an outcome stored.
+func (l *lateStore) stored(o *ledger.Outcome) {
+	if l.onOutcome == nil || o == nil {
+		return
+	}
+	if b, err := o.MarshalBinary(); err == nil {
+		l.onOutcome(len(b))
+	}
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
@@ -50,6 +73,7 @@ func (l *lateStore) get() (store, error) {
 }
 
 func (l *lateStore) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	defer l.timed("claim")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.ClaimResult{}, err
@@ -58,14 +82,20 @@ func (l *lateStore) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.Cla
 }
 
 func (l *lateStore) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	defer l.timed("complete")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	return s.Complete(ctx, p)
+	rec, err := s.Complete(ctx, p)
+	if err == nil {
+		l.stored(p.Outcome)
+	}
+	return rec, err
 }
 
 func (l *lateStore) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	defer l.timed("release")()
 	s, err := l.get()
 	if err != nil {
 		return err
@@ -74,6 +104,7 @@ func (l *lateStore) Release(ctx context.Context, p ledger.ReleaseParams) error {
 }
 
 func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	defer l.timed("extend")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -82,16 +113,22 @@ func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.R
 }
 
 func (l *lateStore) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	defer l.timed("resolve")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	return s.Resolve(ctx, p)
+	rec, err := s.Resolve(ctx, p)
+	if err == nil {
+		l.stored(p.Outcome)
+	}
+	return rec, err
 }
 
 // GetMany implements ledger.ManyGetter with the store's own, so that the
 // Lookup waiters' poller reads in one statement.
 func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	defer l.timed("get_many")()
 	s, err := l.get()
 	if err != nil {
 		return nil, err
@@ -104,6 +141,7 @@ func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledge
 
 // List implements ledger.AdminStore with the store's own.
 func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	defer l.timed("list")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.ListPage{}, err
@@ -117,6 +155,7 @@ func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListP
 
 // Purge implements ledger.AdminStore with the store's own.
 func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
+	defer l.timed("purge")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.PurgeResult{}, err
@@ -129,6 +168,7 @@ func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.Pur
 }
 
 func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
+	defer l.timed("get")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -209,4 +249,18 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 		log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
 	}
 	return s, s.Close, nil
+}
+
+// CountByState implements ledger.Census with the store's own.
+func (l *lateStore) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	defer l.timed("census")()
+	s, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	c, ok := s.(ledger.Census)
+	if !ok {
+		return nil, ledger.Errorf(ledger.CodeInternal, "the store cannot count its records")
+	}
+	return c.CountByState(ctx)
 }

@@ -150,3 +150,37 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	}
 	return res, nil
 }
+
+var _ ledger.Census = (*Store)(nil)
+
+// CountByState implements ledger.Census, in one read transaction.
+func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, s.classify("census", err)
+	}
+	counts := map[ledger.State]int{}
+	err := waitFor(ctx, func() error {
+		return s.db.View(func(tx *bbolt.Tx) error {
+			clear(counts)
+			now := s.cfg.Now()
+			return tx.Bucket(recordsBucket).ForEach(func(k, v []byte) error {
+				scope, err := decodeScopeKey(k)
+				if err != nil {
+					return err
+				}
+				rec, err := decodeRecord(scope, v)
+				if err != nil {
+					return err
+				}
+				if st := rec.View(now); st != ledger.StateAbsent {
+					counts[st]++
+				}
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return nil, s.classify("census", err)
+	}
+	return counts, nil
+}

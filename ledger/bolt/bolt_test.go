@@ -282,3 +282,14 @@ func TestLinearizableAcrossRestarts(t *testing.T) {
 	}
 	t.Logf("%d restarts", r.restarts.Load())
 }
+
+func TestCountsByState(t *testing.T) {
+	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store {
+		s, err := bolt.Open(t.TempDir(), bolt.Config{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

@@ -122,3 +122,45 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	}
 	return res, nil
 }
+
+var _ ledger.Census = (*Store)(nil)
+
+// censusSQL counts the rows by the state they read in now (Record.View).
+// It reads the whole table: ledgerd runs it every --census-interval.
+const censusSQL = `SELECT v, count(*) FROM (
+	SELECT CASE
+		WHEN state = 3 OR COALESCE(forget_at, expires_at) <= c.n THEN 0
+		WHEN state = 1 AND on_lease_expiry = 1 AND lease_expires_at <= c.n THEN 5
+		WHEN state = 1 THEN 1
+		WHEN state = 4 OR (state = 2 AND expires_at <= c.n) THEN 4
+		ELSE 2 END AS v
+	FROM idempotency_records, (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n) AS c
+) AS views WHERE v <> 0 GROUP BY v`
+
+// CountByState implements ledger.Census.
+func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	counts := map[ledger.State]int{}
+	err := s.retry(ctx, func(ctx context.Context) error {
+		clear(counts)
+		rows, err := s.pool.Query(ctx, censusSQL, s.now())
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var v, n int
+			if err := rows.Scan(&v, &n); err != nil {
+				return err
+			}
+			counts[censusState[v]] = n
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, s.classify("census", err)
+	}
+	return counts, nil
+}
+
+// censusState maps censusSQL's codes to states.
+var censusState = map[int]ledger.State{1: ledger.StateInProgress, 2: ledger.StateCompleted, 4: ledger.StateExpired, 5: ledger.StateUnknown}

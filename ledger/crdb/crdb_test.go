@@ -360,3 +360,7 @@ func TestMigratesVersion1(t *testing.T) {
 		t.Fatalf("%d rows after the sweep, want 1", n)
 	}
 }
+
+func TestCountsByState(t *testing.T) {
+	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store { return openStore(t, crdb.Config{Now: now}) })
+}

@@ -213,3 +213,33 @@ func mapsEqual(a, b map[ledger.Scope]ledger.State) bool {
 	}
 	return true
 }
+
+// CountsByState checks a store's census (ledger.Census) on a fresh store
+// that newStore makes with the given clock: every live record counted once,
+// in the state it reads in now.
+func CountsByState(t *testing.T, newStore func(now func() time.Time) ledger.Store) {
+	t.Helper()
+	clock := NewClock(Start)
+	e := &env{t: t, clock: clock, ledger: ledger.New(newStore(clock.Now), ledger.Config{}), ns: "ns-" + randomHex(8)}
+	world := adminWorld(t, e)
+	want := map[ledger.State]int{ledger.StateCompleted: 1} // the other namespace's record
+	for _, st := range world {
+		want[st]++
+	}
+	census, ok := e.ledger.Store().(ledger.Census)
+	if !ok {
+		t.Fatal("the store is not a Census")
+	}
+	got, err := census.CountByState(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("census %v, want %v", got, want)
+	}
+	for st, n := range want {
+		if got[st] != n {
+			t.Fatalf("census %v, want %v", got, want)
+		}
+	}
+}

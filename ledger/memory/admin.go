@@ -86,3 +86,22 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	}
 	return res, nil
 }
+
+var _ ledger.Census = (*Store)(nil)
+
+// CountByState implements ledger.Census.
+func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, ledger.TimedOut(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	counts := map[ledger.State]int{}
+	for _, rec := range s.records {
+		if v := rec.View(now); v != ledger.StateAbsent {
+			counts[v]++
+		}
+	}
+	return counts, nil
+}

@@ -18,3 +18,7 @@ func TestConformance(t *testing.T) {
 		Count: func(_ *testing.T, s ledger.Store, _ string) int { return s.(*memory.Store).Len() },
 	}.Run(t)
 }
+
+func TestCountsByState(t *testing.T) {
+	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store { return memory.New(memory.Config{Now: now}) })
+}
