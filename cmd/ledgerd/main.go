@@ -148,6 +148,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(gs, healthSrv)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "ready",
+		Help: "1 while ledgerd serves (its store takes writes), 0 while it reports NOT_SERVING."}, func() float64 {
+		res, err := healthSrv.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return 1
+		}
+		return 0
+	}))
 	if cfg.reflection {
 		reflection.Register(gs)
 	}

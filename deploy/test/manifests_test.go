@@ -44,6 +44,8 @@ func newObject(apiVersion, kind string) any {
 		return &batchv1.Job{}
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		return &monitoringv1.PrometheusRule{}
 	}
 	return nil
 }
@@ -77,7 +79,7 @@ func render(t *testing.T, dir string) map[string]any {
 func TestSingleRegion(t *testing.T) {
 	objs := render(t, "../kubernetes/overlays/single-region")
 	for _, want := range []string{"Deployment/ledgerd", "Service/ledgerd", "PodDisruptionBudget/ledgerd", "NetworkPolicy/ledgerd",
-		"ServiceMonitor/ledgerd", "Job/ledgerd-migrate", "ServiceAccount/ledgerd"} {
+		"ServiceMonitor/ledgerd", "PrometheusRule/ledgerd", "Job/ledgerd-migrate", "ServiceAccount/ledgerd"} {
 		if objs[want] == nil {
 			t.Errorf("the overlay lacks %s", want)
 		}
