@@ -152,7 +152,7 @@ type BeginResponse struct {
 // RETRY_TOO_LATE when FirstAttemptAt is older than the retention window and
 // no record is left, VALIDATION_FAILED, KEY_MISSING or KEY_INVALID for bad
 // input, and the store's UNAVAILABLE or CONTENTION.
-func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, error) {
+func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (resp BeginResponse, err error) {
 	p := ClaimParams{
 		Scope: req.Scope, Fingerprint: req.Fingerprint, Method: req.Method, Lease: req.Lease, Retention: req.Retention,
 		FirstAttemptAt: req.FirstAttemptAt, OnLeaseExpiry: req.OnLeaseExpiry, TombstoneRetention: l.cfg.DefaultTombstoneRetention,
@@ -163,6 +163,8 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (BeginResponse, er
 	if err := l.validateClaim(&p); err != nil {
 		return BeginResponse{}, err
 	}
+	ctx, span := storeSpan(ctx, "claim", p.Scope)
+	defer func() { endBegin(span, resp, err) }()
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	res, err := l.store.Claim(ctx, p)
@@ -268,9 +270,11 @@ func (l *Ledger) Complete(ctx context.Context, s Scope, token uint64, o *Outcome
 	if err := l.checkOutcome(o); err != nil {
 		return Record{}, err
 	}
+	ctx, span := storeSpan(ctx, "complete", s)
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	rec, err := l.store.Complete(ctx, CompleteParams{Scope: s, Token: token, Outcome: o})
+	endSpan(span, err)
 	if err == nil {
 		l.waiters.notify(s)
 	}
@@ -284,9 +288,11 @@ func (l *Ledger) Release(ctx context.Context, s Scope, token uint64) error {
 	if err := l.validateToken(s, token); err != nil {
 		return err
 	}
+	ctx, span := storeSpan(ctx, "release", s)
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	err := l.store.Release(ctx, ReleaseParams{Scope: s, Token: token})
+	endSpan(span, err)
 	if err == nil {
 		l.waiters.notify(s)
 	}
@@ -304,9 +310,12 @@ func (l *Ledger) Extend(ctx context.Context, s Scope, token uint64, lease time.D
 	if err != nil {
 		return Record{}, err
 	}
+	ctx, span := storeSpan(ctx, "extend", s)
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	return l.store.Extend(ctx, ExtendParams{Scope: s, Token: token, Lease: lease})
+	rec, err := l.store.Extend(ctx, ExtendParams{Scope: s, Token: token, Lease: lease})
+	endSpan(span, err)
+	return rec, err
 }
 
 // Resolve settles a record whose outcome nobody knows: an OUTCOME_UNKNOWN
@@ -325,9 +334,11 @@ func (l *Ledger) Resolve(ctx context.Context, s Scope, o *Outcome) (Record, erro
 			return Record{}, err
 		}
 	}
+	ctx, span := storeSpan(ctx, "resolve", s)
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	rec, err := l.store.Resolve(ctx, ResolveParams{Scope: s, Outcome: o})
+	endSpan(span, err)
 	if err == nil {
 		l.waiters.notify(s)
 	}

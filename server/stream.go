@@ -8,11 +8,19 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/streamcall"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -195,6 +203,19 @@ func callContext(ctx context.Context, req *ledgerv1.StreamRequest) (context.Cont
 // call.
 func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (res *ledgerv1.StreamResponse) {
 	res = &ledgerv1.StreamResponse{Id: req.GetId()}
+	// The call's span continues the trace the client sent with it.
+	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(req.GetTraceContext()))
+	ctx, span := tracer.Start(ctx, streamcall.Name(req), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("rpc.system", "grpc"), attribute.Bool("idemledger.stream", true)))
+	defer func() {
+		if e := res.GetError(); e != nil {
+			span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(e.GetCode())))
+			if c := codes.Code(e.GetCode()); c == codes.Internal || c == codes.Unavailable || c == codes.Unknown {
+				span.SetStatus(otelcodes.Error, e.GetMessage())
+			}
+		}
+		span.End()
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.ErrorContext(ctx, "stream call panicked", "panic", fmt.Sprint(p))
@@ -260,3 +281,7 @@ func (noTrailers) Method() string               { return ledgerv1.LedgerService_
 func (noTrailers) SetHeader(metadata.MD) error  { return nil }
 func (noTrailers) SendHeader(metadata.MD) error { return nil }
 func (noTrailers) SetTrailer(metadata.MD) error { return nil }
+
+// tracer makes the spans of the calls on a Stream (otelgrpc makes the
+// unary calls').
+var tracer = otel.Tracer("github.com/idemledger/idemledger/server")

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -81,6 +82,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	stopTracing, err := setupTracing(ctx, log)
+	if err != nil {
+		log.ErrorContext(ctx, "tracing", "error", err)
+		return 1
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(sctx)
+	}()
 	if err := serve(ctx, cfg, log); err != nil {
 		log.ErrorContext(ctx, "ledgerd stopped", "error", err)
 		return 1
@@ -105,6 +116,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
 	gs := grpc.NewServer(append(server.TransportOptions(),
+		grpc.StatsHandler(otelgrpc.NewServerHandler()),
 		grpc.Creds(creds),
 		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
@@ -459,9 +471,9 @@ func newLogger(cfg config, w io.Writer) (*slog.Logger, error) {
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.logFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(traceHandler{slog.NewTextHandler(w, opts)}), nil
 	}
-	return slog.New(slog.NewJSONHandler(w, opts)), nil
+	return slog.New(traceHandler{slog.NewJSONHandler(w, opts)}), nil
 }
 
 // slogAdapter lets the go-grpc-middleware logging interceptor write to slog.

@@ -33,7 +33,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -174,6 +181,16 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 // under a claim (or, for a call without a key whose policy makes the key
 // optional, unprotected). Its errors are *ledger.Error.
 func (g *Guard) Do(ctx context.Context, call Call, run RunFunc) (Result, error) {
+	// The call's span: the ledger's calls and the run go under it. It
+	// continues the caller's trace (the adapter's context carries it).
+	ctx, span := tracer.Start(ctx, "idemledger.guard "+call.Method, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("idemledger.method", call.Method)))
+	res, err := g.do(ctx, call, run)
+	endSpan(span, res, err)
+	return res, err
+}
+
+func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) {
 	if call.Key == "" {
 		if call.Policy.KeyOptional {
 			out, err := run(ctx)
@@ -329,4 +346,45 @@ func Transient(err error) bool {
 		return true
 	}
 	return false
+}
+
+// tracer makes the guard's spans. Without a tracer provider
+// (otel.SetTracerProvider) they cost nothing.
+var tracer = otel.Tracer("github.com/idemledger/idemledger/interceptors/guard")
+
+// endSpan ends a call's span with what became of it: replayed, ran,
+// released, unprotected, or the error's code.
+func endSpan(span trace.Span, res Result, err error) {
+	result := "ran"
+	switch {
+	case err != nil:
+		le := ledger.AsError(err)
+		result = strings.ToLower(le.Code.String())
+		if le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable {
+			span.SetStatus(otelcodes.Error, le.Code.String())
+		}
+	case !res.Protected:
+		result = "unprotected"
+	case res.Replayed:
+		result = "replayed"
+	case res.Outcome.Transient:
+		result = "released"
+	}
+	span.SetAttributes(attribute.String("idemledger.result", result))
+	span.End()
+}
+
+// Continue returns ctx carrying the caller's trace, extracted from carrier
+// (an HTTP request's headers, an MCP call's _meta, a gRPC call's
+// metadata), when ctx has no span yet: the adapters call it so that the
+// guard's span continues a trace the caller started.
+func Continue(ctx context.Context, carrier propagation.TextMapCarrier) context.Context {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx
+	}
+	p := otel.GetTextMapPropagator()
+	if len(p.Fields()) == 0 {
+		p = propagation.TraceContext{} // no propagator configured: W3C's
+	}
+	return p.Extract(ctx, carrier)
 }

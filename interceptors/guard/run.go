@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -60,6 +61,7 @@ func WithClaim(ctx context.Context, c Claim) context.Context {
 
 // run runs the call under claim c and records its outcome.
 func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Result, error) {
+	trace.SpanFromContext(ctx).SetAttributes(ledger.AttrAttempt.Int64(int64(c.Attempt)))
 	rctx, cancel := context.WithCancelCause(WithClaim(ctx, c))
 	defer cancel(nil)
 	stop := g.keepAlive(ctx, cancel, call.Policy, c)

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/dunglas/httpsfv"
+	"go.opentelemetry.io/otel/propagation"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
@@ -261,6 +262,7 @@ func (g *Guard) Mux(mux *http.ServeMux) http.Handler {
 
 // serve runs one request to a protected route under the guard.
 func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next http.Handler) {
+	r = r.WithContext(guard.Continue(r.Context(), propagation.HeaderCarrier(r.Header)))
 	method := MethodPrefix + r.Method + " " + rt.method
 	c := guard.Call{Method: method, Policy: rt.Policy}
 	key, err := requestKey(r)

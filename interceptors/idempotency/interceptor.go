@@ -119,6 +119,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if !ok {
 		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "the request is not a protobuf message"))
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	ctx = guard.Continue(ctx, metadataCarrier(md))
 	call := guard.Call{Method: info.FullMethod, Key: i.key(ctx, msg), Policy: m.policy}
 	if call.Key != "" {
 		tenant, err := i.opts.tenant(ctx, msg)
@@ -245,4 +247,24 @@ func toStatus(err error) *status.Status {
 		return st
 	}
 	return status.FromContextError(err)
+}
+
+// metadataCarrier reads a trace context from incoming gRPC metadata.
+type metadataCarrier metadata.MD
+
+func (m metadataCarrier) Get(key string) string {
+	if v := metadata.MD(m).Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (m metadataCarrier) Set(key, value string) { metadata.MD(m).Set(key, value) }
+
+func (m metadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,7 +14,10 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -151,13 +155,25 @@ func TestClientRetriesAreBounded(t *testing.T) {
 	if rt.calls.Load() != 3 {
 		t.Fatalf("%d sends, want 3", rt.calls.Load())
 	}
-	// A deadline shorter than the backoff ends the retries at once.
-	rt.calls.Store(0)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	// A deadline shorter than the server's hint ends the retries at once:
+	// the ledger is down, and UNAVAILABLE says to come back in a second.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := lis.Addr().String()
+	_ = lis.Close()
+	conn, err := grpc.NewClient(down, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	counting := &faulty{fault: func(int64) string { return "" }}
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	slow := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt,
-		mcpguard.ClientMiddleware(mcpguard.WithBackoff(time.Second, time.Second)))
-	if _, err := slow.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{}}); err == nil || rt.calls.Load() != 1 {
-		t.Fatalf("%v after %d sends; want one send and its error", err, rt.calls.Load())
+	hinted := serveHTTP(t, ts.newServer(newGuard(t, ledgerv1.NewLedgerServiceClient(conn))), counting, mcpguard.ClientMiddleware())
+	res, err := hinted.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{}, Meta: mcp.Meta{mcpguard.KeyMeta: "k"}})
+	if err != nil || !res.IsError || counting.calls.Load() != 1 {
+		t.Fatalf("%v, %v after %d sends; want the UNAVAILABLE result of one send", res, err, counting.calls.Load())
 	}
 }

@@ -233,6 +233,7 @@ func (g *Guard) Middleware() mcp.Middleware {
 
 // call runs one tools/call of a protected tool under the guard.
 func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next func(context.Context, *mcp.CallToolRequest) (mcp.Result, error)) (mcp.Result, error) {
+	ctx = guard.Continue(ctx, metaCarrier(req.Params.Meta))
 	method := MethodPrefix + req.Params.Name
 	c := guard.Call{Method: method, Policy: t.Policy}
 	key, err := callKey(t, req)
@@ -363,3 +364,22 @@ func ClaimFromMeta(meta mcp.Meta) (token uint64, attempt uint32, ok bool) {
 
 // oneLine is s on one line.
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// metaCarrier reads a trace context (traceparent, tracestate) from a
+// call's _meta.
+type metaCarrier mcp.Meta
+
+func (m metaCarrier) Get(key string) string {
+	s, _ := m[key].(string)
+	return s
+}
+
+func (m metaCarrier) Set(key, value string) { m[key] = value }
+
+func (m metaCarrier) Keys() []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemledger/idemledger/ledger"
@@ -259,6 +261,9 @@ type casRow struct {
 // its own statement, which is safe: a statement that did commit answers the
 // same again (a claim knows its nonce, a complete its token and outcome).
 func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
+	for _, c := range calls {
+		trace.SpanFromContext(c.ctx).SetAttributes(ledger.AttrBatchSize.Int(len(calls))) //nolint:contextcheck // each call's own span
+	}
 	if len(calls) == 1 {
 		s.runOne(ctx, calls[0])
 		return

@@ -32,6 +32,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -40,6 +47,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/streamcall"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -188,7 +196,17 @@ const notRunAttempts = 3
 // for its answer. A call that did not run because its stream was draining
 // or ended (the server answers every call it starts before it ends a
 // stream with OK) goes to a new stream.
-func (c *Client) call(ctx context.Context, req *ledgerv1.StreamRequest) (*ledgerv1.StreamResponse, error) {
+func (c *Client) call(ctx context.Context, req *ledgerv1.StreamRequest) (res *ledgerv1.StreamResponse, err error) {
+	// The call's span, and its trace context on the request: the server
+	// puts its own span, and the store's, under it.
+	ctx, span := tracer.Start(ctx, streamcall.Name(req), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("rpc.system", "grpc"), attribute.Bool("idemledger.stream", true)))
+	defer func() { endCallSpan(span, res, err) }()
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier) // the request's field is W3C trace context
+	if len(carrier) > 0 {
+		req.TraceContext = carrier
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -415,4 +433,20 @@ func (s *session) end(err error) {
 
 func unavailable(msg string) error {
 	return ledgerstatus.Err(&ledger.Error{Code: ledger.CodeUnavailable, Message: msg, RetryAfter: 100 * time.Millisecond})
+}
+
+// tracer makes the spans of the calls on a Stream.
+var tracer = otel.Tracer("github.com/idemledger/idemledger/ledger/ledgerclient")
+
+// endCallSpan ends a call's span with the code of its answer.
+func endCallSpan(span trace.Span, res *ledgerv1.StreamResponse, err error) {
+	if err == nil && res.GetError() != nil {
+		err = status.ErrorProto(&spb.Status{Code: res.GetError().GetCode(), Message: res.GetError().GetMessage()})
+	}
+	if err != nil {
+		st := status.Convert(err)
+		span.SetAttributes(attribute.Int("rpc.grpc.status_code", int(st.Code())))
+		span.SetStatus(otelcodes.Error, st.Message())
+	}
+	span.End()
 }

@@ -1,0 +1,56 @@
+package ledger
+
+import (
+	"context"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracer makes the spans of the store's calls. Without a tracer provider
+// (otel.SetTracerProvider) they cost nothing.
+var tracer = otel.Tracer("github.com/idemledger/idemledger/ledger")
+
+// Span attributes of a store call.
+const (
+	AttrDecision  = attribute.Key("idemledger.decision")
+	AttrAttempt   = attribute.Key("idemledger.attempt")
+	AttrBatchSize = attribute.Key("idemledger.batch_size")
+	AttrCode      = attribute.Key("idemledger.code")
+)
+
+// storeSpan starts the span of a store call ("idemledger.store claim").
+func storeSpan(ctx context.Context, op string, s Scope) (context.Context, trace.Span) {
+	return tracer.Start(ctx, "idemledger.store "+op, trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.String("idemledger.namespace", s.Namespace), attribute.String("idemledger.tenant", s.Tenant)))
+}
+
+// endSpan ends a store call's span, with its error's code.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		code := CodeOf(err)
+		span.SetAttributes(AttrCode.String(code.String()))
+		if code == CodeInternal || code == CodeUnavailable || code == CodeUpstreamTimeout || code == CodeContention {
+			span.SetStatus(otelcodes.Error, code.String())
+		}
+	}
+	span.End()
+}
+
+// endBegin ends Begin's span with its decision and attempt.
+func endBegin(span trace.Span, res BeginResponse, err error) {
+	switch {
+	case res.Claim != nil && res.Claim.Attempt > 1:
+		span.SetAttributes(AttrDecision.String("taken_over"), AttrAttempt.Int64(int64(res.Claim.Attempt)))
+	case res.Claim != nil:
+		span.SetAttributes(AttrDecision.String("claimed"), AttrAttempt.Int64(int64(res.Claim.Attempt)))
+	case res.Replay != nil:
+		span.SetAttributes(AttrDecision.String("replayed"), AttrAttempt.Int64(int64(res.Replay.Attempt)))
+	case err != nil:
+		span.SetAttributes(AttrDecision.String(strings.ToLower(CodeOf(err).String())))
+	}
+	endSpan(span, err)
+}
