@@ -4,8 +4,9 @@
 // Every transition is one bbolt read-write transaction, committed with an
 // fsync before the call returns, so an acknowledged claim or outcome
 // survives a crash of the process or the machine. Concurrent transitions go
-// through DB.Batch, which commits up to Config.MaxBatchSize of them in one
-// transaction and one fsync. The file is locked while open: a second
+// through a group commit, which commits up to Config.MaxBatchSize of them in one
+// transaction and one fsync, without a timer: a lone transition commits at
+// once, and those that arrive during a commit share the next one. The file is locked while open: a second
 // process that opens it waits Config.OpenTimeout and then fails.
 //
 // One file serves one ledgerd: it is the store for a single machine. Run
@@ -46,8 +47,10 @@ type Config struct {
 	// store noticed (with Now nil), with its size; ledgerd logs and counts
 	// them. It must not block.
 	OnClockStep func(time.Duration)
-	// MaxBatchDelay is how long a transition waits for others to share its
-	// transaction and fsync: 1 ms. A lone caller pays it once per call.
+	// MaxBatchDelay is ignored: transitions share a transaction by
+	// arriving while one commits, without waiting for company.
+	//
+	// Deprecated: the group commit has no timer.
 	MaxBatchDelay time.Duration
 	// MaxBatchSize caps the transitions of one transaction: 256.
 	MaxBatchSize int
@@ -83,6 +86,7 @@ func (c Config) withDefaults() Config {
 // one process.
 type Store struct {
 	db      *bbolt.DB
+	commits *committer
 	cfg     Config
 	clock   *monoClock // nil when Config.Now is set
 	id      string
@@ -145,7 +149,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, id: id, created: created}
+	s := &Store{db: db, commits: &committer{db: db, maxSize: cfg.MaxBatchSize}, cfg: cfg, id: id, created: created}
 	if cfg.Now == nil {
 		s.clock = newMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
@@ -335,7 +339,7 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 	key := scopeKey(scope)
 	var ruleErr error
 	err := waitFor(ctx, func() error {
-		return s.db.Batch(func(tx *bbolt.Tx) error {
+		return s.commits.do(func(tx *bbolt.Tx) error {
 			cur, err := get(tx, scope, key)
 			if err != nil {
 				return err
