@@ -33,12 +33,13 @@ npm: ## Install the npm packages of the TypeScript interoperability tests (npm c
 test-short: ## Run the tests that need no PostgreSQL and no module proxy.
 	go test -race -short $(PKGS)
 
-lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module, go vet, buf lint.
+lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module, go vet, buf lint, no file over 512 KiB in git.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/\|/gen/\|^internal/testpb/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@set -e; for m in $(MODULES) tools/buf tools/lint; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
 	go vet $(PKGS)
 	@set -e; for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(CURDIR)/$(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...); done
 	$(BUF) lint
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 524288 {print $$2}'); if [ -n "$$big" ]; then echo "files over 512 KiB in git (a binary?):"; echo "$$big"; exit 1; fi
 
 breaking: buf ## Check proto/ for breaking changes against BASE (default: the previous commit).
 	$(BUF) breaking proto --against '.git#ref=$(or $(BASE),HEAD~1),subdir=proto'
