@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -193,9 +194,11 @@ func exportedMetrics(t *testing.T) map[string]string {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	addrs := make(chan [2]string, 1)
+	var logged lines
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			logged.add(sc.Text())
 			var line struct{ Msg, GRPC, Admin string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
 				addrs <- [2]string{line.GRPC, line.Admin}
@@ -229,15 +232,17 @@ func exportedMetrics(t *testing.T) map[string]string {
 	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // a census
-	hres, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hres.Body.Close()
-	body, err := io.ReadAll(hres.Body)
-	if err != nil {
-		t.Fatal(err)
+	// The census runs as soon as the store is open and every 100ms after;
+	// on a loaded machine the first may take a while.
+	var body []byte
+	for {
+		if body, err = scrape("http://" + admin + "/metrics"); err != nil {
+			t.Fatal(err)
+		}
+		if regexp.MustCompile(`(?m)^idemledger_records\{`).Match(body) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	exported = map[string]string{}
 	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+) (\S+)$`).FindAllStringSubmatch(string(body), -1) {
@@ -245,8 +250,39 @@ func exportedMetrics(t *testing.T) map[string]string {
 	}
 	for _, want := range []string{"idemledger_decisions_total", "idemledger_store_seconds", "idemledger_records", "idemledger_sql_batches_total"} {
 		if _, ok := exported[want]; !ok {
-			t.Fatalf("ledgerd does not export %s:\n%s", want, body)
+			t.Fatalf("ledgerd does not export %s:\n%s\nledgerd's log:\n%s", want, body, logged.String())
 		}
 	}
+	if strings.Contains(logged.String(), "census failed") {
+		t.Fatalf("the census failed on PostgreSQL:\n%s", logged.String())
+	}
 	return exported
+}
+
+func scrape(url string) ([]byte, error) {
+	res, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	return io.ReadAll(res.Body)
+}
+
+// lines is a log kept for a failure message.
+type lines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lines) add(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+	l.b.WriteByte('\n')
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
