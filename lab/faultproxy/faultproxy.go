@@ -20,6 +20,7 @@ type Proxy struct {
 	target string
 
 	latency atomic.Int64  // the most added per chunk, in ns; 0: none
+	delay   atomic.Int64  // a fixed delay of each chunk after it arrived, in ns: half a round trip
 	cut     atomic.Uint64 // probability ×2^32 that a response chunk resets the connection
 
 	mu    sync.Mutex
@@ -53,6 +54,10 @@ func (p *Proxy) Addr() string { return p.lis.Addr().String() }
 // SetLatency delays each chunk, in each direction, by a uniform random time
 // up to limit; 0 turns it off.
 func (p *Proxy) SetLatency(limit time.Duration) { p.latency.Store(int64(limit)) }
+
+// SetDelay holds each chunk, in each direction, d after it arrived: a link
+// whose round trip is 2d, such as a database a region away.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // SetCutResponses makes each chunk from the target reset the connection
 // instead of reaching the client, with probability prob: the server did
@@ -109,6 +114,11 @@ func (p *Proxy) accept() {
 // pipe copies src to dst chunk by chunk, delaying and cutting as set.
 func (p *Proxy) pipe(l *link, src, dst net.Conn, response bool) {
 	defer p.close(l)
+	if d := time.Duration(p.delay.Load()); d > 0 {
+		var stop func()
+		src, stop = delayed(src, d)
+		defer stop()
+	}
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -169,4 +179,59 @@ func abort(c net.Conn) {
 		_ = tc.SetLinger(0)
 	}
 	_ = c.Close()
+}
+
+// delayed is src with each chunk readable d after it arrived. The chunks
+// travel on a conveyor: one that arrives while another is still on its
+// way is not held up by it, as on a long link.
+func delayed(src net.Conn, d time.Duration) (_ net.Conn, stop func()) {
+	type chunk struct {
+		b       []byte
+		err     error
+		arrived time.Time
+	}
+	conveyor, gone := make(chan chunk, 1024), make(chan struct{})
+	go func() {
+		defer close(conveyor)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			select {
+			case conveyor <- chunk{b[:n], err, time.Now()}:
+			case <-gone:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return &delayedConn{Conn: src, read: func() ([]byte, error) {
+		c, ok := <-conveyor
+		if !ok {
+			return nil, io.EOF
+		}
+		time.Sleep(time.Until(c.arrived.Add(d)))
+		return c.b, c.err
+	}}, func() { close(gone) }
+}
+
+// delayedConn reads from a conveyor; the rest is the connection's.
+type delayedConn struct {
+	net.Conn
+	read func() ([]byte, error)
+	rest []byte
+	err  error
+}
+
+func (c *delayedConn) Read(b []byte) (int, error) {
+	for len(c.rest) == 0 && c.err == nil {
+		c.rest, c.err = c.read()
+	}
+	n := copy(b, c.rest)
+	c.rest = c.rest[n:]
+	if len(c.rest) > 0 {
+		return n, nil
+	}
+	return n, c.err
 }

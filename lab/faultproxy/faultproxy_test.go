@@ -125,3 +125,43 @@ func TestResetAllAndLatency(t *testing.T) {
 		t.Fatal("a reset connection still answers")
 	}
 }
+
+// TestDelay: each chunk reaches the other side the delay after it was
+// sent, each way, and chunks sent close together stay close together:
+// the link is long, not slow.
+func TestDelay(t *testing.T) {
+	addr, _ := echo(t)
+	p := proxy(t, addr)
+	const d = 50 * time.Millisecond
+	p.SetDelay(d)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := roundTrip(c, "a\n"); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := time.Since(start); rtt < 2*d {
+		t.Fatalf("a round trip took %v, want at least %v", rtt, 2*d)
+	}
+	if _, err := c.Write([]byte("b\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := c.Write([]byte("c\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	var at [2]time.Time
+	for i := range at {
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		at[i] = time.Now()
+	}
+	if gap := at[1].Sub(at[0]); gap > d*7/10 {
+		t.Fatalf("two lines sent 5ms apart came back %v apart: the second waited for the first", gap)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -41,6 +42,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/lab/bench"
+	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/crdb"
@@ -55,7 +57,7 @@ type config struct {
 	dbCPUs                                                         string
 	clients                                                        []int
 	apis                                                           []string
-	duration                                                       time.Duration
+	duration, dbRTT                                                time.Duration
 	pool, batchInFlight, rounds, ledgerdProcs                      int
 	interceptor, durable                                           bool
 	batching                                                       string
@@ -85,6 +87,7 @@ func main() {
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
 	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
+	flag.DurationVar(&cfg.dbRTT, "db-rtt", 0, "put the postgres store's database behind a proxy that adds this round trip (half each way): a database a region away; 0: none")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
@@ -360,10 +363,14 @@ func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, repl
 // database given by -database-url the command knows nothing, and says
 // nothing.
 func (cfg config) dbTag() string {
-	if cfg.durable || cfg.databaseURL != "" {
-		return ""
+	tag := ""
+	if !cfg.durable && cfg.databaseURL == "" {
+		tag = " fsync=off"
 	}
-	return " fsync=off"
+	if cfg.dbRTT > 0 {
+		tag += " rtt=" + cfg.dbRTT.String()
+	}
+	return tag
 }
 
 // openStore opens a store in process; for postgres it also returns a pool
@@ -400,6 +407,15 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 					return nil, nil, nil, err
 				}
 			}
+		}
+		if cfg.dbRTT > 0 {
+			far, err := farURL(url, cfg.dbRTT)
+			if err != nil {
+				stop()
+				return nil, nil, nil, err
+			}
+			stopDB := stop
+			url, stop = far.url, func() { _ = far.proxy.Close(); stopDB() }
 		}
 		sep := "?"
 		if strings.Contains(url, "?") {
@@ -515,4 +531,26 @@ func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledg
 		}
 	}
 	return nil
+}
+
+// far is a database reached through a proxy that delays it.
+type far struct {
+	url   string
+	proxy *faultproxy.Proxy
+}
+
+// farURL is url through a proxy that adds rtt of round trip to every
+// exchange with the database.
+func farURL(raw string, rtt time.Duration) (far, error) {
+	u, err := neturl.Parse(raw)
+	if err != nil {
+		return far{}, err
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		return far{}, err
+	}
+	p.SetDelay(rtt / 2)
+	u.Host = p.Addr()
+	return far{url: u.String(), proxy: p}, nil
 }
