@@ -331,6 +331,8 @@ func (s *Store) completeOne(ctx context.Context, p ledger.CompleteParams, outcom
 // update happened, or the same Complete was repeated, or the token lost.
 func completeAnswer(r row, updated bool, p ledger.CompleteParams) (ledger.Record, error) {
 	if updated {
+		// The statement left the outcome out: it is the one sent.
+		r.rec.Outcome = p.Outcome
 		return r.rec, nil
 	}
 	if r.rec.Token == p.Token && r.rec.View(r.now) == ledger.StateCompleted {

@@ -104,13 +104,16 @@ const takeover = `(r.state = 1 AND r.on_lease_expiry = 0 AND r.expires_at > excl
 // (holdsAt): it applies set, and otherwise returns the row as it is, with
 // the clock and whether it updated, so the caller can tell a repeated call
 // from a fenced one in the same round trip.
-func casSQL(set string) string {
+func casSQL(set string) string { return casReturning(set, prefixed("r")) }
+
+// casReturning is casSQL whose update returns the columns returning.
+func casReturning(set, returning string) string {
 	return `
 WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS now),
 upd AS (
 	UPDATE idempotency_records AS r SET ` + set + `
 	WHERE ` + scope + ` AND token = $5 AND ` + holdsAt("r", "(SELECT now FROM v)") + `
-	RETURNING ` + columns + `
+	RETURNING ` + returning + `
 )
 SELECT ` + columns + `, (SELECT now FROM v), true FROM upd
 UNION ALL
@@ -120,7 +123,9 @@ WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM upd)`
 
 var (
 	// completeSQL stores the outcome ($6). It touches no indexed column.
-	completeSQL = casSQL(`state = 2, completed_at = (SELECT now FROM v), outcome = $6`)
+	// When it applies it returns the row without its outcome, which the
+	// caller sent (completedColumns).
+	completeSQL = casReturning(`state = 2, completed_at = (SELECT now FROM v), outcome = $6`, completedColumns("r"))
 	// releaseSQL turns the row into a tombstone that reads as absent.
 	releaseSQL = casSQL(`state = 3`)
 	// extendSQL renews the lease of token $5 to now + $6 microseconds, and
