@@ -508,7 +508,7 @@ func TestPostgreSQLStore(t *testing.T) {
 	if got := calls() - before; got < 2 {
 		t.Errorf("batched calls grew by %v, want at least 2", got)
 	}
-	for _, want := range []string{"idemledger_sql_batches_total ", "idemledger_sql_batch_busy_seconds_total "} {
+	for _, want := range []string{"idemledger_sql_batches_total ", "idemledger_sql_batch_busy_seconds_total ", "idemledger_sql_batch_limit ", "idemledger_sql_round_trip_seconds "} {
 		if !strings.Contains(p.metrics(t), want) {
 			t.Errorf("metrics lack %s", want)
 		}

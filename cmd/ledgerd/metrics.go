@@ -44,13 +44,21 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemledger", Subsystem: "sql", Name: name, Help: help},
 			func() float64 { return value(l.batchStats()) })
 	}
+	gauge := func(name, help string, value func(crdb.BatchStats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Subsystem: "sql", Name: name, Help: help},
+			func() float64 { return value(l.batchStats()) })
+	}
 	return []prometheus.Collector{
 		counter("batches_total", "Batches of Begins and Completes sent to the database, lone calls' included.",
 			func(b crdb.BatchStats) float64 { return float64(b.Batches) }),
 		counter("batched_calls_total", "Calls the batches carried: over batches_total, the mean batch size.",
 			func(b crdb.BatchStats) float64 { return float64(b.Calls) }),
-		counter("batch_busy_seconds_total", "Time spent running batches: its rate is the share of time a batch is in flight.",
+		counter("batch_busy_seconds_total", "Time spent running batches: its rate is the mean number of batches in flight.",
 			func(b crdb.BatchStats) float64 { return b.Busy.Seconds() }),
+		gauge("batch_limit", "Batches allowed in flight at once, set from the round trip to the database unless fixed.",
+			func(b crdb.BatchStats) float64 { return float64(b.Limit) }),
+		gauge("round_trip_seconds", "Round trip to the database, the least of the last minute's pings, that batch_limit is set from.",
+			func(b crdb.BatchStats) float64 { return b.RoundTrip.Seconds() }),
 	}
 }
 

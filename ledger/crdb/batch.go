@@ -54,10 +54,11 @@ type result[R any] struct {
 	err error
 }
 
-// batcher runs batches of calls with at most maxInFlight at once. It keeps
-// no goroutine when idle.
+// batcher runs batches of calls with at most maxInFlight at once, or as
+// many as tune allows when it is set. It keeps no goroutine when idle.
 type batcher[P any, R any] struct {
 	max, maxInFlight int
+	tune             *inFlight
 	run              func(ctx context.Context, calls []*call[P, R])
 
 	mu       sync.Mutex
@@ -69,13 +70,20 @@ type batcher[P any, R any] struct {
 }
 
 // BatchStats are the batcher's counters since the Store opened, for
-// metrics: Calls/Batches is the mean batch size, and the rate of Busy over
-// Config.BatchInFlight is how busy the batches keep the database's round
-// trips.
+// metrics: Calls/Batches is the mean batch size, and the rate of Busy is
+// the mean number of batches in flight; over Limit, how busy the batches
+// keep the database's round trips.
 type BatchStats struct {
 	Batches uint64        // batches run, lone calls' included
 	Calls   uint64        // calls they carried
 	Busy    time.Duration // time spent running them, summed over batches
+	// Limit is the batches allowed in flight at once now:
+	// Config.BatchInFlight, or as set from RoundTrip and BatchTime.
+	Limit int
+	// RoundTrip is the round trip to the database the limit is set from,
+	// and BatchTime the recent batches' median time; zero with a fixed
+	// Config.BatchInFlight.
+	RoundTrip, BatchTime time.Duration
 }
 
 // BatchStats returns the batcher's counters; zero without Config.Batching.
@@ -83,7 +91,19 @@ func (s *Store) BatchStats() BatchStats {
 	if s.ops == nil {
 		return BatchStats{}
 	}
-	return BatchStats{Batches: s.ops.batches.Load(), Calls: s.ops.calls.Load(), Busy: time.Duration(s.ops.busy.Load())}
+	st := BatchStats{Batches: s.ops.batches.Load(), Calls: s.ops.calls.Load(), Busy: time.Duration(s.ops.busy.Load()), Limit: s.ops.limit()}
+	if s.ops.tune != nil {
+		st.RoundTrip, st.BatchTime = s.ops.tune.roundTrip()
+	}
+	return st
+}
+
+// limit is the batches allowed in flight at once now.
+func (b *batcher[P, R]) limit() int {
+	if b.tune != nil {
+		return b.tune.limit()
+	}
+	return b.maxInFlight
 }
 
 // do submits p and waits for its answer.
@@ -92,7 +112,7 @@ func (b *batcher[P, R]) do(ctx context.Context, key string, p P) (R, error) {
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
 	var batch []*call[P, R]
-	if b.inFlight < b.maxInFlight {
+	if b.inFlight < b.limit() {
 		// take may find nothing to run (every pending caller gone, this
 		// one included): then no batch starts and none is counted.
 		if batch = b.take(); batch != nil {
@@ -117,7 +137,11 @@ func (b *batcher[P, R]) execute(ctx context.Context, batch []*call[P, R]) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
 	start := time.Now()
 	b.run(bctx, batch)
-	b.busy.Add(int64(time.Since(start)))
+	took := time.Since(start)
+	b.busy.Add(int64(took))
+	if b.tune != nil {
+		b.tune.observe(took)
+	}
 	b.batches.Add(1)
 	b.calls.Add(uint64(len(batch)))
 	cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,8 +330,10 @@ func TestBatchStats(t *testing.T) {
 	if _, err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.BatchStats(); got != (BatchStats{}) {
-		t.Fatalf("BatchStats of a new store = %+v, want zero", got)
+	// A new store has run nothing, allows one batch, and has pinged the
+	// database once.
+	if got := s.BatchStats(); got.Batches != 0 || got.Calls != 0 || got.Busy != 0 || got.Limit != 1 || got.RoundTrip <= 0 || got.BatchTime != 0 {
+		t.Fatalf("BatchStats of a new store = %+v, want no batch, a limit of 1 and a round trip", got)
 	}
 	if _, err := s.Claim(ctx, testClaim("held")); err != nil {
 		t.Fatal(err)
@@ -398,5 +401,59 @@ func TestBatchStats(t *testing.T) {
 	}
 	if got := off.BatchStats(); got != (BatchStats{}) {
 		t.Fatalf("BatchStats without batching = %+v, want zero", got)
+	}
+}
+
+// TestLargeOutcomesRunAlone: a Complete whose outcome is over
+// MaxBatchedOutcome runs its own statement, beside the batches, and a
+// small one goes through a batch; both store their outcome, and a
+// Complete that applied answers with the outcome it sent.
+func TestLargeOutcomesRunAlone(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, crdbtest.NewDatabase(t), Config{Batching: true, MaxBatchedOutcome: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key     string
+		size    int
+		batched bool
+	}{
+		{"small", 100, true},
+		{"at-limit", 1<<10 - 64, true},
+		{"large", 64 << 10, false},
+	} {
+		claim, err := s.Claim(ctx, testClaim(tc.key))
+		if err != nil || !claim.Claimed {
+			t.Fatalf("%s: claim %+v, %v", tc.key, claim, err)
+		}
+		out := ledgertest.Response(strings.Repeat("x", tc.size))
+		if b := mustMarshal(t, out); (len(b) <= 1<<10) != tc.batched {
+			t.Fatalf("%s: %d encoded bytes, on the wrong side of the limit", tc.key, len(b))
+		}
+		before := s.BatchStats().Calls
+		rec, err := s.Complete(ctx, ledger.CompleteParams{Scope: testScope(tc.key), Token: claim.Record.Token, Outcome: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if batched := s.BatchStats().Calls > before; batched != tc.batched {
+			t.Errorf("%s: went through a batch: %t, want %t", tc.key, batched, tc.batched)
+		}
+		if rec.State != ledger.StateCompleted || !rec.Outcome.Equal(out) {
+			t.Errorf("%s: Complete answered %v with another outcome", tc.key, rec.State)
+		}
+		got, err := s.Get(ctx, testScope(tc.key))
+		if err != nil || !got.Outcome.Equal(out) {
+			t.Fatalf("%s: stored outcome differs (%v)", tc.key, err)
+		}
+		// The same Complete again is answered from the stored row.
+		again, err := s.Complete(ctx, ledger.CompleteParams{Scope: testScope(tc.key), Token: claim.Record.Token, Outcome: out})
+		if err != nil || !again.Outcome.Equal(out) {
+			t.Fatalf("%s: repeated Complete: %v", tc.key, err)
+		}
 	}
 }
