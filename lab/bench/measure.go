@@ -45,10 +45,13 @@ type Result struct {
 	FirstError string  `json:"first_error,omitempty"`
 
 	// On a batching SQL store, over the point's run (its warm-up
-	// included): the mean calls per batch, and the share of the time a
-	// batch was in flight.
+	// included): the mean calls per batch, and the mean number of batches
+	// in flight.
 	BatchCalls float64 `json:"batch_calls,omitempty"`
 	BatchBusy  float64 `json:"batch_busy,omitempty"`
+	// The round trip to the database the store measured last, when it
+	// sets its batches in flight from it.
+	RoundTripMs float64 `json:"round_trip_ms,omitempty"`
 }
 
 // Subject is one thing Interleave measures: a target and its operation.
@@ -96,6 +99,7 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 				ms[i].calls += after.Calls - before.Calls
 				ms[i].busy += after.Busy - before.Busy
 				ms[i].batchTime += time.Since(start)
+				ms[i].roundTrip = after.RoundTrip
 			}
 		}
 	}
@@ -115,6 +119,7 @@ type meter struct {
 	cpu, other      time.Duration
 	batches, calls  uint64
 	busy, batchTime time.Duration // batchTime: the turns' time, warm-ups included
+	roundTrip       time.Duration
 }
 
 // turn measures op for d.
@@ -145,6 +150,7 @@ func (m *meter) result(target, workload string, clients int) Result {
 	if m.batches > 0 {
 		r.BatchCalls = float64(m.calls) / float64(m.batches)
 		r.BatchBusy = m.busy.Seconds() / m.batchTime.Seconds()
+		r.RoundTripMs = ms(m.roundTrip)
 	}
 	return r
 }
@@ -238,6 +244,33 @@ func Markdown(rs []Result) string {
 	for _, r := range rs {
 		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f | %d |\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.Errors)
+	}
+	return b.String()
+}
+
+// Ratios is a table of each target whose name starts with prefix over the
+// target named base, at each point both measured: empty when base was
+// not measured.
+func Ratios(rs []Result, prefix, base string) string {
+	type point struct {
+		workload string
+		clients  int
+	}
+	bases := map[point]float64{}
+	for _, r := range rs {
+		if r.Target == base && r.PerSecond > 0 {
+			bases[point{r.Workload, r.Clients}] = r.PerSecond
+		}
+	}
+	if len(bases) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n| target | workload | clients | ÷ %s |\n|---|---|---:|---:|\n", base)
+	for _, r := range rs {
+		if d, ok := bases[point{r.Workload, r.Clients}]; ok && strings.HasPrefix(r.Target, prefix) {
+			fmt.Fprintf(&b, "| %s | %s | %d | %.2f |\n", r.Target, r.Workload, r.Clients, r.PerSecond/d)
+		}
 	}
 	return b.String()
 }

@@ -20,12 +20,48 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
-// The work every target does: a fixed method, fingerprint and outcome.
+// The work every target does: a fixed method and fingerprint.
 var (
 	method      = "/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice"
 	fingerprint = ledgertest.Fingerprint("create invoice 42 EUR")
-	response    = &anypb.Any{TypeUrl: "type.googleapis.com/idemledger.examples.invoice.v1.CreateInvoiceResponse", Value: bytes.Repeat([]byte{0x2a}, 80)}
 )
+
+// DefaultOutcomeSize is the size of the response a pair stores unless
+// told otherwise: an invoice's.
+const DefaultOutcomeSize = 80
+
+// Outcome is what a fresh pair stores: a response of a given size, as a
+// ledger call carries it and as the store keeps it.
+type Outcome struct {
+	msg    *ledgerv1.Outcome
+	stored []byte // ledger.Outcome.MarshalBinary
+}
+
+// NewOutcome is an outcome whose response is size bytes.
+func NewOutcome(size int) (*Outcome, error) {
+	resp := &anypb.Any{TypeUrl: "type.googleapis.com/idemledger.examples.invoice.v1.CreateInvoiceResponse", Value: bytes.Repeat([]byte{0x2a}, size)}
+	b, err := (&ledger.Outcome{Response: resp}).MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	return &Outcome{msg: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: resp}}, stored: b}, nil
+}
+
+var defaultOutcome = func() *Outcome {
+	o, err := NewOutcome(DefaultOutcomeSize)
+	if err != nil {
+		panic(err)
+	}
+	return o
+}()
+
+// or is o, or the default outcome when o is nil.
+func (o *Outcome) or() *Outcome {
+	if o == nil {
+		return defaultOutcome
+	}
+	return o
+}
 
 // ReplayKeys is how many completed keys the replay workload cycles over.
 const ReplayKeys = 1000
@@ -38,11 +74,13 @@ type Ledger struct {
 	Client ledgerv1.LedgerServiceClient
 	Tenant string
 	Prefix string // keeps keys of different measurements apart
+	// Outcome is what Fresh completes with; nil: DefaultOutcomeSize.
+	Outcome *Outcome
 }
 
 // Fresh claims a key nobody used and completes it.
 func (l *Ledger) Fresh() Op {
-	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: response}}
+	out := l.Outcome.or().msg
 	return func(ctx context.Context, c int, n int64) error {
 		key := fmt.Sprintf("%s-f-%d-%d", l.Prefix, c, n)
 		res, err := l.Client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: l.Tenant, Key: key, Fingerprint: fingerprint, Method: method})
@@ -100,17 +138,10 @@ func (l *Ledger) Hot() Op {
 // SQL is the same work as Ledger, as the store's statements sent straight
 // through pgx (crdb.Statements), retried on serialization failures.
 type SQL struct {
-	Pool   *pgxpool.Pool
-	Prefix string
+	Pool    *pgxpool.Pool
+	Prefix  string
+	Outcome *Outcome // nil: DefaultOutcomeSize
 }
-
-var outcomeBytes = func() []byte {
-	b, err := (&ledger.Outcome{Response: response}).MarshalBinary()
-	if err != nil {
-		panic(err)
-	}
-	return b
-}()
 
 // claim runs the claim statement and says whether the claim is ours, with
 // its token.
@@ -150,6 +181,7 @@ func (s *SQL) cas(ctx context.Context, sql string, args ...any) error {
 
 // Fresh claims a fresh key and completes it: two statements.
 func (s *SQL) Fresh() Op {
+	stored := s.Outcome.or().stored
 	return func(ctx context.Context, c int, n int64) error {
 		key := fmt.Sprintf("%s-f-%d-%d", s.Prefix, c, n)
 		token, ours, err := s.claim(ctx, key)
@@ -159,7 +191,7 @@ func (s *SQL) Fresh() Op {
 		if !ours {
 			return errors.New("bench: not claimed")
 		}
-		return s.cas(ctx, crdb.Statements.Complete, nil, "bench", "sql", key, token, outcomeBytes)
+		return s.cas(ctx, crdb.Statements.Complete, nil, "bench", "sql", key, token, stored)
 	}
 }
 

@@ -19,12 +19,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
 	"net"
 	neturl "net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"runtime/pprof"
 	"slices"
@@ -33,6 +35,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -58,8 +61,9 @@ type config struct {
 	clients                                                        []int
 	apis                                                           []string
 	duration, dbRTT                                                time.Duration
-	pool, batchInFlight, rounds, ledgerdProcs                      int
-	interceptor, durable                                           bool
+	pool, rounds, ledgerdProcs, outcomeSize, maxBatchedOutcome     int
+	batchInFlight                                                  []int
+	interceptor, durable, redis                                    bool
 	batching                                                       string
 }
 
@@ -88,11 +92,14 @@ func main() {
 	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
 	flag.DurationVar(&cfg.dbRTT, "db-rtt", 0, "put the postgres store's database behind a proxy that adds this round trip (half each way): a database a region away; 0: none")
+	flag.IntVar(&cfg.outcomeSize, "outcome-size", bench.DefaultOutcomeSize, "bytes of the response each fresh pair stores, for every target")
+	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
+	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
 	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
-	flag.IntVar(&cfg.batchInFlight, "batch-inflight", 0, "batches in flight at once; 0 is the store's default")
+	inFlight := flag.String("batch-inflight", "0", "batches in flight at once, a list: each is a batching variant, measured in turns with the others; 0 is the store's default (set from the round trip)")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -105,6 +112,14 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.clients = append(cfg.clients, n)
+	}
+	for _, c := range strings.Split(*inFlight, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 0 {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -batch-inflight %q\n", *inFlight)
+			os.Exit(2)
+		}
+		cfg.batchInFlight = append(cfg.batchInFlight, n)
 	}
 	for _, a := range strings.Split(apis, ",") {
 		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
@@ -158,12 +173,22 @@ func run(ctx context.Context, cfg config) error {
 		results = append(results, r)
 		batches := ""
 		if r.BatchCalls > 0 {
-			batches = fmt.Sprintf("  batches of %.1f calls, in flight %.0f%% ", r.BatchCalls, 100*r.BatchBusy)
+			batches = fmt.Sprintf("  batches of %.1f calls, %.1f in flight", r.BatchCalls, r.BatchBusy)
+			if r.RoundTripMs > 0 {
+				batches += fmt.Sprintf(", round trip %.2f ms", r.RoundTripMs)
+			}
 		}
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op%s  errors %d %s\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	if cfg.outcomeSize <= 0 {
+		cfg.outcomeSize = bench.DefaultOutcomeSize
+	}
+	out, err := bench.NewOutcome(cfg.outcomeSize)
+	if err != nil {
+		return err
+	}
 	// sweep measures the targets' workloads, each point (workload and
 	// clients) with the targets in turns (bench.Interleave).
 	sweep := func(targets ...target) {
@@ -179,7 +204,6 @@ func run(ctx context.Context, cfg config) error {
 					continue
 				}
 				for _, r := range bench.Interleave(ctx, w, c, cfg.duration, cfg.rounds, subjects...) {
-					r.BatchBusy /= float64(max(cfg.batchInFlight, 1))
 					emit(r)
 				}
 			}
@@ -189,7 +213,7 @@ func run(ctx context.Context, cfg config) error {
 	// ledger's first point starts on an empty table, as a new ledger does.
 	replays := slices.Contains(strings.Split(cfg.workloads, ","), "replay")
 	ledgerWork := func(client ledgerv1.LedgerServiceClient, tag string) (map[string]bench.Op, error) {
-		l := &bench.Ledger{Client: client, Tenant: "acme", Prefix: prefix + tag}
+		l := &bench.Ledger{Client: client, Tenant: "acme", Prefix: prefix + tag, Outcome: out}
 		if replays {
 			if err := l.PrepareReplays(ctx); err != nil {
 				return nil, fmt.Errorf("prepare replays: %w", err)
@@ -229,12 +253,17 @@ func run(ctx context.Context, cfg config) error {
 		// With the database too, direct SQL on it runs in turns with the
 		// running ledgerd.
 		if cfg.databaseURL != "" {
-			_, closeStore, pool, err := openStore(ctx, cfg, "postgres", false)
+			db, err := openDB(cfg, "postgres")
+			if err != nil {
+				return err
+			}
+			defer db.stop()
+			_, closeStore, pool, err := openStore(ctx, cfg, "postgres", db, variant{})
 			if err != nil {
 				return err
 			}
 			defer closeStore()
-			sql, err := sqlTarget(ctx, pool, prefix, "", replays)
+			sql, err := sqlTarget(ctx, pool, prefix, "", replays, out)
 			if err != nil {
 				return err
 			}
@@ -249,23 +278,37 @@ func run(ctx context.Context, cfg config) error {
 		stores = append(stores, strings.TrimSpace(s))
 	}
 	for _, name := range stores {
-		variants := []bool{false}
+		// The variants of a store run in turns, on one database.
+		variants := []variant{{}}
 		if name == "postgres" {
-			switch cfg.batching {
-			case "both":
-				variants = []bool{false, true}
-			case "only":
-				variants = []bool{true}
+			variants = nil
+			if cfg.batching != "only" {
+				variants = append(variants, variant{})
+			}
+			if cfg.batching != "off" {
+				for _, n := range cfg.batchInFlight {
+					variants = append(variants, variant{batching: true, inFlight: n})
+				}
 			}
 		}
-		for _, batching := range variants {
-			st, closeStore, pool, err := openStore(ctx, cfg, name, batching)
+		db, err := openDB(cfg, name)
+		if err != nil {
+			return err
+		}
+		var targets []target
+		var closers []func()
+		ledgers := map[string]ledgerv1.LedgerServiceClient{}
+		for _, v := range variants {
+			st, closeStore, pool, err := openStore(ctx, cfg, name, db, v)
 			if err != nil {
 				return err
 			}
 			ledgerd := "ledgerd/" + name
-			if batching {
+			if v.batching {
 				ledgerd += "+batching"
+				if v.inFlight > 0 {
+					ledgerd += fmt.Sprintf(" inflight=%d", v.inFlight)
+				}
 			}
 			if pool != nil {
 				ledgerd += cfg.dbTag()
@@ -278,59 +321,62 @@ func run(ctx context.Context, cfg config) error {
 				closeStore()
 				return err
 			}
-			var streamClient *ledgerclient.Client
-			var targets []target
+			closers = append(closers, stopServer, closeStore)
 			for _, api := range cfg.apis {
 				c, t := client, ledgerd
 				if api == "stream" {
-					streamClient = ledgerclient.New(client)
-					c, t = streamClient, ledgerd+" (stream)"
+					sc := ledgerclient.New(client)
+					closers = append(closers, func() { _ = sc.Close() })
+					c, t = sc, ledgerd+" (stream)"
 				}
-				work, err := ledgerWork(c, name+fmt.Sprint(batching)+api)
+				ledgers[api] = c
+				work, err := ledgerWork(c, fmt.Sprintf("%s-%t-%d-%s", name, v.batching, v.inFlight, api))
 				if err != nil {
 					return err
 				}
 				var batches func() crdb.BatchStats
-				if s, ok := st.(*crdb.Store); ok && batching {
+				if s, ok := st.(*crdb.Store); ok && v.batching {
 					batches = s.BatchStats
 				}
 				targets = append(targets, target{name: t, workloads: work, batches: batches, procs: cfg.ledgerdProcs})
 			}
-			// Direct SQL runs in turns with the targets it is compared
-			// with: the batching store's (the default), or the store
-			// without batching when that is all that is measured.
-			if pool != nil && (batching || cfg.batching == "off") {
-				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays)
+			// Direct SQL runs in turns with the variants, once.
+			if pool != nil && v == variants[len(variants)-1] {
+				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays, out)
 				if err != nil {
 					return err
 				}
 				targets = append(targets, sql)
 			}
-			sweep(targets...)
-			if cfg.interceptor && name == "embedded" {
-				ledgers := map[string]ledgerv1.LedgerServiceClient{}
-				for _, api := range cfg.apis {
-					ledgers[api] = client
-					if api == "stream" {
-						ledgers[api] = streamClient
-					}
-				}
-				if err := measureInterceptor(ctx, cfg, ledgers, prefix, emit); err != nil {
-					return err
-				}
-			}
-			if streamClient != nil {
-				_ = streamClient.Close()
-			}
-			stopServer()
-			closeStore()
 		}
+		if name == "embedded" && cfg.redis {
+			peer, stop, err := redisTarget(ctx, prefix, replays, out, emit)
+			if err != nil {
+				return err
+			}
+			closers = append(closers, stop)
+			if peer.name != "" {
+				targets = append(targets, peer)
+			}
+		}
+		sweep(targets...)
+		if cfg.interceptor && name == "embedded" {
+			if err := measureInterceptor(ctx, cfg, ledgers, prefix, emit); err != nil {
+				return err
+			}
+		}
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+		db.stop()
 	}
 	return output(cfg, results)
 }
 
 func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
+	fmt.Print(bench.Ratios(results, "ledgerd/embedded", redisName))
+	fmt.Print(bench.Ratios(results, "ledgerd/embedded", floorName))
 	if cfg.jsonPath != "" {
 		b, err := json.MarshalIndent(results, "", "  ")
 		if err != nil {
@@ -348,14 +394,59 @@ func output(cfg config, results []bench.Result) error {
 
 // sqlTarget is the store's statements sent straight through pool; tag
 // qualifies its name (dbTag).
-func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool) (target, error) {
-	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql"}
+func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool, out *bench.Outcome) (target, error) {
+	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql", Outcome: out}
 	if replays {
 		if err := sql.PrepareReplays(ctx); err != nil {
 			return target{}, err
 		}
 	}
 	return target{name: "sql/postgres" + tag + " (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+}
+
+// redisName names the Redis peer; floorName the fsync floor's result.
+const (
+	redisName = "redis appendfsync=always"
+	floorName = "floor: 2 fdatasyncs a pair"
+)
+
+// redisTarget starts a durable Redis on the disk the embedded store uses
+// and returns it as a target, after emitting that disk's fsync floor as a
+// result of its own. Without redis-server it says so and returns no
+// target.
+func redisTarget(ctx context.Context, prefix string, replays bool, out *bench.Outcome, emit func(bench.Result)) (target, func(), error) {
+	dir, err := os.MkdirTemp("", "ledgerbench-redis-")
+	if err != nil {
+		return target{}, nil, err
+	}
+	const samples = 500
+	floor, err := bench.FsyncFloor(dir, samples)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return target{}, nil, err
+	}
+	pair := 2 * floor
+	emit(bench.Result{Target: floorName, Workload: "fresh", Clients: 1, Ops: samples, PerSecond: float64(time.Second) / float64(pair),
+		P50ms: float64(pair.Microseconds()) / 1000})
+	addr, stop, err := bench.StartRedis(ctx, dir)
+	if errors.Is(err, exec.ErrNotFound) {
+		fmt.Fprintln(os.Stderr, "ledgerbench: redis-server is not on the PATH: the embedded store is measured without its Redis peer")
+		return target{}, func() { _ = os.RemoveAll(dir) }, nil
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return target{}, nil, err
+	}
+	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 256})
+	closeAll := func() { _ = client.Close(); stop(); _ = os.RemoveAll(dir) }
+	r := &bench.Redis{Client: client, Prefix: prefix + "redis", Outcome: out}
+	if replays {
+		if err := r.PrepareReplays(ctx); err != nil {
+			closeAll()
+			return target{}, nil, err
+		}
+	}
+	return target{name: redisName, workloads: map[string]bench.Op{"fresh": r.Fresh(), "replay": r.Replay(), "hot": r.Hot()}}, closeAll, nil
 }
 
 // dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when
@@ -373,9 +464,58 @@ func (cfg config) dbTag() string {
 	return tag
 }
 
-// openStore opens a store in process; for postgres it also returns a pool
-// of the same size for direct SQL.
-func openStore(ctx context.Context, cfg config, name string, batching bool) (ledger.Store, func(), *pgxpool.Pool, error) {
+// variant is how a store is set up: for postgres, with batching or
+// without, and the batches in flight (0: the store's default).
+type variant struct {
+	batching bool
+	inFlight int
+}
+
+// database is the PostgreSQL a postgres store's variants share.
+type database struct {
+	url  string
+	stop func()
+}
+
+// openDB starts the throwaway cluster for postgres (unless -database-url
+// gives one), behind a delaying proxy with -db-rtt.
+func openDB(cfg config, name string) (database, error) {
+	if name != "postgres" {
+		return database{stop: func() {}}, nil
+	}
+	url, stop := cfg.databaseURL, func() {}
+	if url == "" {
+		start := crdbtest.StartCluster
+		if cfg.durable {
+			start = crdbtest.StartDurableCluster
+		}
+		pg, err := start()
+		if err != nil {
+			return database{}, err
+		}
+		url, stop = pg.URL, pg.Stop
+		if cfg.dbCPUs != "" {
+			if err := placeCluster(pg, cfg.dbCPUs); err != nil {
+				stop()
+				return database{}, err
+			}
+		}
+	}
+	if cfg.dbRTT > 0 {
+		far, err := farURL(url, cfg.dbRTT)
+		if err != nil {
+			stop()
+			return database{}, err
+		}
+		stopDB := stop
+		url, stop = far.url, func() { _ = far.proxy.Close(); stopDB() }
+	}
+	return database{url: url, stop: stop}, nil
+}
+
+// openStore opens a store in process; for postgres, on db, it also returns
+// a pool of the same size for direct SQL.
+func openStore(ctx context.Context, cfg config, name string, db database, v variant) (ledger.Store, func(), *pgxpool.Pool, error) {
 	switch name {
 	case "memory":
 		return memory.New(memory.Config{}), func() {}, nil, nil
@@ -390,49 +530,20 @@ func openStore(ctx context.Context, cfg config, name string, batching bool) (led
 		}
 		return s, func() { _ = s.Close(); _ = os.RemoveAll(dir) }, nil, nil
 	case "postgres":
-		url, stop := cfg.databaseURL, func() {}
-		if url == "" {
-			start := crdbtest.StartCluster
-			if cfg.durable {
-				start = crdbtest.StartDurableCluster
-			}
-			pg, err := start()
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			url, stop = pg.URL, pg.Stop
-			if cfg.dbCPUs != "" {
-				if err := placeCluster(pg, cfg.dbCPUs); err != nil {
-					stop()
-					return nil, nil, nil, err
-				}
-			}
-		}
-		if cfg.dbRTT > 0 {
-			far, err := farURL(url, cfg.dbRTT)
-			if err != nil {
-				stop()
-				return nil, nil, nil, err
-			}
-			stopDB := stop
-			url, stop = far.url, func() { _ = far.proxy.Close(); stopDB() }
-		}
-		sep := "?"
+		url, sep := db.url, "?"
 		if strings.Contains(url, "?") {
 			sep = "&"
 		}
 		url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
-		s, err := crdb.Open(ctx, url, crdb.Config{Batching: batching, BatchInFlight: cfg.batchInFlight})
+		s, err := crdb.Open(ctx, url, crdb.Config{Batching: v.batching, BatchInFlight: v.inFlight, MaxBatchedOutcome: cfg.maxBatchedOutcome})
 		if err != nil {
-			stop()
 			return nil, nil, nil, err
 		}
 		if _, err := s.Migrate(ctx); err != nil {
 			s.Close()
-			stop()
 			return nil, nil, nil, err
 		}
-		return s, func() { s.Close(); stop() }, s.Pool(), nil
+		return s, s.Close, s.Pool(), nil
 	}
 	return nil, nil, nil, fmt.Errorf("unknown store %q", name)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -79,5 +80,30 @@ func TestDBTag(t *testing.T) {
 				t.Errorf("dbTag() = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestEmbeddedBesideRedis: the embedded store's ledgerd and a durable
+// Redis run in turns, and the disk's fsync floor is reported beside them
+// (skipped without redis-server, failed under CI=true).
+func TestEmbeddedBesideRedis(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("redis-server is not installed")
+		}
+		t.Skip("redis-server is not installed")
+	}
+	got := runBench(t, config{stores: "embedded", workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
+		duration: 300 * time.Millisecond, rounds: 2, redis: true})
+	for _, target := range []string{"ledgerd/embedded (stream)", redisName, floorName} {
+		if _, ok := got[target]; !ok {
+			t.Fatalf("no result for %q; got %v", target, got)
+		}
+	}
+	if floor := got[floorName]; floor.PerSecond <= 0 || floor.Clients != 1 {
+		t.Fatalf("fsync floor %+v", floor)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d targets, want 3: %v", len(got), got)
 	}
 }
