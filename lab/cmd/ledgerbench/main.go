@@ -182,6 +182,9 @@ func run(ctx context.Context, cfg config) error {
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	if len(cfg.batchInFlight) == 0 {
+		cfg.batchInFlight = []int{0} // the store's default
+	}
 	if cfg.outcomeSize <= 0 {
 		cfg.outcomeSize = bench.DefaultOutcomeSize
 	}
