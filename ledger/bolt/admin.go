@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 )
 
 var _ ledger.AdminStore = (*Store)(nil)
@@ -38,7 +39,7 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 			c := tx.Bucket(recordsBucket).Cursor()
 			k, v := c.Seek(pre)
 			if p.After != (ledger.Scope{}) {
-				after := scopeKey(p.After)
+				after := recordkv.ScopeKey(p.After)
 				if k, v = c.Seek(after); bytes.Equal(k, after) {
 					k, v = c.Next()
 				}
@@ -48,11 +49,11 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 					page.More = true
 					break
 				}
-				scope, err := decodeScopeKey(k)
+				scope, err := recordkv.DecodeScopeKey(k)
 				if err != nil {
 					return err
 				}
-				rec, err := decodeRecord(scope, v)
+				rec, err := recordkv.Decode(scope, v)
 				if err != nil {
 					return err
 				}
@@ -83,11 +84,11 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 			now := s.cfg.Now()
 			records, expiry := tx.Bucket(recordsBucket), tx.Bucket(expiryBucket)
 			purge := func(key, v []byte) error {
-				scope, err := decodeScopeKey(key)
+				scope, err := recordkv.DecodeScopeKey(key)
 				if err != nil {
 					return err
 				}
-				rec, err := decodeRecord(scope, v)
+				rec, err := recordkv.Decode(scope, v)
 				if err != nil {
 					return err
 				}
@@ -98,17 +99,17 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 				if rec.View(now) != ledger.StateAbsent {
 					res.Purged++
 				}
-				if err := expiry.Delete(expiryKey(sweepAt(&rec), key)); err != nil {
+				if err := expiry.Delete(recordkv.ExpiryKey(recordkv.SweepAt(&rec), key)); err != nil {
 					return err
 				}
 				return records.Delete(key)
 			}
 			held := func(key, v []byte) error {
-				scope, err := decodeScopeKey(key)
+				scope, err := recordkv.DecodeScopeKey(key)
 				if err != nil {
 					return err
 				}
-				rec, err := decodeRecord(scope, v)
+				rec, err := recordkv.Decode(scope, v)
 				if err != nil {
 					return err
 				}
@@ -120,7 +121,7 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 				return nil
 			}
 			if p.Scope.Key != "" {
-				key := scopeKey(p.Scope)
+				key := recordkv.ScopeKey(p.Scope)
 				if v := records.Get(key); v != nil {
 					return purge(key, v)
 				}
@@ -164,11 +165,11 @@ func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) 
 			clear(counts)
 			now := s.cfg.Now()
 			return tx.Bucket(recordsBucket).ForEach(func(k, v []byte) error {
-				scope, err := decodeScopeKey(k)
+				scope, err := recordkv.DecodeScopeKey(k)
 				if err != nil {
 					return err
 				}
-				rec, err := decodeRecord(scope, v)
+				rec, err := recordkv.Decode(scope, v)
 				if err != nil {
 					return err
 				}

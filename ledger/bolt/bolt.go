@@ -27,6 +27,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 )
 
 // FileName is the name of the store's file in a data directory.
@@ -88,7 +89,7 @@ type Store struct {
 	db      *bbolt.DB
 	commits *committer
 	cfg     Config
-	clock   *monoClock // nil when Config.Now is set
+	clock   *recordkv.MonoClock // nil when Config.Now is set
 	id      string
 	created bool
 }
@@ -151,7 +152,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	}
 	s := &Store{db: db, commits: &committer{db: db, maxSize: cfg.MaxBatchSize}, cfg: cfg, id: id, created: created}
 	if cfg.Now == nil {
-		s.clock = newMonoClock(cfg.OnClockStep)
+		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
 	}
 	return s, nil
@@ -162,7 +163,7 @@ func (s *Store) ClockSteps() uint64 {
 	if s.clock == nil {
 		return 0
 	}
-	return s.clock.steps.Load()
+	return s.clock.Steps()
 }
 
 // Identity returns the ledger's identity, as the marker beside its file
@@ -193,7 +194,7 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	}
 	var res ledger.ClaimResult
 	var readOnly bool
-	key := scopeKey(p.Scope)
+	key := recordkv.ScopeKey(p.Scope)
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		cur, err := get(tx, p.Scope, key)
 		if err != nil {
@@ -284,7 +285,7 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	var rec *ledger.Record
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		var err error
-		rec, err = get(tx, scope, scopeKey(scope))
+		rec, err = get(tx, scope, recordkv.ScopeKey(scope))
 		return err
 	})
 	if err != nil {
@@ -306,7 +307,7 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		now := s.cfg.Now()
 		for i, sc := range scopes {
-			rec, err := get(tx, sc, scopeKey(sc))
+			rec, err := get(tx, sc, recordkv.ScopeKey(sc))
 			if err != nil {
 				return err
 			}
@@ -336,7 +337,7 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 	if err := ctx.Err(); err != nil {
 		return s.classify(op, err)
 	}
-	key := scopeKey(scope)
+	key := recordkv.ScopeKey(scope)
 	var ruleErr error
 	err := waitFor(ctx, func() error {
 		return s.commits.do(func(tx *bbolt.Tx) error {
@@ -362,7 +363,7 @@ func get(tx *bbolt.Tx, scope ledger.Scope, key []byte) (*ledger.Record, error) {
 	if v == nil {
 		return nil, nil
 	}
-	rec, err := decodeRecord(scope, v)
+	rec, err := recordkv.Decode(scope, v)
 	if err != nil {
 		return nil, err
 	}
@@ -371,17 +372,17 @@ func get(tx *bbolt.Tx, scope ledger.Scope, key []byte) (*ledger.Record, error) {
 
 // put stores rec in place of cur and moves its entry in the expiry index.
 func put(tx *bbolt.Tx, key []byte, cur, rec *ledger.Record) error {
-	v, err := encodeRecord(rec)
+	v, err := recordkv.Encode(rec)
 	if err != nil {
 		return err
 	}
 	expiry := tx.Bucket(expiryBucket)
-	if cur != nil && !sweepAt(cur).Equal(sweepAt(rec)) {
-		if err := expiry.Delete(expiryKey(sweepAt(cur), key)); err != nil {
+	if cur != nil && !recordkv.SweepAt(cur).Equal(recordkv.SweepAt(rec)) {
+		if err := expiry.Delete(recordkv.ExpiryKey(recordkv.SweepAt(cur), key)); err != nil {
 			return err
 		}
 	}
-	if err := expiry.Put(expiryKey(sweepAt(rec), key), nil); err != nil {
+	if err := expiry.Put(recordkv.ExpiryKey(recordkv.SweepAt(rec), key), nil); err != nil {
 		return err
 	}
 	return tx.Bucket(recordsBucket).Put(key, v)
@@ -433,11 +434,11 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 			if v == nil {
 				continue
 			}
-			scope, err := decodeScopeKey(key)
+			scope, err := recordkv.DecodeScopeKey(key)
 			if err != nil {
 				return err
 			}
-			rec, err := decodeRecord(scope, v)
+			rec, err := recordkv.Decode(scope, v)
 			if err != nil {
 				return err
 			}
@@ -483,7 +484,7 @@ func (s *Store) classify(op string, err error) error {
 	}
 	err = fmt.Errorf("bolt: %s: %w", op, err)
 	switch {
-	case errors.Is(err, errCorrupt):
+	case errors.Is(err, recordkv.ErrCorrupt):
 		return ledger.Wrap(ledger.CodeInternal, err, "the ledger could not read a record")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ledger.TimedOut(err)

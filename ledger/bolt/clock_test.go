@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -33,7 +34,7 @@ func TestClockStepExpiresNothingEarly(t *testing.T) {
 	ft := &fakeTime{wall: ledgertest.Start}
 	var steps []time.Duration
 	s := openInternal(t, Config{})
-	s.clock = newMonoClockFrom(ft.Wall, ft.Elapsed, func(d time.Duration) { steps = append(steps, d) })
+	s.clock = recordkv.NewMonoClockFrom(ft.Wall, ft.Elapsed, func(d time.Duration) { steps = append(steps, d) })
 	s.cfg.Now = s.clock.Now
 	l := ledger.New(s, ledger.Config{})
 	req := func(key string) ledger.BeginRequest {

@@ -7,6 +7,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -32,7 +33,7 @@ func TestListingIsBounded(t *testing.T) {
 				Token: 1, Attempt: 1, CreatedAt: now, LeaseExpiresAt: now.Add(time.Minute), CompletedAt: now,
 				ExpiresAt: now.Add(time.Hour), ForgetAt: now.Add(2 * time.Hour), Outcome: outcome,
 			}
-			if err := put(tx, scopeKey(rec.Scope), nil, rec); err != nil {
+			if err := put(tx, recordkv.ScopeKey(rec.Scope), nil, rec); err != nil {
 				return err
 			}
 		}

@@ -1,4 +1,4 @@
-package bolt
+package recordkv
 
 import (
 	"testing"
@@ -21,18 +21,18 @@ func TestRecordRoundTrip(t *testing.T) {
 		"released":    {Scope: scope, State: ledger.StateReleased, Token: 3, ExpiresAt: at},
 	} {
 		t.Run(name, func(t *testing.T) {
-			b, err := encodeRecord(&rec)
+			b, err := Encode(&rec)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := decodeRecord(scope, b)
+			got, err := Decode(scope, b)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(rec, got, protocmp.Transform()); diff != "" {
 				t.Errorf("round trip (-want +got):\n%s", diff)
 			}
-			key, err := decodeScopeKey(scopeKey(scope))
+			key, err := DecodeScopeKey(ScopeKey(scope))
 			if err != nil || key != scope {
 				t.Errorf("scope key round trip = %v, %v", key, err)
 			}
@@ -40,7 +40,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
-// FuzzDecodeRecord: any bytes decode to a record or to errCorrupt, never a
+// FuzzDecodeRecord: any bytes decode to a record or to ErrCorrupt, never a
 // panic, and what decodes encodes back to the same bytes.
 func FuzzDecodeRecord(f *testing.F) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -48,23 +48,23 @@ func FuzzDecodeRecord(f *testing.F) {
 		{State: ledger.StateCompleted, Token: 1, Attempt: 1, CreatedAt: at, ExpiresAt: at, Outcome: ledgertest.Response("inv_1")},
 		{State: ledger.StateInProgress, Method: ledgertest.Method, Fingerprint: ledgertest.Fingerprint("p"), Token: 2, Attempt: 2, ExpiresAt: at},
 	} {
-		b, err := encodeRecord(&rec)
+		b, err := Encode(&rec)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
 	}
-	f.Add([]byte{recordVersion})
+	f.Add([]byte{Version})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rec, err := decodeRecord(ledger.Scope{}, b)
+		rec, err := Decode(ledger.Scope{}, b)
 		if err != nil {
 			return
 		}
-		again, err := encodeRecord(&rec)
+		again, err := Encode(&rec)
 		if err != nil {
 			t.Fatalf("a decoded record does not encode: %v", err)
 		}
-		back, err := decodeRecord(ledger.Scope{}, again)
+		back, err := Decode(ledger.Scope{}, again)
 		if err != nil {
 			t.Fatalf("a re-encoded record does not decode: %v", err)
 		}

@@ -1,4 +1,8 @@
-package bolt
+// Package recordkv lays out ledger records for the embedded stores, which
+// keep them in an ordered key-value engine: a scope key per record, an
+// expiry index key per record, and the record's bytes. It also holds
+// their clock (MonoClock).
+package recordkv
 
 import (
 	"encoding/binary"
@@ -8,14 +12,14 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// recordVersion is the first byte of every stored value; a new layout gets a
-// new version and decodeRecord keeps reading the old ones. Version 2 adds,
+// Version is the first byte of every stored value; a new layout gets a
+// new version and Decode keeps reading the old ones. Version 2 adds,
 // after version 1's fields, the forget time and the lease-expiry policy.
-const recordVersion = 2
+const Version = 2
 
-// scopeKey is the bucket key of a scope: each part length-prefixed, so no
+// ScopeKey is the bucket key of a scope: each part length-prefixed, so no
 // two scopes share a key and every scope of a namespace shares a prefix.
-func scopeKey(s ledger.Scope) []byte {
+func ScopeKey(s ledger.Scope) []byte {
 	b := make([]byte, 0, 3*binary.MaxVarintLen16+len(s.Namespace)+len(s.Tenant)+len(s.Key))
 	for _, part := range []string{s.Namespace, s.Tenant, s.Key} {
 		b = binary.AppendUvarint(b, uint64(len(part)))
@@ -24,7 +28,7 @@ func scopeKey(s ledger.Scope) []byte {
 	return b
 }
 
-func decodeScopeKey(b []byte) (ledger.Scope, error) {
+func DecodeScopeKey(b []byte) (ledger.Scope, error) {
 	var parts [3]string
 	for i := range parts {
 		s, rest, err := readString(b)
@@ -34,32 +38,33 @@ func decodeScopeKey(b []byte) (ledger.Scope, error) {
 		parts[i], b = s, rest
 	}
 	if len(b) != 0 {
-		return ledger.Scope{}, errCorrupt
+		return ledger.Scope{}, ErrCorrupt
 	}
 	return ledger.Scope{Namespace: parts[0], Tenant: parts[1], Key: parts[2]}, nil
 }
 
-// sweepAt is when the sweeper next has work on a record: at the end of a
+// SweepAt is when the sweeper next has work on a record: at the end of a
 // completed record's retention it drops the outcome (a tombstone is left),
 // at ForgetAt it deletes the record.
-func sweepAt(r *ledger.Record) time.Time {
+func SweepAt(r *ledger.Record) time.Time {
 	if r.State == ledger.StateCompleted && r.ExpiresAt.Before(r.ForgetAt) {
 		return r.ExpiresAt
 	}
 	return r.ForgetAt
 }
 
-// expiryKey is the key of a record in the expiry index: its sweepAt as
+// ExpiryKey is the key of a record in the expiry index: its SweepAt as
 // big-endian nanoseconds (so the index sorts by time), then its scope key.
-func expiryKey(expires time.Time, scope []byte) []byte {
+func ExpiryKey(expires time.Time, scope []byte) []byte {
 	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(scope)), uint64(expires.UnixNano()))
 	return append(b, scope...)
 }
 
-var errCorrupt = errors.New("bolt: corrupt record")
+// ErrCorrupt is what Decode and DecodeScopeKey say of bytes they cannot read.
+var ErrCorrupt = errors.New("corrupt record")
 
-// encodeRecord lays out a record (its scope is the key, so it is left out).
-func encodeRecord(r *ledger.Record) ([]byte, error) {
+// Encode lays out a record (its scope is the key, so it is left out).
+func Encode(r *ledger.Record) ([]byte, error) {
 	var outcome []byte
 	if r.Outcome != nil {
 		var err error
@@ -68,7 +73,7 @@ func encodeRecord(r *ledger.Record) ([]byte, error) {
 		}
 	}
 	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+len(outcome))
-	b = append(b, recordVersion, byte(r.State))
+	b = append(b, Version, byte(r.State))
 	b = binary.AppendUvarint(b, r.Token)
 	b = binary.AppendUvarint(b, uint64(r.Attempt))
 	for _, t := range []time.Time{r.CreatedAt, r.LeaseExpiresAt, r.CompletedAt, r.ExpiresAt} {
@@ -82,31 +87,31 @@ func encodeRecord(r *ledger.Record) ([]byte, error) {
 	return append(b, byte(r.OnLeaseExpiry)), nil
 }
 
-// decodeRecord reads what encodeRecord wrote. It never panics: anything it
-// cannot read is errCorrupt.
-func decodeRecord(scope ledger.Scope, b []byte) (ledger.Record, error) {
+// Decode reads what Encode wrote. It never panics: anything it
+// cannot read is ErrCorrupt.
+func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	version := byte(0)
 	if len(b) >= 2 {
 		version = b[0]
 	}
-	if (version != 1 && version != recordVersion) || ledger.State(b[1]) > ledger.StateExpired || (version == 1 && ledger.State(b[1]) > ledger.StateReleased) {
-		return ledger.Record{}, errCorrupt
+	if (version != 1 && version != Version) || ledger.State(b[1]) > ledger.StateExpired || (version == 1 && ledger.State(b[1]) > ledger.StateReleased) {
+		return ledger.Record{}, ErrCorrupt
 	}
 	r := ledger.Record{Scope: scope, State: ledger.State(b[1])}
 	b = b[2:]
 	var ok bool
 	if r.Token, b, ok = uvarint(b); !ok {
-		return ledger.Record{}, errCorrupt
+		return ledger.Record{}, ErrCorrupt
 	}
 	attempt, b, ok := uvarint(b)
 	if !ok || attempt > 1<<32-1 {
-		return ledger.Record{}, errCorrupt
+		return ledger.Record{}, ErrCorrupt
 	}
 	r.Attempt = uint32(attempt)
 	for _, t := range []*time.Time{&r.CreatedAt, &r.LeaseExpiresAt, &r.CompletedAt, &r.ExpiresAt} {
 		n, k := binary.Varint(b)
 		if k <= 0 {
-			return ledger.Record{}, errCorrupt
+			return ledger.Record{}, ErrCorrupt
 		}
 		*t, b = fromUnixNano(n), b[k:]
 	}
@@ -120,22 +125,22 @@ func decodeRecord(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	if version >= 2 {
 		n, k := binary.Varint(b)
 		if k <= 0 || len(b) != k+1 || ledger.LeaseExpiry(b[k]) > ledger.Hold {
-			return ledger.Record{}, errCorrupt
+			return ledger.Record{}, ErrCorrupt
 		}
 		r.ForgetAt, r.OnLeaseExpiry, b = fromUnixNano(n), ledger.LeaseExpiry(b[k]), nil
 	} else {
 		r.ForgetAt = r.ExpiresAt // written before tombstones: none
 	}
 	if len(b) != 0 {
-		return ledger.Record{}, errCorrupt
+		return ledger.Record{}, ErrCorrupt
 	}
 	if outcome != "" {
 		r.Outcome = new(ledger.Outcome)
 		if err := r.Outcome.UnmarshalBinary([]byte(outcome)); err != nil {
-			return ledger.Record{}, errors.Join(errCorrupt, err)
+			return ledger.Record{}, errors.Join(ErrCorrupt, err)
 		}
 		if err := r.Outcome.Validate(); err != nil {
-			return ledger.Record{}, errors.Join(errCorrupt, err)
+			return ledger.Record{}, errors.Join(ErrCorrupt, err)
 		}
 	}
 	return r, nil
@@ -152,7 +157,7 @@ func uvarint(b []byte) (uint64, []byte, bool) {
 func readString(b []byte) (string, []byte, error) {
 	n, rest, ok := uvarint(b)
 	if !ok || n > uint64(len(rest)) {
-		return "", nil, errCorrupt
+		return "", nil, ErrCorrupt
 	}
 	return string(rest[:n]), rest[n:], nil
 }
