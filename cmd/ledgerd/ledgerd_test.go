@@ -188,12 +188,19 @@ func begin(key string) *ledgerv1.BeginRequest {
 	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
 }
 
-// TestEndToEndSurvivesKill9 drives ledgerd on its embedded store through a
-// real client: claim, complete, replay; then kills it with SIGKILL, starts
-// it again on the same data directory and finds the record intact.
+// TestEndToEndSurvivesKill9 drives ledgerd on its embedded store, with
+// each engine, through a real client: claim, complete, replay; then kills
+// it with SIGKILL, starts it again on the same data directory and finds
+// the record intact.
 func TestEndToEndSurvivesKill9(t *testing.T) {
+	for _, engine := range []string{"bolt", "pebble"} {
+		t.Run(engine, func(t *testing.T) { survivesKill9(t, engine) })
+	}
+}
+
+func survivesKill9(t *testing.T, engine string) {
 	dir := t.TempDir()
-	p := start(t, "--data-dir", dir)
+	p := start(t, "--data-dir", dir, "--engine", engine)
 	conn := p.dial(t)
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)
@@ -250,7 +257,7 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 	}
 	p.wait(t)
 
-	p = start(t, "--data-dir", dir)
+	p = start(t, "--data-dir", dir, "--engine", engine)
 	conn = p.dial(t)
 	p.waitServing(t, conn)
 	client = ledgerv1.NewLedgerServiceClient(conn)
@@ -396,6 +403,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"MigrateWithoutSQL":   {"--migrate"},
 		"UnknownFlag":         {"--no-such-flag"},
 		"NegativeRateLimit":   {"--rate-limit", "-1"},
+		"UnknownEngine":       {"--engine", "lmdb"},
 		"RecvUnderStreamed":   {"--max-outcome-bytes", "1024", "--max-recv-bytes", "2048"},
 		"DevModeAdminOpen":    {"--admin-listen", "0.0.0.0:0"},
 		"DevModeHealthOpen":   {"--health-listen", ":0"},
@@ -650,6 +658,28 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	out, _ := cmd.CombinedOutput()
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
 		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+}
+
+// TestRefusesTheOtherEnginesLedger: a data directory that holds one
+// engine's ledger is refused by the other (exit 1, no retry), instead of
+// starting a new, empty ledger beside it.
+func TestRefusesTheOtherEnginesLedger(t *testing.T) {
+	for _, tc := range []struct{ wrote, then string }{{"bolt", "pebble"}, {"pebble", "bolt"}} {
+		t.Run(tc.wrote, func(t *testing.T) {
+			dir := t.TempDir()
+			p := start(t, "--data-dir", dir, "--engine", tc.wrote)
+			p.waitServing(t, p.dial(t))
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			if code := p.wait(t); code != 0 {
+				t.Fatalf("first start: exit %d", code)
+			}
+			cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", tc.then)
+			out, _ := cmd.CombinedOutput()
+			if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
+				t.Fatalf("--engine %s on a %s ledger: exit %d, output:\n%s", tc.then, tc.wrote, cmd.ProcessState.ExitCode(), out)
+			}
+		})
 	}
 }
 

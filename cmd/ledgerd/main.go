@@ -461,7 +461,7 @@ func storeName(cfg config) string {
 	if cfg.databaseURL != "" {
 		return "sql"
 	}
-	return "embedded:" + cfg.dataDir
+	return "embedded:" + cfg.engine + ":" + cfg.dataDir
 }
 
 func newLogger(cfg config, w io.Writer) (*slog.Logger, error) {

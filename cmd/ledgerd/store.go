@@ -3,13 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
 // store is what ledgerd needs of a store beyond ledger.Store: every store
@@ -198,7 +202,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, bolt.ErrRefused) {
+		if errors.Is(err, bolt.ErrRefused) || errors.Is(err, pebble.ErrRefused) || errors.Is(err, errOtherEngine) {
 			return err // a damaged or replaced file: waiting will not mend it
 		}
 		l.log.WarnContext(ctx, "the store did not open; trying again", "error", err, "in", pause.String())
@@ -214,18 +218,55 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	return s.Run(ctx, onError)
 }
 
+// errOtherEngine is the refusal of a data directory that holds the other
+// engine's ledger: opening it would start a new, empty ledger beside it.
+var errOtherEngine = errors.New("the data directory holds a ledger of the other engine")
+
+// embedded is what ledgerd needs of an embedded store beyond store.
+type embedded interface {
+	store
+	Created() bool
+	Identity() string
+	Close() error
+}
+
+// openEmbedded opens the embedded store of cfg.engine in cfg.dataDir,
+// refusing a directory that holds the other engine's ledger.
+func openEmbedded(cfg config, onClockStep func(time.Duration)) (embedded, error) {
+	mine, other := bolt.FileName, pebble.DirName
+	if cfg.engine == "pebble" {
+		mine, other = other, mine
+	}
+	if _, err := os.Stat(filepath.Join(cfg.dataDir, other)); err == nil {
+		return nil, fmt.Errorf("%w: %s has %s, and --engine %s keeps its ledger in %s; start with the engine that wrote it",
+			errOtherEngine, cfg.dataDir, other, cfg.engine, mine)
+	}
+	if cfg.engine == "pebble" {
+		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
+		s, err := openEmbedded(cfg, onClockStep)
 		if err != nil {
 			return nil, nil, err
 		}
 		if s.Created() {
 			// Loud, so that a data directory on a volume that was not
 			// mounted is seen: it starts empty as a new ledger would.
-			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
+			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "engine", cfg.engine, "identity", s.Identity())
 		} else {
-			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
+			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "engine", cfg.engine, "identity", s.Identity())
 		}
 		return s, func() {
 			if err := s.Close(); err != nil {

@@ -19,7 +19,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 	}
 	defer s.Close()
 	l := ledger.New(s, ledger.Config{})
-	for _, clients := range []int{1, 8, 32} {
+	for _, clients := range []int{1, 8, 32, 128} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
 			ledgertest.Pairs(b, clients, ledgertest.BeginComplete(l, fmt.Sprint(clients)))
 		})

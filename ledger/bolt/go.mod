@@ -3,12 +3,10 @@ module github.com/idemledger/idemledger/ledger/bolt
 go 1.26.0
 
 require (
-	github.com/google/go-cmp v0.7.0
 	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/ledger/lincheck v0.0.0-00010101000000-000000000000
 	go.etcd.io/bbolt v1.5.0
 	go.uber.org/goleak v1.3.0
-	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -16,6 +14,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/go-cmp v0.7.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
@@ -26,6 +25,7 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c // indirect
 	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 replace github.com/idemledger/idemledger => ../..

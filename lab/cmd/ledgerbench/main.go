@@ -52,6 +52,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -64,6 +65,7 @@ type config struct {
 	pool, rounds, ledgerdProcs, outcomeSize, maxBatchedOutcome     int
 	batchInFlight                                                  []int
 	interceptor, durable, redis                                    bool
+	engines                                                        []string
 	batching                                                       string
 }
 
@@ -95,6 +97,7 @@ func main() {
 	flag.IntVar(&cfg.outcomeSize, "outcome-size", bench.DefaultOutcomeSize, "bytes of the response each fresh pair stores, for every target")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
+	engines := flag.String("engines", "bolt", "embedded store: the engines to measure in turns, bolt (ledger/bolt, ledgerd's default) and pebble (ledger/pebble)")
 	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
@@ -120,6 +123,13 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.batchInFlight = append(cfg.batchInFlight, n)
+	}
+	for _, e := range strings.Split(*engines, ",") {
+		if e = strings.TrimSpace(e); e != "bolt" && e != "pebble" {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -engines %q\n", *engines)
+			os.Exit(2)
+		}
+		cfg.engines = append(cfg.engines, e)
 	}
 	for _, a := range strings.Split(apis, ",") {
 		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
@@ -283,6 +293,12 @@ func run(ctx context.Context, cfg config) error {
 	for _, name := range stores {
 		// The variants of a store run in turns, on one database.
 		variants := []variant{{}}
+		if name == "embedded" && len(cfg.engines) > 0 {
+			variants = nil
+			for _, e := range cfg.engines {
+				variants = append(variants, variant{engine: e})
+			}
+		}
 		if name == "postgres" {
 			variants = nil
 			if cfg.batching != "only" {
@@ -307,6 +323,9 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			ledgerd := "ledgerd/" + name
+			if v.engine == "pebble" {
+				ledgerd += "-pebble"
+			}
 			if v.batching {
 				ledgerd += "+batching"
 				if v.inFlight > 0 {
@@ -332,8 +351,8 @@ func run(ctx context.Context, cfg config) error {
 					closers = append(closers, func() { _ = sc.Close() })
 					c, t = sc, ledgerd+" (stream)"
 				}
-				ledgers[api] = c
-				work, err := ledgerWork(c, fmt.Sprintf("%s-%t-%d-%s", name, v.batching, v.inFlight, api))
+				ledgers[strings.TrimPrefix(ledgerd, "ledgerd/")+"|"+api] = c
+				work, err := ledgerWork(c, fmt.Sprintf("%s-%s-%t-%d-%s", name, v.engine, v.batching, v.inFlight, api))
 				if err != nil {
 					return err
 				}
@@ -468,10 +487,12 @@ func (cfg config) dbTag() string {
 }
 
 // variant is how a store is set up: for postgres, with batching or
-// without, and the batches in flight (0: the store's default).
+// without, and the batches in flight (0: the store's default); for the
+// embedded store, its engine.
 type variant struct {
 	batching bool
 	inFlight int
+	engine   string // the embedded store's: bolt or pebble
 }
 
 // database is the PostgreSQL a postgres store's variants share.
@@ -523,9 +544,16 @@ func openStore(ctx context.Context, cfg config, name string, db database, v vari
 	case "memory":
 		return memory.New(memory.Config{}), func() {}, nil, nil
 	case "embedded":
-		dir, err := os.MkdirTemp("", "ledgerbench-bolt-")
+		dir, err := os.MkdirTemp("", "ledgerbench-embedded-")
 		if err != nil {
 			return nil, nil, nil, err
+		}
+		if v.engine == "pebble" {
+			s, err := pebble.Open(dir, pebble.Config{})
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			return s, func() { _ = s.Close(); _ = os.RemoveAll(dir) }, nil, nil
 		}
 		s, err := bolt.Open(dir, bolt.Config{})
 		if err != nil {
@@ -598,20 +626,22 @@ func (fixedInvoices) CreateInvoice(_ context.Context, req *invoicev1.CreateInvoi
 		Currency: req.GetCurrency(), TotalMicros: 42_000_000, CreatedAt: timestamppb.Now()}}, nil
 }
 
-// measureInterceptor measures CreateInvoice unprotected, then protected by
-// the interceptor against each of the given ledger clients (by API).
+// measureInterceptor measures CreateInvoice unprotected and protected by the
+// interceptor over each of ledgers, keyed by the ledger's store and API
+// ("embedded|stream").
 func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledgerv1.LedgerServiceClient, prefix string, emit func(bench.Result)) error {
 	targets := map[string]grpc.UnaryServerInterceptor{"rpc/unprotected": nil}
-	for api, client := range ledgers {
+	for key, client := range ledgers {
+		store, api, _ := strings.Cut(key, "|")
 		icpt, err := idempotency.UnaryServerInterceptor(client,
 			idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
 			idempotency.WithKeyField("request_id"))
 		if err != nil {
 			return err
 		}
-		target := "rpc/protected (embedded ledger)"
+		target := "rpc/protected (" + store + " ledger)"
 		if api == "stream" {
-			target = "rpc/protected (embedded ledger, stream)"
+			target = "rpc/protected (" + store + " ledger, stream)"
 		}
 		targets[target] = icpt
 	}

@@ -28,6 +28,7 @@ func ScopeKey(s ledger.Scope) []byte {
 	return b
 }
 
+// DecodeScopeKey reads back the scope of a ScopeKey.
 func DecodeScopeKey(b []byte) (ledger.Scope, error) {
 	var parts [3]string
 	for i := range parts {

@@ -1,0 +1,203 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"hash/maphash"
+	"time"
+
+	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+)
+
+var (
+	_ ledger.AdminStore = (*Store)(nil)
+	_ ledger.Census     = (*Store)(nil)
+)
+
+// prefix is the key prefix of a namespace's records, or of a tenant's.
+func prefix(namespace, tenant string) []byte {
+	b := binary.AppendUvarint(bytes.Clone(recordPrefix), uint64(len(namespace)))
+	b = append(b, namespace...)
+	if tenant != "" {
+		b = binary.AppendUvarint(b, uint64(len(tenant)))
+		b = append(b, tenant...)
+	}
+	return b
+}
+
+// upperBound is the least key above every key that starts with pre.
+func upperBound(pre []byte) []byte {
+	end := bytes.Clone(pre)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil // every byte 0xff: no bound
+}
+
+// decodeAt decodes the record at an iterator's position.
+func decodeAt(it *pebbledb.Iterator) (ledger.Record, error) {
+	scope, err := recordkv.DecodeScopeKey(it.Key()[len(recordPrefix):])
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return recordkv.Decode(scope, v)
+}
+
+// List implements ledger.AdminStore: the records under the namespace's
+// (or tenant's) prefix, in key order, from one consistent view.
+func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.ListPage{}, s.classify("list", err)
+	}
+	var page ledger.ListPage
+	err := s.with(func(db *pebbledb.DB) error {
+		page = ledger.ListPage{Now: s.cfg.Now()}
+		pre := prefix(p.Namespace, p.Tenant)
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: pre, UpperBound: upperBound(pre)})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		valid := it.First()
+		if p.After != (ledger.Scope{}) {
+			after := recordKey(p.After)
+			if valid = it.SeekGE(after); valid && bytes.Equal(it.Key(), after) {
+				valid = it.Next()
+			}
+		}
+		for ; valid; valid = it.Next() {
+			if page.Scanned == p.Limit {
+				page.More = true
+				break
+			}
+			rec, err := decodeAt(it)
+			if err != nil {
+				return err
+			}
+			page.Scanned++
+			page.Last = rec.Scope
+			if live, ok := rec.AsOf(page.Now); ok {
+				page.Records = append(page.Records, live)
+			}
+		}
+		return it.Error()
+	})
+	if err != nil {
+		return ledger.ListPage{}, s.classify("list", err)
+	}
+	return page, nil
+}
+
+// Purge implements ledger.AdminStore. Each record is erased under its
+// scope's lock; the erasures are made durable together at the end.
+func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.PurgeResult{}, s.classify("purge", err)
+	}
+	var keys [][]byte
+	if p.Scope.Key != "" {
+		keys = [][]byte{recordKey(p.Scope)}
+	} else if err := s.with(func(db *pebbledb.DB) error {
+		pre := prefix(p.Scope.Namespace, p.Scope.Tenant)
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: pre, UpperBound: upperBound(pre)})
+		if err != nil {
+			return err
+		}
+		for valid := it.First(); valid; valid = it.Next() {
+			keys = append(keys, bytes.Clone(it.Key()))
+		}
+		return it.Close()
+	}); err != nil {
+		return ledger.PurgeResult{}, s.classify("purge", err)
+	}
+	var res ledger.PurgeResult
+	now := s.cfg.Now()
+	for _, key := range keys {
+		if err := s.purgeOne(key, now, res.Purged < p.Limit, &res); err != nil {
+			return ledger.PurgeResult{}, s.classify("purge", err)
+		}
+	}
+	if err := s.with(func(db *pebbledb.DB) error { return db.LogData(nil, pebbledb.Sync) }); err != nil {
+		return ledger.PurgeResult{}, s.classify("purge", err)
+	}
+	return res, nil
+}
+
+// purgeOne erases the record at key when it may be purged and erase is
+// set, and counts it in res.
+func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.PurgeResult) error {
+	scope, err := recordkv.DecodeScopeKey(key[len(recordPrefix):])
+	if err != nil {
+		return err
+	}
+	mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	return s.with(func(db *pebbledb.DB) error {
+		rec, err := getRecord(db, scope, key)
+		if err != nil || rec == nil {
+			return err
+		}
+		switch {
+		case !rec.Purgeable(now):
+			res.Skipped++
+			return nil
+		case !erase:
+			res.More = true // past the limit: only counting what is left
+			return nil
+		}
+		if rec.View(now) != ledger.StateAbsent {
+			res.Purged++
+		}
+		b := db.NewBatch()
+		defer b.Close()
+		if err := b.Delete(indexKey(rec, key), nil); err != nil {
+			return err
+		}
+		if err := b.Delete(key, nil); err != nil {
+			return err
+		}
+		return b.Commit(pebbledb.NoSync)
+	})
+}
+
+// CountByState implements ledger.Census, from one consistent view.
+func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, s.classify("census", err)
+	}
+	counts := map[ledger.State]int{}
+	err := s.with(func(db *pebbledb.DB) error {
+		now := s.cfg.Now()
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: recordPrefix, UpperBound: upperBound(recordPrefix)})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for valid := it.First(); valid; valid = it.Next() {
+			rec, err := decodeAt(it)
+			if err != nil {
+				return err
+			}
+			if st := rec.View(now); st != ledger.StateAbsent {
+				counts[st]++
+			}
+		}
+		return it.Error()
+	})
+	if err != nil {
+		return nil, s.classify("census", err)
+	}
+	return counts, nil
+}

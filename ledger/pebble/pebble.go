@@ -1,0 +1,493 @@
+// Package pebble provides an embedded ledger.Store on
+// github.com/cockroachdb/pebble/v2, CockroachDB's storage engine: a
+// log-structured merge tree with a write-ahead log.
+//
+// Every transition writes its record and its expiry index entry in one
+// batch, committed with an fsync of the write-ahead log before the call
+// returns, so an acknowledged claim or outcome survives a crash of the
+// process or the machine. Concurrent commits share one fsync (Pebble's
+// commit pipeline), without a timer. Transitions of one scope are
+// serialized by a lock in the process; reads take none. Expired records
+// are swept in small batches, and compaction gives their space back.
+//
+// One directory serves one ledgerd: it is the store for a single machine.
+// Run several ledgerd instances against ledger/crdb instead.
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+)
+
+// DirName is the name of the store's directory in a data directory.
+const DirName = "ledger.pebble"
+
+// Keys: a record under 'r' + its scope key, its expiry index entry under
+// 'x' + recordkv.ExpiryKey, the ledger's identity under 'm' + "identity".
+var (
+	recordPrefix = []byte{'r'}
+	expiryPrefix = []byte{'x'}
+	identityKey  = []byte("midentity")
+)
+
+// lockStripes is how many locks the scopes share: two transitions of
+// scopes that hash alike wait for each other, which costs nothing but
+// time.
+const lockStripes = 1024
+
+// Config configures a Store. The zero value works.
+type Config struct {
+	// Now is the clock, for tests. nil means the wall clock read at Open,
+	// moved on by the monotonic clock (recordkv.MonoClock).
+	Now func() time.Time
+	// OnClockStep, when set, hears of each step of the wall clock that the
+	// store noticed (with Now nil). It must not block.
+	OnClockStep func(time.Duration)
+	// SweepInterval is the pause of Run between sweeps: 1 min.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one sweep handles: 500.
+	SweepBatch int
+	// CacheSize is the block cache, in bytes: 64 MiB. With MemTableSize it
+	// bounds the memory the store keeps, whatever the data's size.
+	CacheSize int64
+	// MemTableSize is the size of a memtable, in bytes: 16 MiB.
+	MemTableSize uint64
+}
+
+func (c Config) withDefaults() Config {
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = time.Minute
+	}
+	if c.SweepBatch <= 0 {
+		c.SweepBatch = 500
+	}
+	if c.CacheSize <= 0 {
+		c.CacheSize = 64 << 20
+	}
+	if c.MemTableSize == 0 {
+		c.MemTableSize = 16 << 20
+	}
+	return c
+}
+
+// Store is the embedded ledger.Store on Pebble. It is safe for concurrent
+// use within one process.
+type Store struct {
+	cfg     Config
+	clock   *recordkv.MonoClock // nil when Config.Now is set
+	seed    maphash.Seed
+	locks   [lockStripes]sync.Mutex
+	id      string
+	created bool
+
+	// open guards db: calls hold it for reading, Close for writing, so
+	// that no call meets a closed database (Pebble panics there).
+	open   sync.RWMutex
+	db     *pebbledb.DB
+	closed bool
+}
+
+var (
+	_ ledger.Store      = (*Store)(nil)
+	_ ledger.ManyGetter = (*Store)(nil)
+)
+
+// errClosed is what calls on a closed Store meet.
+var errClosed = errors.New("pebble: store closed")
+
+// Open opens the store in the directory dir (created with mode 0700 if
+// it does not exist), in its subdirectory DirName. Close the Store when
+// done. A second process that opens the same directory fails at once.
+//
+// A new store gets an identity, kept in the store and in the marker
+// IdentityFileName beside it. Open refuses (ErrRefused) a directory whose
+// marker names a ledger the store is not, or is there while the store is
+// not: starting such a directory as a new ledger would run every retry's
+// write again.
+func Open(dir string, cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pebble: data directory: %w", err)
+	}
+	path := filepath.Join(dir, DirName)
+	want, err := readMarker(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(path); want != "" && errors.Is(err, fs.ErrNotExist) {
+		return nil, lostStore(dir, want)
+	}
+	cache := pebbledb.NewCache(cfg.CacheSize)
+	defer cache.Unref()
+	db, err := pebbledb.Open(path, &pebbledb.Options{
+		Cache:        cache,
+		MemTableSize: cfg.MemTableSize,
+		Logger:       quiet{},
+		// A marker says a ledger was here: never start an empty one.
+		ErrorIfNotExists: want != "",
+	})
+	if errors.Is(err, pebbledb.ErrDBDoesNotExist) {
+		return nil, lostStore(dir, want)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
+	}
+	id, created, err := identity(db, dir, want)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created}
+	if cfg.Now == nil {
+		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
+		s.cfg.Now = s.clock.Now
+	}
+	return s, nil
+}
+
+// quiet drops Pebble's informational log lines and keeps its errors.
+type quiet struct{}
+
+func (quiet) Infof(string, ...any) {}
+func (quiet) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+}
+func (quiet) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+// Identity returns the ledger's identity.
+func (s *Store) Identity() string { return s.id }
+
+// Created reports whether Open created a new, empty ledger.
+func (s *Store) Created() bool { return s.created }
+
+// ClockSteps returns how many steps of the wall clock the store noticed.
+func (s *Store) ClockSteps() uint64 {
+	if s.clock == nil {
+		return 0
+	}
+	return s.clock.Steps()
+}
+
+// Close closes the store. Calls after Close answer UNAVAILABLE.
+func (s *Store) Close() error {
+	s.open.Lock()
+	defer s.open.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.db.Close()
+}
+
+// with runs f on the open database, or says it is closed.
+func (s *Store) with(f func(db *pebbledb.DB) error) error {
+	s.open.RLock()
+	defer s.open.RUnlock()
+	if s.closed {
+		return errClosed
+	}
+	return f(s.db)
+}
+
+// Ping reports whether the store can answer: it reads one key.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.classify("ping", s.with(func(db *pebbledb.DB) error {
+		_, err := get(db, identityKey)
+		return err
+	}))
+}
+
+// Claim implements ledger.Store. A claim that would change nothing (a
+// replay, IN_PROGRESS, KEY_REUSED, RETRY_TOO_LATE) is answered from a
+// read, with no write and no fsync; a claim that writes takes the scope's
+// lock and decides again.
+func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.ClaimResult{}, s.classify("claim", err)
+	}
+	var res ledger.ClaimResult
+	var readOnly bool
+	key := recordKey(p.Scope)
+	err := s.with(func(db *pebbledb.DB) error {
+		cur, err := getRecord(db, p.Scope, key)
+		if err != nil {
+			return err
+		}
+		now := s.cfg.Now()
+		next, claimed := ledger.NextClaim(cur, p, now)
+		res, readOnly = ledger.ClaimResult{Record: next, Now: now}, !claimed
+		return nil
+	})
+	if err != nil {
+		return ledger.ClaimResult{}, s.classify("claim", err)
+	}
+	if readOnly {
+		return res, nil
+	}
+	err = s.update(ctx, "claim", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, claimed := ledger.NextClaim(cur, p, now)
+		res = ledger.ClaimResult{Record: next, Claimed: claimed, Now: now}
+		if !claimed {
+			return nil, nil
+		}
+		return &next, nil
+	})
+	if err != nil {
+		return ledger.ClaimResult{}, err
+	}
+	return res, nil
+}
+
+// Complete implements ledger.Store.
+func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	var rec ledger.Record
+	err := s.update(ctx, "complete", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextComplete(cur, p, now)
+		rec = next
+		return &next, err
+	})
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return rec, nil
+}
+
+// Release implements ledger.Store.
+func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	return s.update(ctx, "release", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextRelease(cur, p, now)
+		return &next, err
+	})
+}
+
+// Extend implements ledger.Store.
+func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	var rec ledger.Record
+	err := s.update(ctx, "extend", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextExtend(cur, p, now)
+		rec = next
+		return &next, err
+	})
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	return rec, nil
+}
+
+// Resolve implements ledger.Store.
+func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	var rec ledger.Record
+	var now time.Time
+	err := s.update(ctx, "resolve", p.Scope, func(cur *ledger.Record, at time.Time) (*ledger.Record, error) {
+		next, err := ledger.NextResolve(cur, p, at)
+		rec, now = next, at
+		return &next, err
+	})
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	view, _ := rec.AsOf(now)
+	return view, nil
+}
+
+// Get implements ledger.Store.
+func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return ledger.Record{}, s.classify("get", err)
+	}
+	var rec *ledger.Record
+	err := s.with(func(db *pebbledb.DB) error {
+		var err error
+		rec, err = getRecord(db, scope, recordKey(scope))
+		return err
+	})
+	if err != nil {
+		return ledger.Record{}, s.classify("get", err)
+	}
+	view, ok := rec.AsOf(s.cfg.Now())
+	if !ok {
+		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+	}
+	return view, nil
+}
+
+// GetMany implements ledger.ManyGetter from one snapshot.
+func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, s.classify("get", err)
+	}
+	recs := make([]ledger.Record, len(scopes))
+	err := s.with(func(db *pebbledb.DB) error {
+		snap := db.NewSnapshot()
+		defer snap.Close()
+		now := s.cfg.Now()
+		for i, sc := range scopes {
+			rec, err := getRecord(snap, sc, recordKey(sc))
+			if err != nil {
+				return err
+			}
+			if view, ok := rec.AsOf(now); ok {
+				recs[i] = view
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.classify("get", err)
+	}
+	return recs, nil
+}
+
+// transition computes the record to store from the stored one (nil when
+// absent). It returns nil to store nothing, or a rule error (LEASE_LOST),
+// which also stores nothing.
+type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
+
+// update runs one transition under the scope's lock and commits it with
+// an fsync. The call returns at ctx's end if the commit takes longer (a
+// stalled disk); the commit may still land, as a call cut off by a broken
+// connection may have.
+func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next transition) error {
+	if err := ctx.Err(); err != nil {
+		return s.classify(op, err)
+	}
+	key := recordKey(scope)
+	var ruleErr error
+	err := waitFor(ctx, func() error {
+		mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
+		mu.Lock()
+		defer mu.Unlock()
+		return s.with(func(db *pebbledb.DB) error {
+			cur, err := getRecord(db, scope, key)
+			if err != nil {
+				return err
+			}
+			rec, err := next(cur, s.cfg.Now())
+			if ruleErr = err; err != nil || rec == nil {
+				return nil // a rule error is an answer, not a failed commit
+			}
+			b := db.NewBatch()
+			defer b.Close()
+			if err := put(b, key, cur, rec); err != nil {
+				return err
+			}
+			return b.Commit(pebbledb.Sync)
+		})
+	})
+	if err != nil {
+		return s.classify(op, err)
+	}
+	return ruleErr
+}
+
+// recordKey is the key of a scope's record.
+func recordKey(sc ledger.Scope) []byte {
+	return append(bytes.Clone(recordPrefix), recordkv.ScopeKey(sc)...)
+}
+
+// indexKey is the key of a record's expiry index entry; key is its
+// record key.
+func indexKey(rec *ledger.Record, key []byte) []byte {
+	return append(bytes.Clone(expiryPrefix), recordkv.ExpiryKey(recordkv.SweepAt(rec), key[len(recordPrefix):])...)
+}
+
+// reader is what getRecord reads from: the database or a snapshot.
+type reader interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+}
+
+// get returns a copy of key's value, nil when absent.
+func get(r reader, key []byte) ([]byte, error) {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebbledb.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	return bytes.Clone(v), nil
+}
+
+func getRecord(r reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	v, err := get(r, key)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	rec, err := recordkv.Decode(scope, v)
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// put stores rec in place of cur in b, and moves its expiry index entry.
+func put(b *pebbledb.Batch, key []byte, cur, rec *ledger.Record) error {
+	v, err := recordkv.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if cur != nil && !recordkv.SweepAt(cur).Equal(recordkv.SweepAt(rec)) {
+		if err := b.Delete(indexKey(cur, key), nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(indexKey(rec, key), nil, nil); err != nil {
+		return err
+	}
+	return b.Set(key, v, nil)
+}
+
+// waitFor runs f, and returns its error, or ctx's when ctx ends first.
+func waitFor(ctx context.Context, f func() error) error {
+	if ctx.Done() == nil {
+		return f()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// classify turns what Pebble or the context said into a ledger error, as
+// every store does: a call whose context ended is UPSTREAM_TIMEOUT, a
+// closed store or a failed disk is UNAVAILABLE, a record that cannot be
+// read is INTERNAL.
+func (s *Store) classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("pebble: %s: %w", op, err)
+	switch {
+	case errors.Is(err, recordkv.ErrCorrupt):
+		return ledger.Wrap(ledger.CodeInternal, err, "the ledger could not read a record")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ledger.TimedOut(err)
+	default:
+		return ledger.Unavailable(err)
+	}
+}

@@ -1,0 +1,322 @@
+package pebble_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/lincheck"
+	"github.com/idemledger/idemledger/ledger/pebble"
+)
+
+// TestMain fails tests that leak goroutines. Pebble itself leaves its
+// disk-health ticker behind when Open fails on a locked directory
+// (TestSecondOpenFails); nothing else may stay.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/v2/vfs.(*diskHealthCheckingFS).startTickerLocked.func1"))
+}
+
+func open(t testing.TB, dir string, cfg pebble.Config) *pebble.Store {
+	t.Helper()
+	s, err := pebble.Open(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func scope(k string) ledger.Scope { return ledger.Scope{Namespace: "billing", Tenant: "acme", Key: k} }
+
+// TestRecordsSurviveReopen closes the store and opens it again: every
+// state, token and outcome reads back as it was written, and the ledger
+// keeps its identity.
+func TestRecordsSurviveReopen(t *testing.T) {
+	dir := t.TempDir()
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Created() || s.Identity() == "" {
+		t.Fatalf("a new store: created %t, identity %q", s.Created(), s.Identity())
+	}
+	id := s.Identity()
+	l := ledger.New(s, ledger.Config{})
+	begin := func(l *ledger.Ledger, k string) ledger.BeginResponse {
+		t.Helper()
+		res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: scope(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	done := begin(l, "done")
+	if _, err := l.Complete(t.Context(), scope("done"), done.Claim.Token, ledgertest.Response("inv_1")); err != nil {
+		t.Fatal(err)
+	}
+	failed := begin(l, "failed")
+	if _, err := l.Complete(t.Context(), scope("failed"), failed.Claim.Token, ledgertest.ErrorStatus("card declined")); err != nil {
+		t.Fatal(err)
+	}
+	released := begin(l, "released")
+	if err := l.Release(t.Context(), scope("released"), released.Claim.Token); err != nil {
+		t.Fatal(err)
+	}
+	begin(l, "running")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = open(t, dir, pebble.Config{Now: clock.Now})
+	if s.Created() || s.Identity() != id {
+		t.Fatalf("reopened: created %t, identity %q, want %q", s.Created(), s.Identity(), id)
+	}
+	l = ledger.New(s, ledger.Config{})
+	for k, want := range map[string]*ledger.Outcome{"done": ledgertest.Response("inv_1"), "failed": ledgertest.ErrorStatus("card declined")} {
+		res := begin(l, k)
+		if res.Replay == nil || !res.Replay.Outcome.Equal(want) {
+			t.Fatalf("%s after reopen: %+v, want a replay of its outcome", k, res)
+		}
+	}
+	if res := begin(l, "released"); res.Claim == nil || res.Claim.Token != released.Claim.Token+1 {
+		t.Fatalf("released after reopen: %+v, want a claim with the next token", res)
+	}
+	_, err = l.Begin(t.Context(), ledger.BeginRequest{Scope: scope("running"), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	ledgertest.WantCode(t, err, ledger.CodeInProgress)
+}
+
+// TestRefusesALostStore: a directory whose marker names a ledger whose
+// store is gone, or another ledger's store, is refused, not started empty.
+func TestRefusesALostStore(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, pebble.Config{})
+	_ = s.Close()
+	if err := os.RemoveAll(filepath.Join(dir, pebble.DirName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pebble.Open(dir, pebble.Config{}); !errors.Is(err, pebble.ErrRefused) {
+		t.Fatalf("Open of a directory whose store is gone = %v, want ErrRefused", err)
+	}
+
+	other := t.TempDir()
+	_ = open(t, other, pebble.Config{}).Close()
+	if err := os.Rename(filepath.Join(other, pebble.DirName), filepath.Join(dir, pebble.DirName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pebble.Open(dir, pebble.Config{}); !errors.Is(err, pebble.ErrRefused) || !strings.Contains(err.Error(), "holds ledger") {
+		t.Fatalf("Open of another ledger's store = %v, want ErrRefused", err)
+	}
+}
+
+func TestSecondOpenFails(t *testing.T) {
+	dir := t.TempDir()
+	open(t, dir, pebble.Config{})
+	if s, err := pebble.Open(dir, pebble.Config{}); err == nil {
+		_ = s.Close()
+		t.Fatal("a second Open of the same directory succeeded")
+	}
+}
+
+func TestClosedStoreIsUnavailable(t *testing.T) {
+	s, err := pebble.Open(t.TempDir(), pebble.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping = %v", err)
+	}
+	_ = s.Close()
+	l := ledger.New(s, ledger.Config{})
+	_, err = l.Begin(t.Context(), ledger.BeginRequest{Scope: scope("k"), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	ledgertest.WantCode(t, err, ledger.CodeUnavailable)
+	ledgertest.WantCode(t, s.Ping(t.Context()), ledger.CodeUnavailable)
+	if _, err := s.Sweep(t.Context(), 10); err == nil {
+		t.Fatal("Sweep on a closed store passed")
+	}
+}
+
+// crashEnv names the data directory of the child process of
+// TestSurvivesKill9; when it is set, TestCrashChild is that child.
+const crashEnv = "IDEMLEDGER_PEBBLE_CRASH_DIR"
+
+// TestSurvivesKill9 runs a child process that claims and completes keys
+// from 8 goroutines and prints each key once Complete has returned, kills
+// it with SIGKILL in the middle of that, and opens the store again: every
+// key the child acknowledged replays its outcome.
+func TestSurvivesKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a child process")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	acked := map[string]bool{}
+	lines := bufio.NewScanner(out)
+	for lines.Scan() && len(acked) < 300 {
+		if k, ok := strings.CutPrefix(lines.Text(), "completed "); ok {
+			acked[k] = true
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if len(acked) < 300 {
+		t.Fatalf("the child acknowledged only %d keys before it stopped", len(acked))
+	}
+	s := open(t, dir, pebble.Config{})
+	for k := range acked {
+		rec, err := s.Get(t.Context(), scope(k))
+		if err != nil {
+			t.Fatalf("acknowledged key %s after kill -9: %v", k, err)
+		}
+		if rec.State != ledger.StateCompleted || !rec.Outcome.Equal(ledgertest.Response("inv_"+k)) {
+			t.Fatalf("acknowledged key %s after kill -9: state %s outcome %v", k, rec.State, rec.Outcome)
+		}
+	}
+	if n, err := s.Sweep(t.Context(), 1<<20); err != nil || n != 0 {
+		t.Fatalf("Sweep of live records = %d, %v", n, err)
+	}
+}
+
+func TestCrashChild(t *testing.T) {
+	dir := os.Getenv(crashEnv)
+	if dir == "" {
+		t.Skip("the child of TestSurvivesKill9")
+	}
+	s, err := pebble.Open(dir, pebble.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				k := fmt.Sprintf("g%d-%d", g, i)
+				res, err := l.Begin(context.Background(), ledger.BeginRequest{Scope: scope(k), Fingerprint: ledgertest.Fingerprint(k), Method: ledgertest.Method})
+				if err != nil {
+					panic(err)
+				}
+				if _, err := l.Complete(context.Background(), scope(k), res.Claim.Token, ledgertest.Response("inv_"+k)); err != nil {
+					panic(err)
+				}
+				mu.Lock()
+				fmt.Printf("completed %s\n", k)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestLinearizable(t *testing.T) {
+	for run := range 5 {
+		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
+			lincheck.Run(t, func(now func() time.Time) ledger.Store {
+				return open(t, t.TempDir(), pebble.Config{Now: now})
+			}, lincheck.Config{})
+		})
+	}
+}
+
+// restarting is a store closed and opened again while calls run: calls
+// that meet the closed store fail (UNAVAILABLE), and what was committed
+// must still be there.
+type restarting struct {
+	dir      string
+	now      func() time.Time
+	cur      atomic.Pointer[pebble.Store]
+	restarts atomic.Int64
+}
+
+func (r *restarting) restart(t testing.TB) {
+	_ = r.cur.Load().Close()
+	s, err := pebble.Open(r.dir, pebble.Config{Now: r.now})
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	r.cur.Store(s)
+	r.restarts.Add(1)
+}
+
+func (r *restarting) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	return r.cur.Load().Claim(ctx, p)
+}
+
+func (r *restarting) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	return r.cur.Load().Complete(ctx, p)
+}
+
+func (r *restarting) Release(ctx context.Context, p ledger.ReleaseParams) error {
+	return r.cur.Load().Release(ctx, p)
+}
+
+func (r *restarting) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
+	return r.cur.Load().Extend(ctx, p)
+}
+
+func (r *restarting) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
+	return r.cur.Load().Resolve(ctx, p)
+}
+
+func (r *restarting) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
+	return r.cur.Load().Get(ctx, sc)
+}
+
+// TestLinearizableAcrossRestarts closes and reopens the store every few
+// milliseconds while the history runs.
+func TestLinearizableAcrossRestarts(t *testing.T) {
+	r := &restarting{dir: t.TempDir()}
+	t.Cleanup(func() { _ = r.cur.Load().Close() })
+	lincheck.Run(t, func(now func() time.Time) ledger.Store {
+		r.now = now
+		s, err := pebble.Open(r.dir, pebble.Config{Now: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.cur.Store(s)
+		return r
+	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
+		for ctx.Err() == nil {
+			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond)
+			r.restart(t)
+		}
+	}})
+	if r.restarts.Load() == 0 {
+		t.Fatal("the store was never reopened")
+	}
+	t.Logf("%d restarts", r.restarts.Load())
+}
+
+func TestCountsByState(t *testing.T) {
+	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store {
+		return open(t, t.TempDir(), pebble.Config{Now: now})
+	})
+}

@@ -1,0 +1,106 @@
+package pebble
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"hash/maphash"
+	"time"
+
+	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+)
+
+// Sweep works through up to limit records whose time came, oldest first: a
+// completed record past its retention shrinks to a tombstone (its outcome
+// dropped), a record past ForgetAt is deleted. It returns how many it
+// handled. Reads already see such records as tombstones or absent; the
+// sweep only frees the space, which compaction then gives back.
+//
+// Each record is handled under its scope's lock in a batch of its own,
+// committed without an fsync (a sweep lost in a crash is done again), so
+// writers wait for one record at a time, never for the whole sweep.
+func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, s.classify("sweep", err)
+	}
+	now := s.cfg.Now()
+	var due [][]byte
+	err := s.with(func(db *pebbledb.DB) error {
+		upper := binary.BigEndian.AppendUint64(bytes.Clone(expiryPrefix), uint64(now.UnixNano())+1)
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: expiryPrefix, UpperBound: upper})
+		if err != nil {
+			return err
+		}
+		for it.First(); it.Valid() && len(due) < limit; it.Next() {
+			due = append(due, bytes.Clone(it.Key()))
+		}
+		return it.Close()
+	})
+	if err != nil {
+		return 0, s.classify("sweep", err)
+	}
+	n := 0
+	for _, entry := range due {
+		if err := ctx.Err(); err != nil {
+			return n, s.classify("sweep", err)
+		}
+		if err := s.sweepOne(entry, now); err != nil {
+			return n, s.classify("sweep", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// sweepOne handles the record of one expiry index entry.
+func (s *Store) sweepOne(entry []byte, now time.Time) error {
+	if len(entry) < len(expiryPrefix)+8 {
+		return recordkv.ErrCorrupt
+	}
+	key := append(bytes.Clone(recordPrefix), entry[len(expiryPrefix)+8:]...)
+	scope, err := recordkv.DecodeScopeKey(key[len(recordPrefix):])
+	if err != nil {
+		return err
+	}
+	mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	return s.with(func(db *pebbledb.DB) error {
+		b := db.NewBatch()
+		defer b.Close()
+		if err := b.Delete(entry, nil); err != nil {
+			return err
+		}
+		rec, err := getRecord(db, scope, key)
+		if err != nil {
+			return err
+		}
+		switch {
+		case rec == nil || !bytes.Equal(indexKey(rec, key), entry):
+			// A stale entry: the record moved on, and has its own.
+		case rec.Forgotten(now):
+			if err := b.Delete(key, nil); err != nil {
+				return err
+			}
+		default:
+			if rec.Shrinkable(now) {
+				rec.State, rec.Outcome = ledger.StateExpired, nil
+			}
+			// Index it again at its next event, the record rewritten
+			// without its outcome if it shrank.
+			if err := put(b, key, nil, rec); err != nil {
+				return err
+			}
+		}
+		return b.Commit(pebbledb.NoSync)
+	})
+}
+
+// Run sweeps every Config.SweepInterval, Config.SweepBatch records at a
+// time, until ctx ends; onError, when set, hears of failed sweeps.
+func (s *Store) Run(ctx context.Context, onError func(error)) error {
+	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
+}
