@@ -244,22 +244,48 @@ func later(a, b time.Time) time.Time {
 // ctx ends. A failed sweep is tried again at the next interval; onError,
 // when not nil, hears of it. Stores build their Run methods on it.
 func RunSweeps(ctx context.Context, interval time.Duration, batch int, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) error {
+	return RunPacedSweeps(ctx, interval, batch, 1, sweep, onError)
+}
+
+// RunPacedSweeps is RunSweeps whose sweeps take at most share of the time
+// while a backlog lasts (SweepBacklog).
+func RunPacedSweeps(ctx context.Context, interval time.Duration, batch int, share float64, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		for {
-			n, err := sweep(ctx, batch)
-			if err != nil && ctx.Err() == nil && onError != nil {
-				onError(err)
-			}
-			if err != nil || n < batch {
-				break
-			}
-		}
+		SweepBacklog(ctx, batch, share, sweep, onError)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// SweepBacklog calls sweep(ctx, batch) until it handles less than a full
+// batch, fails, or ctx ends, and returns how many records it handled.
+// With share under 1, it rests after each full batch so that sweeping
+// takes at most that share of the time (0.25: three times as long as the
+// batch took), leaving the rest to the writers.
+func SweepBacklog(ctx context.Context, batch int, share float64, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) int {
+	total := 0
+	for ctx.Err() == nil {
+		start := time.Now()
+		n, err := sweep(ctx, batch)
+		total += n
+		if err != nil && ctx.Err() == nil && onError != nil {
+			onError(err)
+		}
+		if err != nil || n < batch {
+			break
+		}
+		if share > 0 && share < 1 {
+			rest := time.Duration(float64(time.Since(start)) * (1/share - 1))
+			select {
+			case <-ctx.Done():
+			case <-time.After(rest):
+			}
+		}
+	}
+	return total
 }

@@ -61,6 +61,11 @@ type Config struct {
 	SweepInterval time.Duration
 	// SweepBatch is how many expired records one sweep handles: 500.
 	SweepBatch int
+	// SweepShare is the share of the time Run may spend sweeping while a
+	// backlog lasts: 0.25 (after each batch it rests three times as long
+	// as the batch took), so that writers keep most of the disk and the
+	// CPU when a day's records expire at once. 1 sweeps without rest.
+	SweepShare float64
 	// CacheSize is the block cache, in bytes: 64 MiB. With MemTableSize it
 	// bounds the memory the store keeps, whatever the data's size.
 	CacheSize int64
@@ -74,6 +79,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SweepBatch <= 0 {
 		c.SweepBatch = 500
+	}
+	if c.SweepShare <= 0 || c.SweepShare > 1 {
+		c.SweepShare = 0.25
 	}
 	if c.CacheSize <= 0 {
 		c.CacheSize = 64 << 20

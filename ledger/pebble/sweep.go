@@ -100,7 +100,11 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 }
 
 // Run sweeps every Config.SweepInterval, Config.SweepBatch records at a
-// time, until ctx ends; onError, when set, hears of failed sweeps.
+// time and at most Config.SweepShare of the time while a backlog lasts,
+// until ctx ends; onError, when set, hears of failed sweeps.
 func (s *Store) Run(ctx context.Context, onError func(error)) error {
-	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
+	return ledger.RunPacedSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.cfg.SweepShare, s.Sweep, onError)
 }
+
+// SweepShare is the share of the time Run spends sweeping a backlog.
+func (s *Store) SweepShare() float64 { return s.cfg.SweepShare }

@@ -1,0 +1,62 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// TestSweepBacklogPaces: with a share of 0.25 the sweeper rests three
+// times as long as each full batch took, so sweeping takes at most a
+// quarter of the time while the backlog lasts; with a share of 1 it does
+// not rest. It stops at a short batch, and at an error, which onError
+// hears.
+func TestSweepBacklogPaces(t *testing.T) {
+	const batch, full, took = 10, 4, 10 * time.Millisecond
+	sweeper := func(fail bool) (func(context.Context, int) (int, error), *time.Duration) {
+		calls := 0
+		var busy time.Duration
+		return func(context.Context, int) (int, error) {
+			calls++
+			start := time.Now()
+			time.Sleep(took)
+			busy += time.Since(start)
+			switch {
+			case calls <= full:
+				return batch, nil
+			case fail:
+				return 0, errors.New("disk full")
+			}
+			return 3, nil
+		}, &busy
+	}
+	for _, tc := range []struct {
+		share    float64
+		maxShare float64 // of the elapsed time spent sweeping
+		minShare float64
+	}{
+		// Wide bounds: sleeps overshoot on a busy machine. A quarter plus
+		// the last, short batch, which is not followed by a rest, is 0.29.
+		{share: 0.25, minShare: 0.1, maxShare: 0.5},
+		{share: 1, minShare: 0.7, maxShare: 1},
+	} {
+		sweep, busy := sweeper(false)
+		start := time.Now()
+		n := ledger.SweepBacklog(t.Context(), batch, tc.share, sweep, nil)
+		elapsed := time.Since(start)
+		if n != full*batch+3 {
+			t.Fatalf("share %v: handled %d, want %d", tc.share, n, full*batch+3)
+		}
+		if got := busy.Seconds() / elapsed.Seconds(); got < tc.minShare || got > tc.maxShare {
+			t.Errorf("share %v: swept %.2f of the time (%v of %v), want %.2f-%.2f", tc.share, got, *busy, elapsed, tc.minShare, tc.maxShare)
+		}
+	}
+	sweep, _ := sweeper(true)
+	var heard error
+	if n := ledger.SweepBacklog(t.Context(), batch, 0.5, sweep, func(err error) { heard = err }); n != full*batch || heard == nil {
+		t.Fatalf("a failing sweep: handled %d, heard %v", n, heard)
+	}
+}
