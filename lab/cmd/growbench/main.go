@@ -1,0 +1,317 @@
+// Command growbench measures the embedded store's engines as their data
+// grows and is swept, as a day of retention does to a ledger: it fills a
+// store with records, moves its clock past the first half's retention and
+// tombstone window, sweeps that half away while writers run, and reports
+// the writers' throughput and latency at each step, the bytes on disk per
+// record, the process's memory, and how long the store takes to open.
+//
+// Each engine runs on its own, one after the other, on a store of its own
+// in a temporary directory on the same disk; every write is durable.
+//
+//	go run ./lab/cmd/growbench -engines bolt,pebble -records 500000
+package main
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/bolt"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/pebble"
+)
+
+type config struct {
+	engines          []string
+	records, writers int
+	fillers          int
+	outcome          int
+	measure          time.Duration
+}
+
+func main() {
+	var cfg config
+	engines := flag.String("engines", "bolt,pebble", "engines to measure, one after the other: bolt, pebble")
+	flag.IntVar(&cfg.records, "records", 500_000, "records written in all; the first half is swept away")
+	flag.IntVar(&cfg.writers, "writers", 8, "concurrent writers whose throughput is measured")
+	flag.IntVar(&cfg.fillers, "fillers", 64, "concurrent writers that fill the store")
+	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
+	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
+	flag.Parse()
+	for _, e := range strings.Split(*engines, ",") {
+		if e = strings.TrimSpace(e); e != "bolt" && e != "pebble" {
+			fmt.Fprintf(os.Stderr, "growbench: bad -engines %q\n", *engines)
+			os.Exit(2)
+		}
+		cfg.engines = append(cfg.engines, e)
+	}
+	fmt.Println("| engine | step | records | pairs/s (8 writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, e := range cfg.engines {
+		if err := run(context.Background(), cfg, e); err != nil {
+			fmt.Fprintln(os.Stderr, "growbench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// store is what growbench needs of an engine.
+type store interface {
+	ledger.Store
+	ledger.Census
+	Sweep(ctx context.Context, limit int) (int, error)
+	Close() error
+}
+
+func open(engine, dir string, now func() time.Time) (store, error) {
+	if engine == "pebble" {
+		return pebble.Open(dir, pebble.Config{Now: now})
+	}
+	return bolt.Open(dir, bolt.Config{Now: now})
+}
+
+// run measures one engine.
+func run(ctx context.Context, cfg config, engine string) error {
+	dir, err := os.MkdirTemp("", "growbench-"+engine+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s, err := open(engine, dir, clock.Now)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.Close() }()
+	l := ledger.New(s, ledger.Config{})
+	// Every outcome is random bytes of its own, which no engine can
+	// compress away, as real responses mostly are not.
+	outcome := func() *ledger.Outcome {
+		v := make([]byte, cfg.outcome)
+		_, _ = crand.Read(v)
+		return &ledger.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/bench.Invoice", Value: v}}
+	}
+	// live counts the records the store holds (tombstones included), the
+	// measurements' own among them.
+	live := func() int64 {
+		counts, err := s.CountByState(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "growbench:", err)
+			os.Exit(1)
+		}
+		var n int64
+		for _, c := range counts {
+			n += int64(c)
+		}
+		return n
+	}
+	row := func(step string, r result) {
+		live := live()
+		size := diskBytes(dir)
+		perRecord := "–"
+		if live > 0 {
+			perRecord = strconv.FormatInt(size/live, 10)
+		}
+		fmt.Printf("| %s | %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", engine, step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
+	}
+	pair := func(prefix string) op {
+		return func(ctx context.Context, w int, n int64) error {
+			sc := ledger.Scope{Namespace: "bench", Tenant: "acme", Key: fmt.Sprintf("%s-%d-%d", prefix, w, n)}
+			res, err := l.Begin(ctx, ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+			if err != nil {
+				return err
+			}
+			_, err = l.Complete(ctx, sc, res.Claim.Token, outcome())
+			return err
+		}
+	}
+
+	row("empty", measure(ctx, cfg.writers, cfg.measure, pair("m0")))
+	half := int64(cfg.records / 2)
+	if err := fill(ctx, cfg.fillers, half, pair("a")); err != nil {
+		return err
+	}
+	row("first half written", measure(ctx, cfg.writers, cfg.measure, pair("m1")))
+	// The first half's retention and tombstone window run out.
+	clock.Advance(ledger.DefaultRetention + ledger.DefaultTombstoneRetention + time.Hour)
+	if err := fill(ctx, cfg.fillers, half, pair("b")); err != nil {
+		return err
+	}
+	row("second half written", measure(ctx, cfg.writers, cfg.measure, pair("m2")))
+
+	// Sweep the first half away as the store's Run does (batches of 500,
+	// paced as the engine paces them) while the writers run; measure the
+	// writers until the sweep ends.
+	share := 1.0
+	if p, ok := s.(interface{ SweepShare() float64 }); ok {
+		share = p.SweepShare()
+	}
+	var swept int
+	sweepDone := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		var failed error
+		swept = ledger.SweepBacklog(ctx, 500, share, s.Sweep, func(err error) { failed = err })
+		sweepDone <- failed
+	}()
+	during := measureUntil(ctx, cfg.writers, sweepDone, pair("m3"))
+	took := time.Since(start)
+	if during.err != nil {
+		return during.err
+	}
+	row(fmt.Sprintf("during the sweep (%d steps in %.1f s, share %.2f)", swept, took.Seconds(), share), during.result)
+	for { // what the sweep left, unmeasured
+		n, err := s.Sweep(ctx, 500)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	row("after the sweep", measure(ctx, cfg.writers, cfg.measure, pair("m4")))
+
+	if err := s.Close(); err != nil {
+		return err
+	}
+	opened := time.Now()
+	s, err = open(engine, dir, clock.Now)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("| %s | reopened in %.3f s | | | | | %d | | %d |\n", engine, time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
+	return nil
+}
+
+// op is one writer's n-th operation.
+type op func(ctx context.Context, w int, n int64) error
+
+type result struct {
+	perSecond, p50, p99 float64
+}
+
+// fill runs n operations from writers goroutines.
+func fill(ctx context.Context, writers int, n int64, o op) error {
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > n {
+					return
+				}
+				if err := o(ctx, w, i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// measure runs o from writers goroutines for d.
+func measure(ctx context.Context, writers int, d time.Duration, o op) result {
+	stop := make(chan error, 1)
+	go func() { time.Sleep(d); stop <- nil }()
+	r := measureUntil(ctx, writers, stop, o)
+	if r.err != nil {
+		fmt.Fprintln(os.Stderr, "growbench:", r.err)
+		os.Exit(1)
+	}
+	return r.result
+}
+
+type timed struct {
+	result
+	err error
+}
+
+// measureUntil runs o from writers goroutines until stop says so, and
+// returns their throughput and latency, or the first error.
+func measureUntil(ctx context.Context, writers int, stop <-chan error, o op) timed {
+	var done atomic.Bool
+	var mu sync.Mutex
+	var lat []time.Duration
+	var first error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range writers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for n := int64(0); !done.Load(); n++ {
+				t := time.Now()
+				if err := o(ctx, w, n); err != nil {
+					mu.Lock()
+					first = errors.Join(first, err)
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	err := <-stop
+	done.Store(true)
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	slices.Sort(lat)
+	r := timed{err: errors.Join(first, err)}
+	if len(lat) > 0 {
+		r.perSecond = float64(len(lat)) / secs
+		r.p50 = float64(lat[len(lat)/2].Microseconds()) / 1000
+		r.p99 = float64(lat[len(lat)*99/100].Microseconds()) / 1000
+	}
+	return r
+}
+
+// diskBytes is the size of the files under dir.
+func diskBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// rssMiB is the process's resident memory (VmRSS), in MiB; 0 where
+// /proc is not there.
+func rssMiB() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb >> 10
+		}
+	}
+	return 0
+}
