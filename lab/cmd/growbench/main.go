@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -62,7 +63,7 @@ func main() {
 	fmt.Println("| engine | step | records | pairs/s (8 writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |")
 	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, e := range cfg.engines {
-		if err := run(context.Background(), cfg, e); err != nil {
+		if err := run(context.Background(), cfg, e, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "growbench:", err)
 			os.Exit(1)
 		}
@@ -84,8 +85,8 @@ func open(engine, dir string, now func() time.Time) (store, error) {
 	return bolt.Open(dir, bolt.Config{Now: now})
 }
 
-// run measures one engine.
-func run(ctx context.Context, cfg config, engine string) error {
+// run measures one engine and writes its rows to w.
+func run(ctx context.Context, cfg config, engine string, w io.Writer) error {
 	dir, err := os.MkdirTemp("", "growbench-"+engine+"-")
 	if err != nil {
 		return err
@@ -126,7 +127,7 @@ func run(ctx context.Context, cfg config, engine string) error {
 		if live > 0 {
 			perRecord = strconv.FormatInt(size/live, 10)
 		}
-		fmt.Printf("| %s | %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", engine, step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
+		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", engine, step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
 	}
 	pair := func(prefix string) op {
 		return func(ctx context.Context, w int, n int64) error {
@@ -193,7 +194,7 @@ func run(ctx context.Context, cfg config, engine string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("| %s | reopened in %.3f s | | | | | %d | | %d |\n", engine, time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
+	fmt.Fprintf(w, "| %s | reopened in %.3f s | | | | | %d | | %d |\n", engine, time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
 	return nil
 }
 
