@@ -661,25 +661,24 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	}
 }
 
-// TestRefusesTheOtherEnginesLedger: a data directory that holds one
-// engine's ledger is refused by the other (exit 1, no retry), instead of
-// starting a new, empty ledger beside it.
-func TestRefusesTheOtherEnginesLedger(t *testing.T) {
-	for _, tc := range []struct{ wrote, then string }{{"bolt", "pebble"}, {"pebble", "bolt"}} {
-		t.Run(tc.wrote, func(t *testing.T) {
-			dir := t.TempDir()
-			p := start(t, "--data-dir", dir, "--engine", tc.wrote)
-			p.waitServing(t, p.dial(t))
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			if code := p.wait(t); code != 0 {
-				t.Fatalf("first start: exit %d", code)
-			}
-			cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", tc.then)
-			out, _ := cmd.CombinedOutput()
-			if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
-				t.Fatalf("--engine %s on a %s ledger: exit %d, output:\n%s", tc.then, tc.wrote, cmd.ProcessState.ExitCode(), out)
-			}
-		})
+// TestBoltRefusesAPebbleLedger: a data directory that holds a Pebble
+// ledger is refused by --engine bolt (exit 1, no retry), instead of
+// starting a new, empty ledger beside it. (The other way round converts:
+// TestConvertsBoltToPebble.)
+func TestBoltRefusesAPebbleLedger(t *testing.T) {
+	dir := t.TempDir()
+	p := start(t, "--data-dir", dir, "--engine", "pebble")
+	p.waitServing(t, p.dial(t))
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("first start: exit %d", code)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
+	out, _ := cmd.CombinedOutput()
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
+		t.Fatalf("--engine bolt on a pebble ledger: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
 	}
 }
 
@@ -922,4 +921,84 @@ func TestLogsDoNotAmplify(t *testing.T) {
 			t.Fatal("no summary of the refused calls")
 		}
 	})
+}
+
+// TestConvertsBoltToPebble: ledgerd started with --engine pebble on a
+// directory that holds a bolt ledger copies it into Pebble under the same
+// identity: a completed key replays its outcome, a key in flight stays
+// IN_PROGRESS, ledger.db is kept as ledger.db.converted, and bolt now
+// refuses the directory. A conversion interrupted before ledger.db was
+// renamed is finished at the next start.
+func TestConvertsBoltToPebble(t *testing.T) {
+	dir := t.TempDir()
+	p := start(t, "--data-dir", dir)
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	done, err := client.Begin(t.Context(), begin("inv-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "inv-1", Token: done.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Begin(t.Context(), begin("inv-2")); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("bolt ledgerd: exit %d", code)
+	}
+
+	check := func(p *proc) {
+		t.Helper()
+		conn := p.dial(t)
+		p.waitServing(t, conn)
+		client := ledgerv1.NewLedgerServiceClient(conn)
+		replay, err := client.Begin(t.Context(), begin("inv-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(invoice, replay.GetReplay().GetOutcome(), protocmp.Transform()); d != "" {
+			t.Fatalf("replay after the conversion (-want +got):\n%s", d)
+		}
+		_, err = client.Begin(t.Context(), begin("inv-2"))
+		if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeInProgress {
+			t.Fatalf("the key in flight after the conversion: %v, want IN_PROGRESS", err)
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		if code := p.wait(t); code != 0 {
+			t.Fatalf("pebble ledgerd: exit %d", code)
+		}
+	}
+	p = start(t, "--data-dir", dir, "--engine", "pebble")
+	check(p)
+	if !strings.Contains(p.logs(), "converted the embedded ledger from bolt to pebble") {
+		t.Fatalf("no conversion logged:\n%s", p.logs())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ledger.db.converted")); err != nil {
+		t.Fatalf("ledger.db was not kept: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ledger.db")); err == nil {
+		t.Fatal("ledger.db is still there")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
+		t.Fatalf("--engine bolt after the conversion: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	}
+
+	// An interruption after the Pebble store was moved into place and
+	// before ledger.db was renamed: both are there, with one identity.
+	for _, name := range []string{"ledger.db", "ledger.id"} {
+		if err := os.Rename(filepath.Join(dir, name+".converted"), filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p = start(t, "--data-dir", dir, "--engine", "pebble")
+	check(p)
+	if !strings.Contains(p.logs(), "finishing an interrupted conversion") {
+		t.Fatalf("no finished conversion logged:\n%s", p.logs())
+	}
 }

@@ -230,9 +230,15 @@ type embedded interface {
 	Close() error
 }
 
-// openEmbedded opens the embedded store of cfg.engine in cfg.dataDir,
-// refusing a directory that holds the other engine's ledger.
-func openEmbedded(cfg config, onClockStep func(time.Duration)) (embedded, error) {
+// openEmbedded opens the embedded store of cfg.engine in cfg.dataDir. A
+// bolt ledger there is converted first when the engine is pebble; a
+// pebble ledger is refused when the engine is bolt.
+func openEmbedded(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (embedded, error) {
+	if cfg.engine == "pebble" {
+		if err := convertToPebble(ctx, cfg.dataDir, log); err != nil {
+			return nil, err
+		}
+	}
 	mine, other := bolt.FileName, pebble.DirName
 	if cfg.engine == "pebble" {
 		mine, other = other, mine
@@ -257,7 +263,7 @@ func openEmbedded(cfg config, onClockStep func(time.Duration)) (embedded, error)
 
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := openEmbedded(cfg, onClockStep)
+		s, err := openEmbedded(ctx, cfg, log, onClockStep)
 		if err != nil {
 			return nil, nil, err
 		}

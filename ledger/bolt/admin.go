@@ -185,3 +185,30 @@ func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) 
 	}
 	return counts, nil
 }
+
+// Records calls fn with every record the file holds, as stored (expired
+// records and tombstones included), in key order, from one read
+// transaction: what a conversion to another engine copies. It stops at
+// fn's first error and returns it.
+func (s *Store) Records(ctx context.Context, fn func(ledger.Record) error) error {
+	if err := ctx.Err(); err != nil {
+		return s.classify("records", err)
+	}
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		return tx.Bucket(recordsBucket).ForEach(func(k, v []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			scope, err := recordkv.DecodeScopeKey(k)
+			if err != nil {
+				return err
+			}
+			rec, err := recordkv.Decode(scope, v)
+			if err != nil {
+				return err
+			}
+			return fn(rec)
+		})
+	})
+	return s.classify("records", err)
+}

@@ -106,3 +106,35 @@ func (s *Store) count(t *testing.T, namespace string) int {
 	}
 	return inNamespace
 }
+
+// TestRecords: Records sees every stored record, released ones and
+// tombstones included, as stored.
+func TestRecords(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s := openInternal(t, Config{Now: clock.Now})
+	l := ledger.New(s, ledger.Config{})
+	scope := func(k string) ledger.Scope { return ledger.Scope{Namespace: "ns", Tenant: "t", Key: k} }
+	for _, k := range []string{"a", "b", "c"} {
+		res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: scope(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch k {
+		case "a":
+			_, err = l.Complete(t.Context(), scope(k), res.Claim.Token, ledgertest.Response("inv"))
+		case "b":
+			err = l.Release(t.Context(), scope(k), res.Claim.Token)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]ledger.State{}
+	if err := s.Records(t.Context(), func(r ledger.Record) error { got[r.Scope.Key] = r.State; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]ledger.State{"a": ledger.StateCompleted, "b": ledger.StateReleased, "c": ledger.StateInProgress}
+	if len(got) != len(want) || got["a"] != want["a"] || got["b"] != want["b"] || got["c"] != want["c"] {
+		t.Fatalf("Records saw %v, want %v", got, want)
+	}
+}

@@ -25,10 +25,10 @@ func refuse(format string, args ...any) error {
 }
 
 // identity reads the ledger's identity from db and checks it against the
-// marker in dir: a store without one is new (it gets one, and the
-// marker), unless the marker says a ledger was here, which the store has
-// lost. created reports a new ledger.
-func identity(db *pebbledb.DB, dir, want string) (id string, created bool, err error) {
+// marker in dir: a store without one is new (it gets given, or a new one,
+// and the marker), unless the marker says a ledger was here, which the
+// store has lost. created reports a new ledger.
+func identity(db *pebbledb.DB, dir, want, given string) (id string, created bool, err error) {
 	marker := filepath.Join(dir, IdentityFileName)
 	stored, err := get(db, identityKey)
 	if err != nil {
@@ -47,11 +47,14 @@ func identity(db *pebbledb.DB, dir, want string) (id string, created bool, err e
 		}
 		return string(stored), false, nil
 	}
-	raw := make([]byte, 16)
-	if _, err := rand.Read(raw); err != nil {
-		return "", false, err
+	id = given
+	if id == "" {
+		raw := make([]byte, 16)
+		if _, err := rand.Read(raw); err != nil {
+			return "", false, err
+		}
+		id = hex.EncodeToString(raw)
 	}
-	id = hex.EncodeToString(raw)
 	if err := db.Set(identityKey, []byte(id), pebbledb.Sync); err != nil {
 		return "", false, fmt.Errorf("pebble: write identity: %w", err)
 	}

@@ -71,6 +71,9 @@ type Config struct {
 	CacheSize int64
 	// MemTableSize is the size of a memtable, in bytes: 16 MiB.
 	MemTableSize uint64
+	// Identity is the identity a new store takes: a conversion keeps the
+	// ledger's. Empty draws a new one. A store that has one keeps it.
+	Identity string
 }
 
 func (c Config) withDefaults() Config {
@@ -154,7 +157,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
 	}
-	id, created, err := identity(db, dir, want)
+	id, created, err := identity(db, dir, want, cfg.Identity)
 	if err != nil {
 		_ = db.Close()
 		return nil, err
@@ -364,6 +367,36 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 		return nil, s.classify("get", err)
 	}
 	return recs, nil
+}
+
+// Load stores recs as they are, each with its expiry index entry, in one
+// batch committed with an fsync: what a conversion from another engine
+// writes. A record already stored is replaced. Call it before the store
+// serves.
+func (s *Store) Load(ctx context.Context, recs []ledger.Record) error {
+	if err := ctx.Err(); err != nil {
+		return s.classify("load", err)
+	}
+	return s.classify("load", s.with(func(db *pebbledb.DB) error {
+		b := db.NewBatch()
+		defer b.Close()
+		for i := range recs {
+			key := recordKey(recs[i].Scope)
+			cur, err := getRecord(db, recs[i].Scope, key)
+			if err != nil {
+				return err
+			}
+			if cur != nil {
+				if err := b.Delete(indexKey(cur, key), nil); err != nil {
+					return err
+				}
+			}
+			if err := put(b, key, nil, &recs[i]); err != nil {
+				return err
+			}
+		}
+		return b.Commit(pebbledb.Sync)
+	}))
 }
 
 // transition computes the record to store from the stored one (nil when
