@@ -63,7 +63,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.httpListen, "http-listen", "127.0.0.1:7072", "HTTP address serving LedgerService over the Connect protocol (JSON POSTs), gRPC-Web and gRPC; empty turns it off")
 	fs.StringVar(&c.healthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1, for kubelet probes when --listen uses TLS; empty turns it off")
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
-	fs.StringVar(&c.engine, "engine", "bolt", "engine of the embedded store: bolt (a single file, ledger.db) or pebble (a log-structured store, ledger.pebble; faster, newer)")
+	fs.StringVar(&c.engine, "engine", "pebble", "engine of the embedded store: pebble (a log-structured store with a write-ahead log, ledger.pebble; it converts a bolt ledger.db it finds) or bolt (a single file, ledger.db)")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
 	fs.BoolVar(&c.migrateOnly, "migrate-only", false, "apply the SQL schema migrations and exit (a migration job)")

@@ -645,7 +645,7 @@ func TestMigrateOnly(t *testing.T) {
 // directory just works.
 func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	dir := t.TempDir()
-	p := start(t, "--data-dir", dir)
+	p := start(t, "--data-dir", dir, "--engine", "bolt")
 	p.waitServing(t, p.dial(t))
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	if code := p.wait(t); code != 0 {
@@ -654,7 +654,7 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	if err := os.Truncate(filepath.Join(dir, "ledger.db"), 0); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir)
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
 	out, _ := cmd.CombinedOutput()
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
 		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
@@ -931,7 +931,7 @@ func TestLogsDoNotAmplify(t *testing.T) {
 // renamed is finished at the next start.
 func TestConvertsBoltToPebble(t *testing.T) {
 	dir := t.TempDir()
-	p := start(t, "--data-dir", dir)
+	p := start(t, "--data-dir", dir, "--engine", "bolt")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)

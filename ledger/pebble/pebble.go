@@ -154,6 +154,9 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if errors.Is(err, pebbledb.ErrDBDoesNotExist) {
 		return nil, lostStore(dir, want)
 	}
+	if err != nil && pebbledb.IsCorruptionError(err) {
+		return nil, refuse("%s is damaged (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
 	}

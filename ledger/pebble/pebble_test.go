@@ -124,6 +124,28 @@ func TestRefusesALostStore(t *testing.T) {
 	}
 }
 
+// TestRefusesADamagedStore: a store whose manifest was truncated is
+// refused (ErrRefused, which ledgerd does not retry), not opened.
+func TestRefusesADamagedStore(t *testing.T) {
+	dir := t.TempDir()
+	_ = open(t, dir, pebble.Config{}).Close()
+	manifests, err := filepath.Glob(filepath.Join(dir, pebble.DirName, "MANIFEST-*"))
+	if err != nil || len(manifests) == 0 {
+		t.Fatalf("no manifest: %v", err)
+	}
+	for _, m := range manifests {
+		if err := os.Truncate(m, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s, err := pebble.Open(dir, pebble.Config{}); !errors.Is(err, pebble.ErrRefused) || !strings.Contains(err.Error(), "damaged") {
+		if err == nil {
+			_ = s.Close()
+		}
+		t.Fatalf("Open of a store with a truncated manifest = %v, want ErrRefused", err)
+	}
+}
+
 func TestSecondOpenFails(t *testing.T) {
 	dir := t.TempDir()
 	open(t, dir, pebble.Config{})
