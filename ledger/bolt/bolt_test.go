@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -212,75 +211,38 @@ func TestLinearizable(t *testing.T) {
 	}
 }
 
-// restarting is a store whose file is closed and opened again while calls
-// run: calls that meet the closed file fail (UNAVAILABLE), and what was
-// committed must still be there.
-type restarting struct {
-	dir      string
-	now      func() time.Time
-	cur      atomic.Pointer[bolt.Store]
-	restarts atomic.Int64
-}
-
-func (r *restarting) restart(t testing.TB) {
-	old := r.cur.Load()
-	_ = old.Close()
-	s, err := bolt.Open(r.dir, bolt.Config{Now: r.now})
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	r.cur.Store(s)
-	r.restarts.Add(1)
-}
-
-func (r *restarting) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
-	return r.cur.Load().Claim(ctx, p)
-}
-
-func (r *restarting) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
-	return r.cur.Load().Complete(ctx, p)
-}
-
-func (r *restarting) Release(ctx context.Context, p ledger.ReleaseParams) error {
-	return r.cur.Load().Release(ctx, p)
-}
-
-func (r *restarting) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
-	return r.cur.Load().Extend(ctx, p)
-}
-
-func (r *restarting) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
-	return r.cur.Load().Resolve(ctx, p)
-}
-
-func (r *restarting) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
-	return r.cur.Load().Get(ctx, sc)
-}
-
-// TestLinearizableAcrossRestarts closes and reopens the file every few
+// TestLinearizableAcrossRestarts closes and reopens the store every few
 // milliseconds while the history runs.
 func TestLinearizableAcrossRestarts(t *testing.T) {
-	r := &restarting{dir: t.TempDir()}
-	t.Cleanup(func() { _ = r.cur.Load().Close() })
+	dir := t.TempDir()
+	var r *lincheck.Reopening
 	lincheck.Run(t, func(now func() time.Time) ledger.Store {
-		r.now = now
-		s, err := bolt.Open(r.dir, bolt.Config{Now: now})
+		var err error
+		r, err = lincheck.NewReopening(func() (lincheck.Closer, error) {
+			s, err := bolt.Open(dir, bolt.Config{Now: now})
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.cur.Store(s)
+		t.Cleanup(func() { _ = r.Close() })
 		return r
 	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
 		for ctx.Err() == nil {
 			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond)
-			r.restart(t)
+			if err := r.Reopen(); err != nil {
+				t.Error(err)
+				return
+			}
 		}
 	}})
-	if r.restarts.Load() == 0 {
-		t.Fatal("the file was never reopened")
+	if r.Restarts() == 0 {
+		t.Fatal("the store was never reopened")
 	}
-	t.Logf("%d restarts", r.restarts.Load())
+	t.Logf("%d restarts", r.Restarts())
 }
 
 func TestCountsByState(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	bbolt "go.etcd.io/bbolt"
+
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 )
 
 // IdentityFileName is the marker beside the store's file: the identity of
@@ -163,35 +165,10 @@ func identity(db *bbolt.DB, dir string, fileIsNew bool) (string, bool, error) {
 	return id, created, nil
 }
 
-// writeMarker writes the marker durably: a temporary file, fsynced,
-// renamed into place, and the directory fsynced.
+// writeMarker writes the marker durably (recordkv.WriteMarker).
 func writeMarker(path, id string) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("bolt: write %s: %w", path, err)
-	}
-	_, err = f.Write([]byte(id + "\n"))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("bolt: write %s: %w", path, err)
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("bolt: sync %s: %w", filepath.Dir(path), err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("bolt: sync %s: %w", filepath.Dir(path), err)
+	if err := recordkv.WriteMarker(path, id); err != nil {
+		return fmt.Errorf("bolt: %w", err)
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger/internal/recordkv"
 )
 
 // IdentityFileName is the marker beside the store that names its ledger.
@@ -84,25 +86,9 @@ func lostStore(dir, want string) error {
 		filepath.Join(dir, IdentityFileName), want, filepath.Join(dir, DirName))
 }
 
-// writeMarker writes the marker durably: a temporary file, synced, then
-// renamed into place.
+// writeMarker writes the marker durably (recordkv.WriteMarker).
 func writeMarker(path, id string) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("pebble: identity marker: %w", err)
-	}
-	_, err = f.WriteString(id + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
+	if err := recordkv.WriteMarker(path, id); err != nil {
 		return fmt.Errorf("pebble: identity marker: %w", err)
 	}
 	return nil
