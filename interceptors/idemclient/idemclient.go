@@ -133,10 +133,13 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 			retry.WithRetriable(func(err error) bool {
 				le := ledgerstatus.FromError(err)
 				hint = le.RetryAfter
-				if dl, ok := ctx.Deadline(); ok && hint > time.Until(dl) {
+				if dl, ok := ctx.Deadline(); ok && hint > 0 && hint > time.Until(dl) {
 					// The server's hint outlasts the deadline: the typed
 					// answer now (IN_PROGRESS, retry after 2 s) tells the
 					// caller more than DEADLINE_EXCEEDED would later.
+					// Without a hint the backoff runs into the deadline,
+					// and the call fails with the context's error, even
+					// when the last answer came as the deadline passed.
 					return false
 				}
 				return le.Retryable()
