@@ -2,8 +2,10 @@ package main_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
@@ -59,42 +61,44 @@ func TestSpanTree(t *testing.T) {
 			}
 			root.End()
 
-			var spans []sdktrace.ReadOnlySpan
-			for _, s := range rec.Ended() {
-				if s.SpanContext().TraceID() == root.SpanContext().TraceID() {
-					spans = append(spans, s)
-				}
-			}
-			byID := map[string]sdktrace.ReadOnlySpan{}
-			for _, s := range spans {
-				byID[s.SpanContext().SpanID().String()] = s
-			}
-			// path is a span's ancestry, from the root, by name.
-			path := func(s sdktrace.ReadOnlySpan) string {
-				var names []string
-				for s != nil {
-					names = append([]string{s.Name()}, names...)
-					s = byID[s.Parent().SpanID().String()]
-				}
-				return strings.Join(names, " > ")
-			}
-			var paths []string
-			for _, s := range spans {
-				paths = append(paths, path(s))
-			}
 			guardPath := "agent > idemledger.testing.v1.InvoiceService/CreateInvoice > idemledger.testing.v1.InvoiceService/CreateInvoice > idemledger.guard /idemledger.testing.v1.InvoiceService/CreateInvoice"
-			for _, want := range []string{
+			wants := []string{
 				guardPath + " > idemledger.v1.LedgerService/Begin > idemledger.v1.LedgerService/Begin > idemledger.store claim",
 				guardPath + " > handler",
 				guardPath + " > idemledger.v1.LedgerService/Complete > idemledger.v1.LedgerService/Complete > idemledger.store complete",
-			} {
-				found := false
-				for _, p := range paths {
-					found = found || p == want
+			}
+			// collect reads the trace's ended spans and their paths (each
+			// span's ancestry, from the root, by name).
+			collect := func() (spans []sdktrace.ReadOnlySpan, paths []string) {
+				for _, s := range rec.Ended() {
+					if s.SpanContext().TraceID() == root.SpanContext().TraceID() {
+						spans = append(spans, s)
+					}
 				}
-				if !found {
-					t.Errorf("no span at\n  %s\nspans:\n  %s", want, strings.Join(paths, "\n  "))
+				byID := map[string]sdktrace.ReadOnlySpan{}
+				for _, s := range spans {
+					byID[s.SpanContext().SpanID().String()] = s
 				}
+				for _, s := range spans {
+					var names []string
+					for p := s; p != nil; p = byID[p.Parent().SpanID().String()] {
+						names = append([]string{p.Name()}, names...)
+					}
+					paths = append(paths, strings.Join(names, " > "))
+				}
+				return spans, paths
+			}
+			// A server's span ends after its answer is sent, so the client
+			// may have the answer first: wait a little for the last spans.
+			spans, paths := collect()
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); spans, paths = collect() {
+				if missing(wants, paths) == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			for _, want := range missing(wants, paths) {
+				t.Errorf("no span at\n  %s\nspans:\n  %s", want, strings.Join(paths, "\n  "))
 			}
 			for _, s := range spans {
 				if s.Name() != "idemledger.store claim" {
@@ -131,4 +135,15 @@ func tracedLedger(t *testing.T, api string) ledgerv1.LedgerServiceClient {
 	conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing")),
 		grpc.StatsHandler(otelgrpc.NewServerHandler())).Dial(t, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 	return ledgerv1.NewLedgerServiceClient(conn)
+}
+
+// missing returns the wants that paths lacks.
+func missing(wants, paths []string) []string {
+	var out []string
+	for _, w := range wants {
+		if !slices.Contains(paths, w) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
