@@ -1,15 +1,10 @@
 package bolt_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -111,95 +106,21 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	ledgertest.WantCode(t, s.Ping(t.Context()), ledger.CodeUnavailable)
 }
 
-// crashEnv names the data directory of the child process of
-// TestSurvivesKill9; when it is set, TestCrashChild is that child.
-const crashEnv = "IDEMLEDGER_BOLT_CRASH_DIR"
-
-// TestSurvivesKill9 runs a child process that claims and completes keys from
-// 8 goroutines and prints each key once Complete has returned, kills it with
-// SIGKILL in the middle of that, and opens the file again: every key the
-// child acknowledged replays its outcome, and every other key is absent or
-// in progress, never damaged.
-func TestSurvivesKill9(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a child process")
-	}
-	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$")
-	cmd.Env = append(os.Environ(), crashEnv+"="+dir)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	acked := map[string]bool{}
-	lines := bufio.NewScanner(out)
-	for lines.Scan() && len(acked) < 300 {
-		if k, ok := strings.CutPrefix(lines.Text(), "completed "); ok {
-			acked[k] = true
-		}
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	if len(acked) < 300 {
-		t.Fatalf("the child acknowledged only %d keys before it stopped", len(acked))
-	}
-
-	s := open(t, dir, bolt.Config{})
-	for k := range acked {
-		rec, err := s.Get(t.Context(), crashScope(k))
+// crash is the kill -9 test on this store (ledgertest.Crash).
+var crash = ledgertest.Crash{Child: "TestCrashChild", Env: "IDEMLEDGER_BOLT_CRASH_DIR",
+	Open: func(dir string) (ledger.Store, func() error, error) {
+		s, err := bolt.Open(dir, bolt.Config{})
 		if err != nil {
-			t.Fatalf("acknowledged key %s after kill -9: %v", k, err)
+			return nil, nil, err
 		}
-		if rec.State != ledger.StateCompleted || !rec.Outcome.Equal(ledgertest.Response("inv_"+k)) {
-			t.Fatalf("acknowledged key %s after kill -9: state %s outcome %v", k, rec.State, rec.Outcome)
-		}
-	}
-	if n, err := s.Sweep(t.Context(), 1<<20); err != nil || n != 0 {
-		t.Fatalf("Sweep of live records = %d, %v", n, err)
-	}
-}
+		return s, s.Close, nil
+	}}
 
-func crashScope(k string) ledger.Scope {
-	return ledger.Scope{Namespace: "billing", Tenant: "acme", Key: k}
-}
+// TestSurvivesKill9: every key a child process acknowledged before it was
+// killed with SIGKILL replays its outcome after the store opens again.
+func TestSurvivesKill9(t *testing.T) { crash.SurvivesKill9(t) }
 
-func TestCrashChild(t *testing.T) {
-	dir := os.Getenv(crashEnv)
-	if dir == "" {
-		t.Skip("the child of TestSurvivesKill9")
-	}
-	s, err := bolt.Open(dir, bolt.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := ledger.New(s, ledger.Config{})
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				k := fmt.Sprintf("g%d-%d", g, i)
-				res, err := l.Begin(context.Background(), ledger.BeginRequest{Scope: crashScope(k), Fingerprint: ledgertest.Fingerprint(k), Method: ledgertest.Method})
-				if err != nil {
-					panic(err)
-				}
-				if _, err := l.Complete(context.Background(), crashScope(k), res.Claim.Token, ledgertest.Response("inv_"+k)); err != nil {
-					panic(err)
-				}
-				mu.Lock()
-				fmt.Printf("completed %s\n", k)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-}
+func TestCrashChild(t *testing.T) { crash.RunChild(t) }
 
 func TestLinearizable(t *testing.T) {
 	for run := range 5 {
