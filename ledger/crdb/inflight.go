@@ -37,6 +37,9 @@ const (
 	pingsKept    = 6 // a minute of pings: the round trip follows a move of the leaseholder within a minute
 	pingTimeout  = 5 * time.Second
 	batchesKept  = 63 // an odd number: the median is one of them
+	// batchesToTrust is how many batches are timed before the limit
+	// leaves 1: one batch faster than a slow ping would allow the pool.
+	batchesToTrust = 8
 )
 
 // inFlight sets the batches allowed at once from the round trip and the
@@ -62,7 +65,7 @@ type inFlight struct {
 func (f *inFlight) limit() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.rtts) == 0 || f.median <= 0 {
+	if len(f.rtts) == 0 || len(f.batches) < batchesToTrust {
 		return 1
 	}
 	return batchesInFlight(f.median, slices.Min(f.rtts), f.max)

@@ -122,3 +122,21 @@ func TestInFlightIgnoresSlowBatches(t *testing.T) {
 		t.Fatalf("limit %d (batch time %v), want the pool's 16", got, batch)
 	}
 }
+
+// TestInFlightWaitsForBatches: the limit stays 1 until batchesToTrust
+// batches were timed, so that one batch faster than a slow ping cannot
+// open the pool to a database nearby.
+func TestInFlightWaitsForBatches(t *testing.T) {
+	tune := newInFlight(t.Context(), func(context.Context) (time.Duration, error) { return 50 * time.Millisecond, nil }, 16)
+	tune.measure(t.Context())
+	for i := range batchesToTrust {
+		if got := tune.limit(); got != 1 {
+			t.Fatalf("after %d batches: limit %d, want 1", i, got)
+		}
+		tune.observe(51 * time.Millisecond)
+	}
+	tune.close()
+	if got := tune.limit(); got != 16 {
+		t.Fatalf("after %d batches: limit %d, want 16", batchesToTrust, got)
+	}
+}
