@@ -1,6 +1,7 @@
 package crdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -86,16 +87,45 @@ type BatchStats struct {
 	RoundTrip, BatchTime time.Duration
 }
 
-// BatchStats returns the batcher's counters; zero without Config.Batching.
+// BatchStats returns the batchers' counters, summed over the home
+// regions (Limit too); RoundTrip and BatchTime are Config.Region's (the
+// primary's without it). Zero without Config.Batching.
 func (s *Store) BatchStats() BatchStats {
-	if s.ops == nil {
+	if !s.cfg.Batching {
 		return BatchStats{}
 	}
-	st := BatchStats{Batches: s.ops.batches.Load(), Calls: s.ops.calls.Load(), Busy: time.Duration(s.ops.busy.Load()), Limit: s.ops.limit()}
-	if s.ops.tune != nil {
-		st.RoundTrip, st.BatchTime = s.ops.tune.roundTrip()
+	var sum BatchStats
+	local := ""
+	if s.cfg.Homes != nil {
+		local = cmp.Or(s.cfg.Region, s.cfg.Homes.primary)
 	}
-	return st
+	for region, st := range s.BatchStatsByRegion() {
+		sum.Batches += st.Batches
+		sum.Calls += st.Calls
+		sum.Busy += st.Busy
+		sum.Limit += st.Limit
+		if region == local {
+			sum.RoundTrip, sum.BatchTime = st.RoundTrip, st.BatchTime
+		}
+	}
+	return sum
+}
+
+// BatchStatsByRegion returns each home region's batcher's counters ("":
+// the only one, without Config.Homes); nil without Config.Batching.
+func (s *Store) BatchStatsByRegion() map[string]BatchStats {
+	if !s.cfg.Batching {
+		return nil
+	}
+	out := make(map[string]BatchStats, len(s.ops))
+	for region, b := range s.ops {
+		st := BatchStats{Batches: b.batches.Load(), Calls: b.calls.Load(), Busy: time.Duration(b.busy.Load()), Limit: b.limit()}
+		if b.tune != nil {
+			st.RoundTrip, st.BatchTime = b.tune.roundTrip()
+		}
+		out[region] = st
+	}
+	return out
 }
 
 // limit is the batches allowed in flight at once now.
@@ -292,9 +322,20 @@ type casRow struct {
 // any other error (a deadlock, an ambiguous commit) each call falls back to
 // its own statement, which is safe: a statement that did commit answers the
 // same again (a claim knows its nonce, a complete its token and outcome).
-func (s *Store) runOps(ctx context.Context, calls []*call[op, opResult]) {
+func (s *Store) runOps(ctx context.Context, region string, calls []*call[op, opResult]) {
 	for _, c := range calls {
 		trace.SpanFromContext(c.ctx).SetAttributes(ledger.AttrBatchSize.Int(len(calls))) //nolint:contextcheck // each call's own span
+	}
+	if s.batchRan != nil {
+		scopes := make([]ledger.Scope, len(calls))
+		for i, c := range calls {
+			if c.p.claim != nil {
+				scopes[i] = c.p.claim.p.Scope
+			} else {
+				scopes[i] = c.p.complete.p.Scope
+			}
+		}
+		s.batchRan(region, scopes)
 	}
 	if len(calls) == 1 {
 		s.runOne(ctx, calls[0])

@@ -146,12 +146,12 @@ func TestMixedBatch(t *testing.T) {
 	complete, stale := newComplete("held", held.Record.Token, "inv_held"), newComplete("other", other.Record.Token+1, "inv_other")
 
 	warm1, warm2 := newClaim("warm-1"), newComplete("warm-1", 1, "inv_warm")
-	s.runOps(ctx, []*call[op, opResult]{warm1, warm2})
+	s.runOps(ctx, "", []*call[op, opResult]{warm1, warm2})
 	<-warm1.done
 	<-warm2.done
 
 	before := w.n.Load()
-	s.runOps(ctx, []*call[op, opResult]{complete, fresh1, replay, stale, heldAgain, fresh2})
+	s.runOps(ctx, "", []*call[op, opResult]{complete, fresh1, replay, stale, heldAgain, fresh2})
 	if n := w.n.Load() - before; n != 1 {
 		t.Fatalf("the batch took %d writes to the database, want 1", n)
 	}
@@ -286,9 +286,9 @@ func TestCrossedBatches(t *testing.T) {
 	bCalls := []*call[op, opResult]{claimOp(ctx, "y"), completeOp(ctx, t, "x", x.Record.Token, "inv_x")}
 	aCalls := []*call[op, opResult]{claimOp(ctx, "x"), completeOp(ctx, t, "y", y.Record.Token, "inv_y")}
 	var wg sync.WaitGroup
-	wg.Go(func() { b.runOps(ctx, bCalls) })
+	wg.Go(func() { b.runOps(ctx, "", bCalls) })
 	waiting(1) // B's claim of y
-	wg.Go(func() { a.runOps(ctx, aCalls) })
+	wg.Go(func() { a.runOps(ctx, "", aCalls) })
 	waiting(2) // A's complete of y, holding x
 	if err := hold.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -362,9 +362,9 @@ func TestBatchStats(t *testing.T) {
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-			s.ops.mu.Lock()
+			s.ops[""].mu.Lock()
 			ok := cond()
-			s.ops.mu.Unlock()
+			s.ops[""].mu.Unlock()
 			if ok {
 				return
 			}
@@ -373,7 +373,7 @@ func TestBatchStats(t *testing.T) {
 			}
 		}
 	}
-	waitFor("the claim of the held row to run", func() bool { return s.ops.inFlight == 1 })
+	waitFor("the claim of the held row to run", func() bool { return s.ops[""].inFlight == 1 })
 	for i := range 10 {
 		wg.Go(func() {
 			if _, err := s.Claim(ctx, testClaim(fmt.Sprint("queued-", i))); err != nil {
@@ -381,7 +381,7 @@ func TestBatchStats(t *testing.T) {
 			}
 		})
 	}
-	waitFor("ten claims to queue", func() bool { return len(s.ops.pending) == 10 })
+	waitFor("ten claims to queue", func() bool { return len(s.ops[""].pending) == 10 })
 	if err := hold.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}

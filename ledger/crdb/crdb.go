@@ -24,6 +24,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +102,23 @@ type Config struct {
 	// deadline, with a retryable error (SQLSTATE 57014: UPSTREAM_TIMEOUT;
 	// 55P03: CONTENTION). Negative leaves the database's own setting.
 	StatementTimeout, LockTimeout time.Duration
+	// Homes is the platform's mapping of tenants to home regions (see
+	// Homes and ApplyHomes). With it, a batch holds the calls of one home
+	// region only, and each region's batches have their own limit, set
+	// from a round trip to a row of that region: a call never waits
+	// behind another region's batch (see batch.go). nil: one region.
+	Homes *Homes
+	// Region is the region this ledger instance runs in, one of Homes'
+	// regions; it tells which tenants are homed away (FollowerReads).
+	Region string
+	// FollowerReads, above zero, lets a claim of a tenant homed outside
+	// Region (of every tenant, without Homes) first read the record from
+	// the nearest replica, at most FollowerReads stale (CockroachDB's
+	// bounded-staleness follower reads), and answer a replay of a
+	// completed record from it without the leaseholder (see follower.go).
+	// On PostgreSQL the same read goes to the primary. 0, the default,
+	// sends every claim to the leaseholder.
+	FollowerReads time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -143,9 +161,12 @@ type Store struct {
 	pool    *pgxpool.Pool
 	dialect Dialect
 	cfg     Config
-	ops     *batcher[op, opResult]
+	ops     map[string]*batcher[op, opResult] // by home region; "" without Config.Homes
+	follow  followerReader
+	reads   followerStats
 
-	batchFailed func(error) // tests: sees the error of a batch before its calls fall back
+	batchFailed func(error)                               // tests: sees the error of a batch before its calls fall back
+	batchRan    func(region string, calls []ledger.Scope) // tests: sees each batch's region and scopes
 }
 
 var (
@@ -223,12 +244,53 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		d = Cockroach
 	}
 	s := &Store{pool: pool, dialect: d, cfg: cfg.withDefaults()}
-	s.ops = &batcher[op, opResult]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight, run: s.runOps}
-	if s.cfg.Batching && s.cfg.BatchInFlight <= 0 {
-		s.ops.tune = newInFlight(ctx, s.roundTrip, max(int(pool.Config().MaxConns), 1))
-		s.ops.tune.measure(ctx)
+	if h := s.cfg.Homes; h != nil && s.cfg.Region != "" && !slices.Contains(h.Regions(), s.cfg.Region) {
+		return nil, fmt.Errorf("crdb: region %q is not one of the homes' regions %v", s.cfg.Region, h.Regions())
+	}
+	s.follow = s.readFollower
+	regions := []string{""}
+	if s.cfg.Homes != nil {
+		regions = s.cfg.Homes.Regions()
+	}
+	s.ops = make(map[string]*batcher[op, opResult], len(regions))
+	for _, region := range regions {
+		b := &batcher[op, opResult]{max: s.cfg.MaxBatch, maxInFlight: s.cfg.BatchInFlight,
+			run: func(ctx context.Context, calls []*call[op, opResult]) { s.runOps(ctx, region, calls) }}
+		if s.cfg.Batching && s.cfg.BatchInFlight <= 0 {
+			ping := s.roundTrip
+			if s.cfg.Homes != nil {
+				ping = s.regionRoundTrip(s.cfg.Homes.homeOf(region))
+			}
+			b.tune = newInFlight(ctx, ping, max(int(pool.Config().MaxConns), 1))
+			b.tune.measure(ctx)
+		}
+		s.ops[region] = b
 	}
 	return s, nil
+}
+
+// home is the region of a tenant's records: "" without Config.Homes.
+func (s *Store) home(tenant string) string {
+	if s.cfg.Homes == nil {
+		return ""
+	}
+	return s.cfg.Homes.Home(tenant)
+}
+
+// regionRoundTrip times a point read of a row homed in region, through
+// tenant (Homes.homeOf): on CockroachDB a round trip to the region's
+// leaseholder, where a ping would reach only the gateway.
+func (s *Store) regionRoundTrip(tenant string) func(context.Context) (time.Duration, error) {
+	return func(ctx context.Context) (time.Duration, error) {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Release()
+		start := time.Now()
+		_, err = c.Exec(ctx, `SELECT 1 FROM idempotency_records WHERE namespace = '' AND tenant = $1 AND idem_key = ''`, tenant)
+		return time.Since(start), err
+	}
 }
 
 // roundTrip times one exchange with the database on a connection already
@@ -252,8 +314,10 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Close closes the pool.
 func (s *Store) Close() {
-	if s.ops.tune != nil {
-		s.ops.tune.close()
+	for _, b := range s.ops {
+		if b.tune != nil {
+			b.tune.close()
+		}
 	}
 	s.pool.Close()
 }
@@ -284,10 +348,13 @@ func (s *Store) now() any {
 // commit is resolved by reading the row again: the claim is the caller's
 // exactly when the row carries its claim nonce.
 func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
+	if res, ok := s.replayFromFollower(ctx, p); ok {
+		return res, nil
+	}
 	nonce := make([]byte, 16)
 	_, _ = crand.Read(nonce)
 	if s.cfg.Batching {
-		res, err := s.ops.do(ctx, opKey('c', p.Scope), op{claim: &claimCall{p: p, nonce: nonce}})
+		res, err := s.ops[s.home(p.Scope.Tenant)].do(ctx, opKey('c', p.Scope), op{claim: &claimCall{p: p, nonce: nonce}})
 		if err != nil {
 			return ledger.ClaimResult{}, s.classify("claim", err)
 		}
@@ -338,7 +405,7 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 		return ledger.Record{}, err
 	}
 	if s.cfg.Batching && len(b) <= s.cfg.MaxBatchedOutcome {
-		res, err := s.ops.do(ctx, opKey('u', p.Scope), op{complete: &completeCall{p: p, outcome: b}})
+		res, err := s.ops[s.home(p.Scope.Tenant)].do(ctx, opKey('u', p.Scope), op{complete: &completeCall{p: p, outcome: b}})
 		if err != nil {
 			return ledger.Record{}, s.classify("complete", err)
 		}

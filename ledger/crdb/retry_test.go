@@ -293,7 +293,7 @@ func TestMixedBatchFailures(t *testing.T) {
 			// The first write of the batch is its claim's: claims run first.
 			failFirst(t, s, tc.failures, tc.deferred)
 			fresh, complete := claimOp(ctx, "fresh"), completeOp(ctx, t, "held", held.Record.Token, "inv_held")
-			s.runOps(ctx, []*call[op, opResult]{complete, fresh})
+			s.runOps(ctx, "", []*call[op, opResult]{complete, fresh})
 			claimed, completed := <-fresh.done, <-complete.done
 			rec, getErr := s.Get(ctx, testScope("held"))
 
