@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -30,6 +32,11 @@ type config struct {
 	migrate        bool
 	migrateOnly    bool
 	sqlBatching    bool
+	homesFile      string
+	region         string
+	followerReads  time.Duration
+	applyHomes     bool
+	printHomesSQL  bool
 
 	tokensFile string
 	certsFile  string
@@ -68,6 +75,11 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
 	fs.BoolVar(&c.migrateOnly, "migrate-only", false, "apply the SQL schema migrations and exit (a migration job)")
 	fs.BoolVar(&c.sqlBatching, "sql-batching", true, "coalesce concurrent Begins and Completes into multi-row statements (with --database-url)")
+	fs.StringVar(&c.homesFile, "homes", "", "the platform's homes file: the database's regions and each tenant's home region (with --database-url; docs/multi-region.md)")
+	fs.StringVar(&c.region, "region", "", "the region this ledgerd runs in, one of the homes file's (with --homes)")
+	fs.DurationVar(&c.followerReads, "follower-reads", 0, "answer replays of completed records of tenants homed outside --region from the nearest replica, at most this stale (CockroachDB follower reads); 0 turns it off")
+	fs.BoolVar(&c.applyHomes, "apply-homes", false, "render the homes file into the database (regions, survival goal, the tenants' home column) and exit; after --migrate-only, as a user allowed to alter the database")
+	fs.BoolVar(&c.printHomesSQL, "print-homes-sql", false, "print the statements --apply-homes would run on the database, and exit")
 	fs.StringVar(&c.tokensFile, "tokens", "", "bearer token file: lines of sha256:<hex> <namespace> <tenants>")
 	fs.StringVar(&c.certsFile, "certs", "", "client certificate file: lines of uri:|dns:|cn:<identity> <namespace> <tenants> (needs --client-ca)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate (PEM); with --tls-key, serve TLS")
@@ -119,7 +131,22 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	if c.rateBurst == 0 {
 		c.rateBurst = max(int(c.rateLimit), 1)
 	}
-	return c, c.check()
+	if err := c.check(); err != nil {
+		return c, err
+	}
+	if c.homesFile != "" {
+		// A file that does not parse, or a region it does not declare, is
+		// the operator's mistake: refused at once, not retried as a store
+		// that is not there yet.
+		h, err := crdb.LoadHomes(c.homesFile)
+		if err != nil {
+			return c, err
+		}
+		if c.region != "" && !slices.Contains(h.Regions(), c.region) {
+			return c, fmt.Errorf("--region %q is not one of the regions of %s: %v", c.region, c.homesFile, h.Regions())
+		}
+	}
+	return c, nil
 }
 
 func (c config) check() error {
@@ -136,6 +163,14 @@ func (c config) check() error {
 		return fmt.Errorf("--engine is bolt or pebble, not %q", c.engine)
 	case (c.migrate || c.migrateOnly) && c.databaseURL == "":
 		return errors.New("--migrate and --migrate-only need --database-url")
+	case (c.homesFile != "" || c.followerReads != 0) && c.databaseURL == "":
+		return errors.New("--homes and --follower-reads need --database-url: the embedded store has one region")
+	case (c.applyHomes || c.printHomesSQL) && c.homesFile == "":
+		return errors.New("--apply-homes and --print-homes-sql need --homes")
+	case c.region != "" && c.homesFile == "":
+		return errors.New("--region needs --homes")
+	case c.followerReads < 0:
+		return errors.New("--follower-reads must not be negative")
 	case c.maxRecvBytes < c.ledger.MaxOutcomeBytes:
 		return errors.New("--max-recv-bytes is smaller than --max-outcome-bytes")
 	case c.maxRecvBytes < ledgerclient.MaxStreamedBytes+4<<10:
@@ -151,7 +186,7 @@ func (c config) check() error {
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")
 	}
-	if c.devMode() && !c.migrateOnly {
+	if c.devMode() && !c.oneShot() {
 		for _, l := range []struct{ flag, addr string }{{"--listen", c.listen}, {"--admin-listen", c.adminListen}, {"--health-listen", c.healthListen}, {"--http-listen", c.httpListen}} {
 			if l.addr != "" && !loopback(l.addr) {
 				return fmt.Errorf("no --tokens or --certs: dev mode accepts every caller and listens on loopback only, not %s %q", l.flag, l.addr)
@@ -160,6 +195,9 @@ func (c config) check() error {
 	}
 	return nil
 }
+
+// oneShot: ledgerd runs a database job (migrations, homes) and exits.
+func (c config) oneShot() bool { return c.migrateOnly || c.applyHomes || c.printHomesSQL }
 
 // devMode: no credentials are configured, so every caller is the principal
 // "dev" with every tenant.

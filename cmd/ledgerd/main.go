@@ -75,9 +75,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// gRPC's own log lines (accept errors, bad clients) go to the same
 	// structured log, at warn and above.
 	grpclog.SetLoggerV2(grpcLogger{log})
-	if cfg.migrateOnly {
-		if err := migrateOnly(ctx, cfg, log); err != nil {
-			log.ErrorContext(ctx, "migration failed", "error", err)
+	if cfg.oneShot() {
+		if err := databaseJob(ctx, cfg, stdout, log); err != nil {
+			log.ErrorContext(ctx, "database job failed", "error", err)
 			return 1
 		}
 		return 0
@@ -149,6 +149,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	if cfg.databaseURL != "" && cfg.sqlBatching {
 		reg.MustRegister(st.batchMetrics()...)
+	}
+	if cfg.followerReads > 0 {
+		reg.MustRegister(st.followerMetrics()...)
 	}
 	l := ledger.New(st, cfg.ledger)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
@@ -526,18 +529,49 @@ func version() string {
 	return v + " " + bi.GoVersion
 }
 
-// migrateOnly applies the schema migrations and returns: ledgerd as a
-// migration job.
-func migrateOnly(ctx context.Context, cfg config, log *slog.Logger) error {
+// databaseJob applies the schema migrations (--migrate-only), then the
+// homes file (--apply-homes), or prints what the homes file would run
+// (--print-homes-sql), and returns: ledgerd as a Job.
+func databaseJob(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) error {
+	var homes *crdb.Homes
+	if cfg.homesFile != "" {
+		var err error
+		if homes, err = crdb.LoadHomes(cfg.homesFile); err != nil {
+			return err
+		}
+	}
 	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{})
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	applied, err := s.Migrate(ctx)
-	if err != nil {
+	if cfg.migrateOnly {
+		applied, err := s.Migrate(ctx)
+		if err != nil {
+			return err
+		}
+		log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	}
+	if cfg.printHomesSQL {
+		stmts, err := s.ApplyHomes(ctx, homes, true)
+		for _, stmt := range stmts {
+			fmt.Fprintln(stdout, stmt+";")
+		}
 		return err
 	}
-	log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	if cfg.applyHomes {
+		stmts, err := s.ApplyHomes(ctx, homes, false)
+		for _, stmt := range stmts {
+			log.InfoContext(ctx, "homes: ran", "statement", stmt)
+		}
+		if err != nil {
+			return err
+		}
+		gen, _, err := s.AppliedHomes(ctx, homes)
+		if err != nil {
+			return err
+		}
+		log.InfoContext(ctx, "homes applied", "generation", gen, "statements", len(stmts), "file", cfg.homesFile)
+	}
 	return nil
 }

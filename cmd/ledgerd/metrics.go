@@ -62,6 +62,30 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 	}
 }
 
+// followerMetrics count the claims that read a follower first:
+// idemledger_sql_follower_reads_total{result="served"} were replays
+// answered without the leaseholder, "missed" went on to it.
+func (l *lateStore) followerMetrics() []prometheus.Collector {
+	stats := func() crdb.FollowerReadStats {
+		if s, err := l.get(); err == nil {
+			if f, ok := s.(interface{ FollowerReadStats() crdb.FollowerReadStats }); ok {
+				return f.FollowerReadStats()
+			}
+		}
+		return crdb.FollowerReadStats{}
+	}
+	counter := func(result string, value func(crdb.FollowerReadStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemledger", Subsystem: "sql", Name: "follower_reads_total",
+			Help:        "Claims that read the nearest replica first (--follower-reads): served were replays answered from it, missed went on to the leaseholder.",
+			ConstLabels: prometheus.Labels{"result": result}},
+			func() float64 { return float64(value(stats())) })
+	}
+	return []prometheus.Collector{
+		counter("served", func(f crdb.FollowerReadStats) uint64 { return f.Served }),
+		counter("missed", func(f crdb.FollowerReadStats) uint64 { return f.Missed }),
+	}
+}
+
 // storeMetrics times the store's calls, sizes the outcomes stored and
 // holds the records-by-state census.
 type storeMetrics struct {

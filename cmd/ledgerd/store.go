@@ -280,9 +280,17 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 			}
 		}, nil
 	}
+	var homes *crdb.Homes
+	if cfg.homesFile != "" {
+		var err error
+		if homes, err = crdb.LoadHomes(cfg.homesFile); err != nil {
+			return nil, nil, err
+		}
+	}
 	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{
 		SweepInterval: cfg.sweepInterval, Batching: cfg.sqlBatching,
 		StatementTimeout: cfg.ledger.StoreTimeout, LockTimeout: cfg.ledger.StoreTimeout / 2,
+		Homes: homes, Region: cfg.region, FollowerReads: cfg.followerReads,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -294,6 +302,18 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 			return nil, nil, err
 		}
 		log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
+	}
+	if homes != nil {
+		// A file the database has not applied only mis-groups batches
+		// (the database homes the rows): say so, and serve.
+		switch gen, same, err := s.AppliedHomes(ctx, homes); {
+		case err != nil:
+			log.WarnContext(ctx, "could not read the database's homes", "error", err)
+		case !same:
+			log.WarnContext(ctx, "the homes file is not the mapping the database applied: batches may mix regions until ledgerd --apply-homes runs", "file", cfg.homesFile, "applied_generation", gen)
+		default:
+			log.InfoContext(ctx, "homes", "file", cfg.homesFile, "generation", gen, "region", cfg.region)
+		}
 	}
 	return s, s.Close, nil
 }
