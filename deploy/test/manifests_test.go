@@ -7,6 +7,7 @@ package test
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -34,6 +35,8 @@ func newObject(apiVersion, kind string) any {
 		return &corev1.Service{}
 	case "v1/ServiceAccount":
 		return &corev1.ServiceAccount{}
+	case "v1/Namespace":
+		return &corev1.Namespace{}
 	case "v1/ConfigMap":
 		return &corev1.ConfigMap{}
 	case "policy/v1/PodDisruptionBudget":
@@ -92,15 +95,21 @@ func TestSingleRegion(t *testing.T) {
 	checkSelectors(t, objs)
 }
 
-func TestMultiRegion(t *testing.T) {
-	objs := render(t, "../kubernetes/overlays/multi-region")
-	regions := []string{"us-east1", "europe-west1", "asia-southeast1"}
+// regions are the regions of the multi-region overlays.
+var regions = []string{"us-east1", "europe-west1", "asia-southeast1"}
+
+// TestMultiRegionStretched: one Kubernetes cluster over three regions, a
+// Deployment per region in one namespace, pinned to the region's nodes,
+// with the region's database Secret, its --region and the homes file.
+func TestMultiRegionStretched(t *testing.T) {
+	objs := render(t, "../kubernetes/overlays/multi-region/stretched")
 	for _, r := range regions {
 		d, ok := objs["Deployment/ledgerd-"+r].(*appsv1.Deployment)
 		if !ok {
 			t.Fatalf("no Deployment for %s", r)
 		}
 		checkDeployment(t, d)
+		checkHomes(t, objs, d, r)
 		terms := d.Spec.Template.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 		if len(terms) != 1 || terms[0].MatchExpressions[0].Values[0] != r {
 			t.Errorf("%s: pods not pinned to the region: %+v", r, terms)
@@ -108,20 +117,115 @@ func TestMultiRegion(t *testing.T) {
 		if got := d.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef.Name; got != "ledgerd-database-"+r {
 			t.Errorf("%s: database secret %q", r, got)
 		}
-		if d.Spec.Selector.MatchLabels["topology.idemledger.io/region"] != r {
-			t.Errorf("%s: selector %v does not tell the regions apart", r, d.Spec.Selector.MatchLabels)
+		if d.Spec.Selector.MatchLabels["topology.idemledger.io/region"] != r || d.Namespace != "idemledger" {
+			t.Errorf("%s: selector %v does not tell the regions apart, or namespace %q", r, d.Spec.Selector.MatchLabels, d.Namespace)
 		}
 	}
 	checkSelectors(t, objs)
-	boot := render(t, "../kubernetes/overlays/multi-region/bootstrap")
-	cm := boot["ConfigMap/ledgerd-multiregion-sql"].(*corev1.ConfigMap)
-	stmts, err := crdb.MultiRegionSQL("idemledger", regions, "region")
+}
+
+// TestMultiRegionPerCluster: a Kubernetes cluster per region, each overlay
+// its own namespace with the one-region Secret names, the same image, its
+// --region and the same homes file.
+func TestMultiRegionPerCluster(t *testing.T) {
+	var images []string
+	for _, r := range regions {
+		objs := render(t, "../kubernetes/overlays/multi-region/per-cluster/"+r)
+		ns := "idemledger-" + r
+		if _, ok := objs["Namespace/"+ns].(*corev1.Namespace); !ok {
+			t.Fatalf("%s: no Namespace %s", r, ns)
+		}
+		d, ok := objs["Deployment/ledgerd"].(*appsv1.Deployment)
+		if !ok {
+			t.Fatalf("%s: no Deployment", r)
+		}
+		checkDeployment(t, d)
+		checkHomes(t, objs, d, r)
+		if d.Namespace != ns || d.Spec.Template.Spec.Affinity != nil {
+			t.Errorf("%s: namespace %q, affinity %+v; want %s and none (the cluster is the region)", r, d.Namespace, d.Spec.Template.Spec.Affinity, ns)
+		}
+		if got := d.Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef.Name; got != "ledgerd-database" {
+			t.Errorf("%s: database secret %q, want the region's own ledgerd-database", r, got)
+		}
+		for name, o := range objs {
+			if m, ok := o.(interface{ GetNamespace() string }); ok && !strings.HasPrefix(name, "Namespace/") && m.GetNamespace() != ns {
+				t.Errorf("%s: %s is in namespace %q", r, name, m.GetNamespace())
+			}
+		}
+		images = append(images, d.Spec.Template.Spec.Containers[0].Image)
+		checkSelectors(t, objs)
+	}
+	if len(slices.Compact(slices.Clone(images))) != 1 {
+		t.Errorf("the regions run different images: %v", images)
+	}
+}
+
+// TestBootstrap: the bootstrap Job runs ledgerd --migrate-only
+// --apply-homes on the same homes file, as the admin SQL user.
+func TestBootstrap(t *testing.T) {
+	objs := render(t, "../kubernetes/overlays/multi-region/bootstrap")
+	job, ok := objs["Job/ledgerd-apply-homes"].(*batchv1.Job)
+	if !ok {
+		t.Fatalf("no Job ledgerd-apply-homes: %v", slices.Collect(maps.Keys(objs)))
+	}
+	c := job.Spec.Template.Spec.Containers[0]
+	for _, arg := range []string{"--migrate-only", "--apply-homes", "--homes=/etc/ledgerd/homes/homes"} {
+		if !slices.Contains(c.Args, arg) {
+			t.Errorf("the Job lacks %s: %v", arg, c.Args)
+		}
+	}
+	if !strings.HasPrefix(c.Image, "idemledger/ledgerd:") || c.Env[0].ValueFrom.SecretKeyRef.Name != "ledgerd-database-admin" {
+		t.Errorf("image %q, secret %q", c.Image, c.Env[0].ValueFrom.SecretKeyRef.Name)
+	}
+	checkHomesVolume(t, objs, job.Spec.Template.Spec.Volumes)
+}
+
+// checkHomes: the Deployment runs in region with the homes file mounted
+// from a ConfigMap of the overlay, and follower reads on.
+func checkHomes(t *testing.T, objs map[string]any, d *appsv1.Deployment, region string) {
+	t.Helper()
+	args := d.Spec.Template.Spec.Containers[0].Args
+	for _, arg := range []string{"--region=" + region, "--homes=/etc/ledgerd/homes/homes", "--follower-reads=10s"} {
+		if !slices.Contains(args, arg) {
+			t.Errorf("%s: no %s in %v", d.Name, arg, args)
+		}
+	}
+	h := checkHomesVolume(t, objs, d.Spec.Template.Spec.Volumes)
+	if h != nil && !slices.Contains(h.Regions(), region) {
+		t.Errorf("%s: the homes file does not declare %s", d.Name, region)
+	}
+}
+
+// checkHomesVolume finds the homes volume's ConfigMap among objs, checks
+// that it holds components/homes/homes, and parses it.
+func checkHomesVolume(t *testing.T, objs map[string]any, volumes []corev1.Volume) *crdb.Homes {
+	t.Helper()
+	i := slices.IndexFunc(volumes, func(v corev1.Volume) bool { return v.Name == "homes" })
+	if i < 0 || volumes[i].ConfigMap == nil {
+		t.Errorf("no homes volume from a ConfigMap: %+v", volumes)
+		return nil
+	}
+	cm, ok := objs["ConfigMap/"+volumes[i].ConfigMap.Name].(*corev1.ConfigMap)
+	if !ok {
+		t.Errorf("the homes volume names ConfigMap %s, which the overlay lacks", volumes[i].ConfigMap.Name)
+		return nil
+	}
+	file, err := os.ReadFile("../kubernetes/components/homes/homes")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := strings.Join(stmts, ";\n") + ";\n"; cm.Data["multiregion.sql"] != want {
-		t.Errorf("multiregion.sql is not what crdb.MultiRegionSQL says; regenerate it:\n%s", want)
+	if cm.Data["homes"] != string(file) {
+		t.Errorf("ConfigMap %s does not hold components/homes/homes", cm.Name)
 	}
+	h, err := crdb.ParseHomes(strings.NewReader(cm.Data["homes"]))
+	if err != nil {
+		t.Errorf("the homes file: %v", err)
+		return nil
+	}
+	if !slices.Equal(h.Regions(), regions) {
+		t.Errorf("the homes file's regions %v are not the overlays' %v", h.Regions(), regions)
+	}
+	return h
 }
 
 // checkDeployment holds what every ledgerd Deployment must have.
