@@ -79,6 +79,11 @@ func TestHomes(t *testing.T) {
 			t.Errorf("metrics lack %s (only the far tenant reads a follower: its new key missed, its retry was served)", want)
 		}
 	}
+	for _, want := range []string{`idemledger_store_seconds_count{home="away",op="claim"} 2`, `idemledger_store_seconds_count{home="here",op="complete"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s: the store's calls by the home region of their tenant", want)
+		}
+	}
 	if !strings.Contains(p.logs(), `"msg":"homes","file"`) {
 		t.Errorf("ledgerd did not log the homes it serves with:\n%s", p.logs())
 	}

@@ -36,19 +36,27 @@ type lateStore struct {
 	opened chan struct{} // closed once s is set
 	// onClockStep hears of the embedded store's clock steps.
 	onClockStep func(time.Duration)
-	// onOp hears how long each store call took (op: claim, complete, …);
-	// onOutcome the size of each outcome stored. Both may be nil.
-	onOp      func(op string, d time.Duration)
+	// onOp hears how long each store call took (op: claim, complete, …)
+	// and the home region of its tenant (homes; "" without --homes, or
+	// for a call of no one tenant); onOutcome the size of each outcome
+	// stored. Both may be nil.
+	onOp      func(op, home string, d time.Duration)
 	onOutcome func(bytes int)
+	homes     *crdb.Homes
 }
 
-// timed reports a store call's duration to onOp: defer l.timed("claim")().
-func (l *lateStore) timed(op string) func() {
+// timed reports a store call's duration to onOp:
+// defer l.timed("claim", tenant)().
+func (l *lateStore) timed(op, tenant string) func() {
 	if l.onOp == nil {
 		return func() {}
 	}
+	home := ""
+	if l.homes != nil && tenant != "" {
+		home = l.homes.Home(tenant)
+	}
 	start := time.Now()
-	return func() { l.onOp(op, time.Since(start)) }
+	return func() { l.onOp(op, home, time.Since(start)) }
 }
 
 // stored reports the size of an outcome stored.
@@ -62,7 +70,13 @@ func (l *lateStore) stored(o *ledger.Outcome) {
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
-	return &lateStore{cfg: cfg, log: log, opened: make(chan struct{})}
+	l := &lateStore{cfg: cfg, log: log, opened: make(chan struct{})}
+	if cfg.homesFile != "" {
+		// parseConfig read it already; a file changed since is read by
+		// the store's open, which reports it.
+		l.homes, _ = crdb.LoadHomes(cfg.homesFile)
+	}
+	return l
 }
 
 var _ store = (*lateStore)(nil)
@@ -77,7 +91,7 @@ func (l *lateStore) get() (store, error) {
 }
 
 func (l *lateStore) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
-	defer l.timed("claim")()
+	defer l.timed("claim", p.Scope.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return ledger.ClaimResult{}, err
@@ -86,7 +100,7 @@ func (l *lateStore) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.Cla
 }
 
 func (l *lateStore) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
-	defer l.timed("complete")()
+	defer l.timed("complete", p.Scope.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -99,7 +113,7 @@ func (l *lateStore) Complete(ctx context.Context, p ledger.CompleteParams) (ledg
 }
 
 func (l *lateStore) Release(ctx context.Context, p ledger.ReleaseParams) error {
-	defer l.timed("release")()
+	defer l.timed("release", p.Scope.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return err
@@ -108,7 +122,7 @@ func (l *lateStore) Release(ctx context.Context, p ledger.ReleaseParams) error {
 }
 
 func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
-	defer l.timed("extend")()
+	defer l.timed("extend", p.Scope.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -117,7 +131,7 @@ func (l *lateStore) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.R
 }
 
 func (l *lateStore) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
-	defer l.timed("resolve")()
+	defer l.timed("resolve", p.Scope.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -132,7 +146,7 @@ func (l *lateStore) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger
 // GetMany implements ledger.ManyGetter with the store's own, so that the
 // Lookup waiters' poller reads in one statement.
 func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
-	defer l.timed("get_many")()
+	defer l.timed("get_many", "")()
 	s, err := l.get()
 	if err != nil {
 		return nil, err
@@ -145,7 +159,7 @@ func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledge
 
 // List implements ledger.AdminStore with the store's own.
 func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
-	defer l.timed("list")()
+	defer l.timed("list", "")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.ListPage{}, err
@@ -159,7 +173,7 @@ func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListP
 
 // Purge implements ledger.AdminStore with the store's own.
 func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
-	defer l.timed("purge")()
+	defer l.timed("purge", "")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.PurgeResult{}, err
@@ -172,7 +186,7 @@ func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.Pur
 }
 
 func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
-	defer l.timed("get")()
+	defer l.timed("get", sc.Tenant)()
 	s, err := l.get()
 	if err != nil {
 		return ledger.Record{}, err
@@ -320,7 +334,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 
 // CountByState implements ledger.Census with the store's own.
 func (l *lateStore) CountByState(ctx context.Context) (map[ledger.State]int, error) {
-	defer l.timed("census")()
+	defer l.timed("census", "")()
 	s, err := l.get()
 	if err != nil {
 		return nil, err

@@ -19,9 +19,12 @@ type Proxy struct {
 	lis    net.Listener
 	target string
 
-	latency atomic.Int64  // the most added per chunk, in ns; 0: none
-	delay   atomic.Int64  // a fixed delay of each chunk after it arrived, in ns: half a round trip
-	cut     atomic.Uint64 // probability ×2^32 that a response chunk resets the connection
+	latency atomic.Int64 // the most added per chunk, in ns; 0: none
+	delay   atomic.Int64 // a fixed delay of each chunk after it arrived, in ns: half a round trip
+	// delaySet: SetDelay was called, so connections read through the
+	// delaying conveyor and follow later changes of delay.
+	delaySet atomic.Bool
+	cut      atomic.Uint64 // probability ×2^32 that a response chunk resets the connection
 
 	mu    sync.Mutex
 	conns map[*link]struct{}
@@ -57,7 +60,9 @@ func (p *Proxy) SetLatency(limit time.Duration) { p.latency.Store(int64(limit)) 
 
 // SetDelay holds each chunk, in each direction, d after it arrived: a link
 // whose round trip is 2d, such as a database a region away.
-func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+// Once SetDelay was called, even with 0, the connections opened after
+// follow every later change, from their next chunk on.
+func (p *Proxy) SetDelay(d time.Duration) { p.delaySet.Store(true); p.delay.Store(int64(d)) }
 
 // SetCutResponses makes each chunk from the target reset the connection
 // instead of reaching the client, with probability prob: the server did
@@ -114,9 +119,9 @@ func (p *Proxy) accept() {
 // pipe copies src to dst chunk by chunk, delaying and cutting as set.
 func (p *Proxy) pipe(l *link, src, dst net.Conn, response bool) {
 	defer p.close(l)
-	if d := time.Duration(p.delay.Load()); d > 0 {
+	if p.delay.Load() > 0 || p.delaySet.Load() {
 		var stop func()
-		src, stop = delayed(src, d)
+		src, stop = delayed(src, func() time.Duration { return time.Duration(p.delay.Load()) })
 		defer stop()
 	}
 	buf := make([]byte, 32<<10)
@@ -184,7 +189,7 @@ func abort(c net.Conn) {
 // delayed is src with each chunk readable d after it arrived. The chunks
 // travel on a conveyor: one that arrives while another is still on its
 // way is not held up by it, as on a long link.
-func delayed(src net.Conn, d time.Duration) (_ net.Conn, stop func()) {
+func delayed(src net.Conn, d func() time.Duration) (_ net.Conn, stop func()) {
 	type chunk struct {
 		b       []byte
 		err     error
@@ -211,7 +216,7 @@ func delayed(src net.Conn, d time.Duration) (_ net.Conn, stop func()) {
 		if !ok {
 			return nil, io.EOF
 		}
-		time.Sleep(time.Until(c.arrived.Add(d)))
+		time.Sleep(time.Until(c.arrived.Add(d())))
 		return c.b, c.err
 	}}, func() { close(gone) }
 }

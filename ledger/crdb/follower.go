@@ -75,9 +75,11 @@ func (s *Store) readFollower(ctx context.Context, sc ledger.Scope) (row, error) 
 
 // followsFor reports whether a claim of tenant reads a follower first:
 // with FollowerReads on, for a tenant homed outside Config.Region (every
-// tenant without Homes or Region).
+// tenant without Homes or Region), unless the homes restrict placement:
+// then no replica of a tenant homed away is near, and the read would cost
+// a second far round trip (docs/multi-region.md).
 func (s *Store) followsFor(tenant string) bool {
-	if s.cfg.FollowerReads <= 0 {
+	if s.cfg.FollowerReads <= 0 || s.cfg.Homes != nil && s.cfg.Homes.placement == "restricted" {
 		return false
 	}
 	return s.cfg.Homes == nil || s.cfg.Region == "" || s.cfg.Homes.Home(tenant) != s.cfg.Region

@@ -164,6 +164,21 @@ func TestFollowerReadsNeverClaim(t *testing.T) {
 	if got := homed.FollowerReadStats(); got != (crdb.FollowerReadStats{Missed: 1}) {
 		t.Fatalf("FollowerReadStats = %+v, want one miss: the remote tenant's new key", got)
 	}
+	restricted, err := crdb.ParseHomes(stringsReader("region here primary\nregion away\ndefault here\ntenant remote away\nplacement restricted\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	homed, err = crdb.New(ctx, s.Pool(), crdb.Config{FollowerReads: 10 * time.Second, Homes: restricted, Region: "here"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scope := ledger.Scope{Namespace: "billing", Tenant: "remote", Key: "k"}
+	if res, err := ledger.New(homed, ledger.Config{}).Begin(ctx, ledger.BeginRequest{Scope: scope, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}); err != nil || res.Replay == nil {
+		t.Fatalf("the replay under restricted placement = %+v, %v", res, err)
+	}
+	if got := homed.FollowerReadStats(); got != (crdb.FollowerReadStats{}) {
+		t.Fatalf("FollowerReadStats under restricted placement = %+v: no replica is near, no follower read", got)
+	}
 	if _, err := crdb.New(ctx, s.Pool(), crdb.Config{Homes: h, Region: "elsewhere"}); err == nil {
 		t.Error("a region the homes do not declare was taken")
 	}

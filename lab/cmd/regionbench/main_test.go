@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+)
+
+func TestMain(m *testing.M) { crdbtest.Main(m) }
+
+// TestRegionBench runs the benchmark small, with round trips short enough
+// to be quick and long enough to tell apart: every scenario's row is
+// there, the far tenant's replays come from the follower, and each
+// operation pays the round trips its model says, within slack.
+func TestRegionBench(t *testing.T) {
+	var out strings.Builder
+	cfg := config{samples: 5, local: time.Millisecond, neighbour: 10 * time.Millisecond, far: 30 * time.Millisecond,
+		followerReads: 10 * time.Second, databaseURL: crdbtest.NewDatabase(t)}
+	if err := run(t.Context(), cfg, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	for _, sc := range scenarios(cfg) {
+		if !strings.Contains(out.String(), "| "+sc.Name+" |") {
+			t.Errorf("no row for %s", sc.Name)
+		}
+	}
+	rows := map[string][]string{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if f := strings.Split(line, " | "); len(f) == 5 {
+			rows[strings.TrimPrefix(f[0], "| ")] = f
+		}
+	}
+	p50 := func(cell string) float64 {
+		var v float64
+		if _, err := fmtSscan(cell, &v); err != nil {
+			t.Fatalf("cell %q: %v", cell, err)
+		}
+		return v
+	}
+	// The far tenant's replay from a follower is a local round trip; from
+	// the leaseholder a far one; a REGION write pays the neighbour too.
+	if r := rows["homed far, ZONE"]; r == nil || p50(r[3]) > 10 || r[4] != "follower |" {
+		t.Errorf("far tenant, follower replay: %q", r)
+	}
+	if r := rows["homed far, ZONE, no follower reads"]; r == nil || p50(r[3]) < 30 {
+		t.Errorf("far tenant, leaseholder replay: %q", r)
+	}
+	if r := rows["homed here, REGION"]; r == nil || p50(r[1]) < 10 || p50(r[3]) > 10 {
+		t.Errorf("local tenant under REGION survival: %q", r)
+	}
+}
+
+// fmtSscan reads the p50 of a "p50 / p99" cell.
+func fmtSscan(cell string, v *float64) (int, error) {
+	return fmt.Sscan(strings.TrimSpace(strings.Split(cell, "/")[0]), v)
+}
