@@ -97,7 +97,7 @@ func main() {
 	flag.IntVar(&cfg.outcomeSize, "outcome-size", bench.DefaultOutcomeSize, "bytes of the response each fresh pair stores, for every target")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
-	engines := flag.String("engines", "bolt", "embedded store: the engines to measure in turns, bolt (ledger/bolt, ledgerd's default) and pebble (ledger/pebble)")
+	engines := flag.String("engines", "pebble", "embedded store: the engines to measure in turns, pebble (ledger/pebble, ledgerd's default) and bolt (ledger/bolt)")
 	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")

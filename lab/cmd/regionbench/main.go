@@ -155,7 +155,7 @@ func (tp *topology) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndD
 func run(ctx context.Context, cfg config, w io.Writer) error {
 	url := cfg.databaseURL
 	if url == "" {
-		pg, err := crdbtest.StartCluster()
+		pg, err := crdbtest.StartCluster() //nolint:contextcheck // the throwaway cluster outlives no caller: Stop ends it
 		if err != nil {
 			return err
 		}
