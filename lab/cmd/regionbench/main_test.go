@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { crdbtest.Main(m) }
 // operation pays the round trips its model says, within slack.
 func TestRegionBench(t *testing.T) {
 	var out strings.Builder
-	cfg := config{samples: 5, local: time.Millisecond, neighbour: 10 * time.Millisecond, far: 30 * time.Millisecond,
+	cfg := config{samples: 5, local: time.Millisecond, neighbour: 20 * time.Millisecond, far: 60 * time.Millisecond,
 		followerReads: 10 * time.Second, databaseURL: crdbtest.NewDatabase(t)}
 	if err := run(t.Context(), cfg, &out); err != nil {
 		t.Fatal(err)
@@ -41,16 +41,16 @@ func TestRegionBench(t *testing.T) {
 		}
 		return v
 	}
-	// The far tenant's replay from a follower is a local round trip; from
-	// the leaseholder a far one; a REGION write pays the neighbour too.
-	if r := rows["homed far, ZONE"]; r == nil || p50(r[3]) > 10 || r[4] != "follower |" {
-		t.Errorf("far tenant, follower replay: %q", r)
+	// Relative checks, which a loaded machine (every package's tests at
+	// once) does not upset: the far tenant's replay from a follower is a
+	// local round trip, from the leaseholder a far one; under REGION
+	// survival a local write pays the neighbour, a replay does not.
+	follower, leaseholder := rows["homed far, ZONE"], rows["homed far, ZONE, no follower reads"]
+	if follower == nil || leaseholder == nil || follower[4] != "follower |" || p50(follower[3]) > p50(leaseholder[3])/2 {
+		t.Errorf("far tenant's replays: from the follower %q, from the leaseholder %q", follower, leaseholder)
 	}
-	if r := rows["homed far, ZONE, no follower reads"]; r == nil || p50(r[3]) < 30 {
-		t.Errorf("far tenant, leaseholder replay: %q", r)
-	}
-	if r := rows["homed here, REGION"]; r == nil || p50(r[1]) < 10 || p50(r[3]) > 10 {
-		t.Errorf("local tenant under REGION survival: %q", r)
+	if r := rows["homed here, REGION"]; r == nil || p50(r[1]) < 15 || p50(r[3]) > p50(r[1])/2 {
+		t.Errorf("local tenant under REGION survival (neighbour 20 ms): %q", r)
 	}
 }
 
