@@ -341,18 +341,7 @@ func TestBatchStats(t *testing.T) {
 		t.Fatalf("BatchStats after one claim = %+v, want 1 batch of 1 call", got)
 	}
 
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	hold, err := admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE idem_key = 'held' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	hold := lockRows(t, url, "idem_key = 'held'")
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if _, err := s.Claim(ctx, testClaim("held")); err != nil {
@@ -401,6 +390,26 @@ func TestBatchStats(t *testing.T) {
 	if got := off.BatchStats(); got != (BatchStats{}) {
 		t.Fatalf("BatchStats without batching = %+v, want zero", got)
 	}
+}
+
+// lockRows locks the records where holds, in a transaction of its own
+// connection, until the test rolls it back (or ends).
+func lockRows(t *testing.T, url, where string) pgx.Tx {
+	t.Helper()
+	ctx := t.Context()
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	hold, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE "+where+" FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	return hold
 }
 
 // TestLargeOutcomesRunAlone: a Complete whose outcome is over

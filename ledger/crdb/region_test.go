@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -97,18 +95,7 @@ func TestRegionBatches(t *testing.T) {
 	if _, err := s.Claim(ctx, regionClaim("far-1", "held")); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	hold, err := admin.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hold.Exec(ctx, "SELECT 1 FROM idempotency_records WHERE tenant = 'far-1' AND idem_key = 'held' FOR UPDATE"); err != nil {
-		t.Fatal(err)
-	}
+	hold := lockRows(t, url, "tenant = 'far-1' AND idem_key = 'held'")
 	far := s.ops["far"]
 	wg.Go(func() {
 		if _, err := s.Claim(ctx, regionClaim("far-1", "held")); err != nil {
