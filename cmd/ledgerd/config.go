@@ -33,6 +33,7 @@ type config struct {
 	migrateOnly    bool
 	sqlBatching    bool
 	homesFile      string
+	homes          *crdb.Homes // read from homesFile by parseConfig
 	region         string
 	followerReads  time.Duration
 	applyHomes     bool
@@ -145,6 +146,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		if c.region != "" && !slices.Contains(h.Regions(), c.region) {
 			return c, fmt.Errorf("--region %q is not one of the regions of %s: %v", c.region, c.homesFile, h.Regions())
 		}
+		c.homes = h
 	}
 	return c, nil
 }

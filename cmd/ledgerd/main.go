@@ -533,13 +533,7 @@ func version() string {
 // homes file (--apply-homes), or prints what the homes file would run
 // (--print-homes-sql), and returns: ledgerd as a Job.
 func databaseJob(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) error {
-	var homes *crdb.Homes
-	if cfg.homesFile != "" {
-		var err error
-		if homes, err = crdb.LoadHomes(cfg.homesFile); err != nil {
-			return err
-		}
-	}
+	homes := cfg.homes
 	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{})
 	if err != nil {
 		return err

@@ -70,13 +70,7 @@ func (l *lateStore) stored(o *ledger.Outcome) {
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
-	l := &lateStore{cfg: cfg, log: log, opened: make(chan struct{})}
-	if cfg.homesFile != "" {
-		// parseConfig read it already; a file changed since is read by
-		// the store's open, which reports it.
-		l.homes, _ = crdb.LoadHomes(cfg.homesFile)
-	}
-	return l
+	return &lateStore{cfg: cfg, log: log, opened: make(chan struct{}), homes: cfg.homes}
 }
 
 var _ store = (*lateStore)(nil)
@@ -294,13 +288,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 			}
 		}, nil
 	}
-	var homes *crdb.Homes
-	if cfg.homesFile != "" {
-		var err error
-		if homes, err = crdb.LoadHomes(cfg.homesFile); err != nil {
-			return nil, nil, err
-		}
-	}
+	homes := cfg.homes
 	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{
 		SweepInterval: cfg.sweepInterval, Batching: cfg.sqlBatching,
 		StatementTimeout: cfg.ledger.StoreTimeout, LockTimeout: cfg.ledger.StoreTimeout / 2,

@@ -163,7 +163,9 @@ type Store struct {
 	cfg     Config
 	ops     map[string]*batcher[op, opResult] // by home region; "" without Config.Homes
 	follow  followerReader
-	reads   followerStats
+	// followSQL is followerReadSQL with Config.FollowerReads.
+	followSQL string
+	reads     followerStats
 
 	batchFailed func(error)                               // tests: sees the error of a batch before its calls fall back
 	batchRan    func(region string, calls []ledger.Scope) // tests: sees each batch's region and scopes
@@ -248,6 +250,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("crdb: region %q is not one of the homes' regions %v", s.cfg.Region, h.Regions())
 	}
 	s.follow = s.readFollower
+	s.followSQL = followerReadSQL(d, fmt.Sprintf("%dms", max(s.cfg.FollowerReads.Milliseconds(), 1)))
 	regions := []string{""}
 	if s.cfg.Homes != nil {
 		regions = s.cfg.Homes.Regions()

@@ -68,8 +68,7 @@ func followerReadSQL(d Dialect, staleness string) string {
 // readFollower is the Store's followerReader.
 func (s *Store) readFollower(ctx context.Context, sc ledger.Scope) (row, error) {
 	var r row
-	sql := followerReadSQL(s.dialect, fmt.Sprintf("%dms", max(s.cfg.FollowerReads.Milliseconds(), 1)))
-	err := scanInto(s.pool.QueryRow(ctx, sql, sc.Namespace, sc.Tenant, sc.Key, s.now()), &r, &r.now)
+	err := scanInto(s.pool.QueryRow(ctx, s.followSQL, sc.Namespace, sc.Tenant, sc.Key, s.now()), &r, &r.now)
 	return r, err
 }
 

@@ -184,12 +184,6 @@ func (h *Homes) Regions() []string {
 	return out
 }
 
-// Default returns the home of the tenants the mapping does not name.
-func (h *Homes) Default() string { return h.def }
-
-// Tenants returns the tenants the mapping names, with their homes.
-func (h *Homes) Tenants() map[string]string { return maps.Clone(h.tenants) }
-
 // homeOf returns a tenant homed in region, for a point read that reaches
 // the region's rows: a tenant the mapping names there, or, for the
 // default region, the empty tenant (no record has it, and none is named).

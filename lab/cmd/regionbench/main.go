@@ -83,15 +83,9 @@ tenant far far
 
 // scenario is one placement of a tenant and one survival goal.
 type scenario struct {
-	Name           string `json:"name"`
-	Tenant         string `json:"tenant"`
-	Survive        string `json:"survive"`
-	Placement      string `json:"placement"`
-	leaseholder    time.Duration
-	quorum         time.Duration
-	follower       time.Duration
-	followerReads  bool
-	LeaseholderRTT string `json:"leaseholder_rtt"`
+	Name, Tenant                  string
+	leaseholder, quorum, follower time.Duration
+	followerReads                 bool
 }
 
 // Row is one measured operation of a scenario.
@@ -105,12 +99,12 @@ type Row struct {
 
 func scenarios(cfg config) []scenario {
 	return []scenario{
-		{Name: "homed here, ZONE", Tenant: "near", Survive: "zone", Placement: "default", leaseholder: cfg.local, quorum: cfg.local, follower: cfg.local, followerReads: true},
-		{Name: "homed here, REGION", Tenant: "near", Survive: "region", Placement: "default", leaseholder: cfg.local, quorum: cfg.neighbour, follower: cfg.local, followerReads: true},
-		{Name: "homed far, ZONE", Tenant: "far", Survive: "zone", Placement: "default", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.local, followerReads: true},
-		{Name: "homed far, ZONE, no follower reads", Tenant: "far", Survive: "zone", Placement: "default", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.local},
-		{Name: "homed far, ZONE, placement restricted", Tenant: "far", Survive: "zone", Placement: "restricted", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.far, followerReads: true},
-		{Name: "homed far, REGION", Tenant: "far", Survive: "region", Placement: "default", leaseholder: cfg.far, quorum: cfg.neighbour, follower: cfg.local, followerReads: true},
+		{Name: "homed here, ZONE", Tenant: "near", leaseholder: cfg.local, quorum: cfg.local, follower: cfg.local, followerReads: true},
+		{Name: "homed here, REGION", Tenant: "near", leaseholder: cfg.local, quorum: cfg.neighbour, follower: cfg.local, followerReads: true},
+		{Name: "homed far, ZONE", Tenant: "far", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.local, followerReads: true},
+		{Name: "homed far, ZONE, no follower reads", Tenant: "far", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.local},
+		{Name: "homed far, ZONE, placement restricted", Tenant: "far", leaseholder: cfg.far, quorum: cfg.local, follower: cfg.far, followerReads: true},
+		{Name: "homed far, REGION", Tenant: "far", leaseholder: cfg.far, quorum: cfg.neighbour, follower: cfg.local, followerReads: true},
 	}
 }
 
