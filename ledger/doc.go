@@ -16,5 +16,5 @@
 // never complete someone else's attempt.
 //
 // Package ledger imports no other package of this module. Stores live in
-// subpackages (memory, bolt, crdb) and the wire mapping in ledgerstatus.
+// subpackages (memory, pebble, crdb) and the wire mapping in ledgerstatus.
 package ledger

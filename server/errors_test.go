@@ -138,7 +138,7 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			err := call()
 			le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
-			if !le.Retryable() || strings.Contains(err.Error(), "bolt") || strings.Contains(err.Error(), "database not open") {
+			if !le.Retryable() || strings.Contains(err.Error(), "pebble") || strings.Contains(err.Error(), "store closed") {
 				t.Fatalf("UNAVAILABLE retryable=%v, message %q leaks the cause", le.Retryable(), err)
 			}
 		})
@@ -149,7 +149,7 @@ func TestStoreUnavailable(t *testing.T) {
 // with a cause that names the store, as the embedded store's does.
 type downStore struct{}
 
-var errDown = ledger.Wrap(ledger.CodeUnavailable, errors.New("bolt: database not open"), "the ledger's store is unavailable")
+var errDown = ledger.Wrap(ledger.CodeUnavailable, errors.New("pebble: store closed"), "the ledger's store is unavailable")
 
 func (downStore) Claim(context.Context, ledger.ClaimParams) (ledger.ClaimResult, error) {
 	return ledger.ClaimResult{}, errDown

@@ -22,7 +22,7 @@ type fullDisk struct {
 	full atomic.Bool
 }
 
-var errNoSpace = ledger.Unavailable(errors.New("bolt: write: no space left on device"))
+var errNoSpace = ledger.Unavailable(errors.New("pebble: write: no space left on device"))
 
 func (s *fullDisk) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimResult, error) {
 	if s.full.Load() {

@@ -27,7 +27,6 @@ type config struct {
 	// censusInterval is how often the records are counted by state.
 	censusInterval time.Duration
 	dataDir        string
-	engine         string
 	databaseURL    string
 	migrate        bool
 	migrateOnly    bool
@@ -71,7 +70,6 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.httpListen, "http-listen", "127.0.0.1:7072", "HTTP address serving LedgerService over the Connect protocol (JSON POSTs), gRPC-Web and gRPC; empty turns it off")
 	fs.StringVar(&c.healthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1, for kubelet probes when --listen uses TLS; empty turns it off")
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
-	fs.StringVar(&c.engine, "engine", "pebble", "engine of the embedded store: pebble (a log-structured store with a write-ahead log, ledger.pebble; it converts a bolt ledger.db it finds) or bolt (a single file, ledger.db)")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
 	fs.BoolVar(&c.migrateOnly, "migrate-only", false, "apply the SQL schema migrations and exit (a migration job)")
@@ -161,8 +159,6 @@ func (c config) check() error {
 		return errors.New("--certs needs --client-ca")
 	case c.clientCA != "" && c.certsFile == "":
 		return errors.New("--client-ca needs --certs, the table of certificate principals")
-	case c.engine != "bolt" && c.engine != "pebble":
-		return fmt.Errorf("--engine is bolt or pebble, not %q", c.engine)
 	case (c.migrate || c.migrateOnly) && c.databaseURL == "":
 		return errors.New("--migrate and --migrate-only need --database-url")
 	case (c.homesFile != "" || c.followerReads != 0) && c.databaseURL == "":

@@ -40,6 +40,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -188,19 +189,12 @@ func begin(key string) *ledgerv1.BeginRequest {
 	return &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
 }
 
-// TestEndToEndSurvivesKill9 drives ledgerd on its embedded store, with
-// each engine, through a real client: claim, complete, replay; then kills
-// it with SIGKILL, starts it again on the same data directory and finds
-// the record intact.
+// TestEndToEndSurvivesKill9 drives ledgerd on its embedded store through
+// a real client: claim, complete, replay; then kills it with SIGKILL,
+// starts it again on the same data directory and finds the record intact.
 func TestEndToEndSurvivesKill9(t *testing.T) {
-	for _, engine := range []string{"bolt", "pebble"} {
-		t.Run(engine, func(t *testing.T) { survivesKill9(t, engine) })
-	}
-}
-
-func survivesKill9(t *testing.T, engine string) {
 	dir := t.TempDir()
-	p := start(t, "--data-dir", dir, "--engine", engine)
+	p := start(t, "--data-dir", dir)
 	conn := p.dial(t)
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)
@@ -257,7 +251,7 @@ func survivesKill9(t *testing.T, engine string) {
 	}
 	p.wait(t)
 
-	p = start(t, "--data-dir", dir, "--engine", engine)
+	p = start(t, "--data-dir", dir)
 	conn = p.dial(t)
 	p.waitServing(t, conn)
 	client = ledgerv1.NewLedgerServiceClient(conn)
@@ -403,7 +397,6 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"MigrateWithoutSQL":   {"--migrate"},
 		"UnknownFlag":         {"--no-such-flag"},
 		"NegativeRateLimit":   {"--rate-limit", "-1"},
-		"UnknownEngine":       {"--engine", "lmdb"},
 		"RecvUnderStreamed":   {"--max-outcome-bytes", "1024", "--max-recv-bytes", "2048"},
 		"DevModeAdminOpen":    {"--admin-listen", "0.0.0.0:0"},
 		"DevModeHealthOpen":   {"--health-listen", ":0"},
@@ -640,45 +633,26 @@ func TestMigrateOnly(t *testing.T) {
 }
 
 // TestRefusesAnEmptiedEmbeddedStore: ledgerd on a data directory whose
-// ledger.db was emptied (or truncated, or replaced) exits 1 with a clear
+// store was removed (or replaced by an empty one) exits 1 with a clear
 // message instead of serving an empty ledger; a first start on an empty
 // directory just works.
 func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 	dir := t.TempDir()
-	p := start(t, "--data-dir", dir, "--engine", "bolt")
+	p := start(t, "--data-dir", dir)
 	p.waitServing(t, p.dial(t))
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("first start: exit %d", code)
 	}
-	if err := os.Truncate(filepath.Join(dir, "ledger.db"), 0); err != nil {
+	if err := os.RemoveAll(filepath.Join(dir, pebble.DirName)); err != nil {
 		t.Fatal(err)
-	}
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
-	out, _ := cmd.CombinedOutput()
-	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "is empty (0 bytes)") {
-		t.Fatalf("on an emptied ledger.db: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
-	}
-}
-
-// TestBoltRefusesAPebbleLedger: a data directory that holds a Pebble
-// ledger is refused by --engine bolt (exit 1, no retry), instead of
-// starting a new, empty ledger beside it. (The other way round converts:
-// TestConvertsBoltToPebble.)
-func TestBoltRefusesAPebbleLedger(t *testing.T) {
-	dir := t.TempDir()
-	p := start(t, "--data-dir", dir, "--engine", "pebble")
-	p.waitServing(t, p.dial(t))
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("first start: exit %d", code)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
+	cmd := exec.CommandContext(ctx, binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir)
 	out, _ := cmd.CombinedOutput()
-	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
-		t.Fatalf("--engine bolt on a pebble ledger: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "holds no ledger") {
+		t.Fatalf("on an emptied store: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
 	}
 }
 
@@ -921,84 +895,4 @@ func TestLogsDoNotAmplify(t *testing.T) {
 			t.Fatal("no summary of the refused calls")
 		}
 	})
-}
-
-// TestConvertsBoltToPebble: ledgerd started with --engine pebble on a
-// directory that holds a bolt ledger copies it into Pebble under the same
-// identity: a completed key replays its outcome, a key in flight stays
-// IN_PROGRESS, ledger.db is kept as ledger.db.converted, and bolt now
-// refuses the directory. A conversion interrupted before ledger.db was
-// renamed is finished at the next start.
-func TestConvertsBoltToPebble(t *testing.T) {
-	dir := t.TempDir()
-	p := start(t, "--data-dir", dir, "--engine", "bolt")
-	conn := p.dial(t)
-	p.waitServing(t, conn)
-	client := ledgerv1.NewLedgerServiceClient(conn)
-	done, err := client.Begin(t.Context(), begin("inv-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "inv-1", Token: done.GetClaim().GetToken(), Outcome: invoice}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Begin(t.Context(), begin("inv-2")); err != nil {
-		t.Fatal(err)
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.wait(t); code != 0 {
-		t.Fatalf("bolt ledgerd: exit %d", code)
-	}
-
-	check := func(p *proc) {
-		t.Helper()
-		conn := p.dial(t)
-		p.waitServing(t, conn)
-		client := ledgerv1.NewLedgerServiceClient(conn)
-		replay, err := client.Begin(t.Context(), begin("inv-1"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := cmp.Diff(invoice, replay.GetReplay().GetOutcome(), protocmp.Transform()); d != "" {
-			t.Fatalf("replay after the conversion (-want +got):\n%s", d)
-		}
-		_, err = client.Begin(t.Context(), begin("inv-2"))
-		if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeInProgress {
-			t.Fatalf("the key in flight after the conversion: %v, want IN_PROGRESS", err)
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		if code := p.wait(t); code != 0 {
-			t.Fatalf("pebble ledgerd: exit %d", code)
-		}
-	}
-	p = start(t, "--data-dir", dir, "--engine", "pebble")
-	check(p)
-	if !strings.Contains(p.logs(), "converted the embedded ledger from bolt to pebble") {
-		t.Fatalf("no conversion logged:\n%s", p.logs())
-	}
-	if _, err := os.Stat(filepath.Join(dir, "ledger.db.converted")); err != nil {
-		t.Fatalf("ledger.db was not kept: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "ledger.db")); err == nil {
-		t.Fatal("ledger.db is still there")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "", "--data-dir", dir, "--engine", "bolt")
-	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 1 || !strings.Contains(string(out), "other engine") {
-		t.Fatalf("--engine bolt after the conversion: exit %d, output:\n%s", cmd.ProcessState.ExitCode(), out)
-	}
-
-	// An interruption after the Pebble store was moved into place and
-	// before ledger.db was renamed: both are there, with one identity.
-	for _, name := range []string{"ledger.db", "ledger.id"} {
-		if err := os.Rename(filepath.Join(dir, name+".converted"), filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p = start(t, "--data-dir", dir, "--engine", "pebble")
-	check(p)
-	if !strings.Contains(p.logs(), "finishing an interrupted conversion") {
-		t.Fatalf("no finished conversion logged:\n%s", p.logs())
-	}
 }

@@ -1,6 +1,6 @@
 // Command ledgerd serves the idempotency ledger (idemledger.v1.LedgerService)
 // over gRPC. It only wires: flags and LEDGER_* environment, the store
-// (embedded bbolt by default, PostgreSQL or CockroachDB with
+// (embedded Pebble by default, PostgreSQL or CockroachDB with
 // --database-url), credentials, interceptors, health, reflection, metrics,
 // the expiry sweeper and a graceful stop. See the README for every flag.
 package main
@@ -464,7 +464,7 @@ func storeName(cfg config) string {
 	if cfg.databaseURL != "" {
 		return "sql"
 	}
-	return "embedded:" + cfg.engine + ":" + cfg.dataDir
+	return "embedded:" + cfg.dataDir
 }
 
 func newLogger(cfg config, w io.Writer) (*slog.Logger, error) {

@@ -94,7 +94,7 @@ func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("ledgerd after SIGTERM: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(work, "data", "ledger.pebble")); err != nil {
+	if _, err := os.Stat(filepath.Join(work, "data", "ledger")); err != nil {
 		t.Fatalf("the embedded store was not created: %v", err)
 	}
 }

@@ -3,15 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/pebble"
 )
@@ -210,7 +206,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, bolt.ErrRefused) || errors.Is(err, pebble.ErrRefused) || errors.Is(err, errOtherEngine) {
+		if errors.Is(err, pebble.ErrRefused) {
 			return err // a damaged or replaced file: waiting will not mend it
 		}
 		l.log.WarnContext(ctx, "the store did not open; trying again", "error", err, "in", pause.String())
@@ -226,11 +222,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	return s.Run(ctx, onError)
 }
 
-// errOtherEngine is the refusal of a data directory that holds the other
-// engine's ledger: opening it would start a new, empty ledger beside it.
-var errOtherEngine = errors.New("the data directory holds a ledger of the other engine")
-
-// embedded is what ledgerd needs of an embedded store beyond store.
+// embedded is what ledgerd needs of the embedded store beyond store.
 type embedded interface {
 	store
 	Created() bool
@@ -238,49 +230,19 @@ type embedded interface {
 	Close() error
 }
 
-// openEmbedded opens the embedded store of cfg.engine in cfg.dataDir. A
-// bolt ledger there is converted first when the engine is pebble; a
-// pebble ledger is refused when the engine is bolt.
-func openEmbedded(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (embedded, error) {
-	if cfg.engine == "pebble" {
-		if err := convertToPebble(ctx, cfg.dataDir, log); err != nil {
-			return nil, err
-		}
-	}
-	mine, other := bolt.FileName, pebble.DirName
-	if cfg.engine == "pebble" {
-		mine, other = other, mine
-	}
-	if _, err := os.Stat(filepath.Join(cfg.dataDir, other)); err == nil {
-		return nil, fmt.Errorf("%w: %s has %s, and --engine %s keeps its ledger in %s; start with the engine that wrote it",
-			errOtherEngine, cfg.dataDir, other, cfg.engine, mine)
-	}
-	if cfg.engine == "pebble" {
-		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
-		if err != nil {
-			return nil, err
-		}
-		return s, nil
-	}
-	s, err := bolt.Open(cfg.dataDir, bolt.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := openEmbedded(ctx, cfg, log, onClockStep)
+		var s embedded
+		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
 		if err != nil {
 			return nil, nil, err
 		}
 		if s.Created() {
 			// Loud, so that a data directory on a volume that was not
 			// mounted is seen: it starts empty as a new ledger would.
-			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "engine", cfg.engine, "identity", s.Identity())
+			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
 		} else {
-			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "engine", cfg.engine, "identity", s.Identity())
+			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
 		}
 		return s, func() {
 			if err := s.Close(); err != nil {

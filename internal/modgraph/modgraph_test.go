@@ -32,7 +32,6 @@ var forbidden = []string{
 	"github.com/jackc/pgx",
 	"github.com/jackc/puddle",
 	"github.com/cockroachdb/",
-	"go.etcd.io/bbolt",
 	"github.com/prometheus/",
 	"github.com/grpc-ecosystem/go-grpc-middleware/providers/",
 	"github.com/peterbourgon/ff",

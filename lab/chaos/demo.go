@@ -26,8 +26,8 @@ import (
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -298,7 +298,7 @@ func startLedger(cfg DemoConfig) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	st, err := bolt.Open(dir, bolt.Config{})
+	st, err := pebble.Open(dir, pebble.Config{})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return "", nil, err

@@ -10,7 +10,7 @@ import (
 	pebbledb "github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
 var (

@@ -12,11 +12,11 @@ import (
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
 
-	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
 // IdentityFileName is the marker beside the store that names its ledger.
-const IdentityFileName = "ledger.pebble.id"
+const IdentityFileName = "ledger.id"
 
 // ErrRefused is what Open says of a directory it will not start as a
 // ledger; the message says what to do.
@@ -27,10 +27,10 @@ func refuse(format string, args ...any) error {
 }
 
 // identity reads the ledger's identity from db and checks it against the
-// marker in dir: a store without one is new (it gets given, or a new one,
-// and the marker), unless the marker says a ledger was here, which the
+// marker in dir: a store without one is new (it gets a new identity and
+// the marker), unless the marker says a ledger was here, which the
 // store has lost. created reports a new ledger.
-func identity(db *pebbledb.DB, dir, want, given string) (id string, created bool, err error) {
+func identity(db *pebbledb.DB, dir, want string) (id string, created bool, err error) {
 	marker := filepath.Join(dir, IdentityFileName)
 	stored, err := get(db, identityKey)
 	if err != nil {
@@ -49,14 +49,11 @@ func identity(db *pebbledb.DB, dir, want, given string) (id string, created bool
 		}
 		return string(stored), false, nil
 	}
-	id = given
-	if id == "" {
-		raw := make([]byte, 16)
-		if _, err := rand.Read(raw); err != nil {
-			return "", false, err
-		}
-		id = hex.EncodeToString(raw)
+	raw := make([]byte, 16)
+	if _, err := rand.Read(raw); err != nil {
+		return "", false, err
 	}
+	id = hex.EncodeToString(raw)
 	if err := db.Set(identityKey, []byte(id), pebbledb.Sync); err != nil {
 		return "", false, fmt.Errorf("pebble: write identity: %w", err)
 	}

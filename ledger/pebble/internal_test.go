@@ -63,38 +63,3 @@ func TestUpperBound(t *testing.T) {
 	}
 }
 
-// TestLoad: records loaded as they are read back as they are, each with
-// one expiry index entry, also when a record is loaded again with another
-// expiry; and a new store takes the identity it is given.
-func TestLoad(t *testing.T) {
-	clock := ledgertest.NewClock(ledgertest.Start)
-	s, err := Open(t.TempDir(), Config{Now: clock.Now, Identity: "0123abcd"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if s.Identity() != "0123abcd" || !s.Created() {
-		t.Fatalf("identity %q, created %t", s.Identity(), s.Created())
-	}
-	now := clock.Now()
-	done := ledger.Record{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: "done"}, State: ledger.StateCompleted, Method: ledgertest.Method,
-		Fingerprint: ledgertest.Fingerprint("p"), Token: 3, Attempt: 2, CreatedAt: now, LeaseExpiresAt: now.Add(time.Minute),
-		CompletedAt: now, ExpiresAt: now.Add(time.Hour), ForgetAt: now.Add(2 * time.Hour), Outcome: ledgertest.Response("inv")}
-	held := done
-	held.Scope.Key, held.State, held.Outcome, held.CompletedAt = "held", ledger.StateInProgress, nil, time.Time{}
-	if err := s.Load(t.Context(), []ledger.Record{done, held}); err != nil {
-		t.Fatal(err)
-	}
-	later := done
-	later.ExpiresAt, later.ForgetAt = now.Add(3*time.Hour), now.Add(4*time.Hour)
-	if err := s.Load(t.Context(), []ledger.Record{later}); err != nil {
-		t.Fatal(err)
-	}
-	if n := s.count(t, "ns"); n != 2 {
-		t.Fatalf("%d records, want 2", n)
-	}
-	got, err := s.Get(t.Context(), done.Scope)
-	if err != nil || got.Token != 3 || got.Attempt != 2 || !got.ExpiresAt.Equal(later.ExpiresAt) || !got.Outcome.Equal(done.Outcome) {
-		t.Fatalf("loaded record reads back as %+v, %v", got, err)
-	}
-}

@@ -30,11 +30,11 @@ import (
 	pebbledb "github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/internal/recordkv"
+	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
 // DirName is the name of the store's directory in a data directory.
-const DirName = "ledger.pebble"
+const DirName = "ledger"
 
 // Keys: a record under 'r' + its scope key, its expiry index entry under
 // 'x' + recordkv.ExpiryKey, the ledger's identity under 'm' + "identity".
@@ -71,9 +71,6 @@ type Config struct {
 	CacheSize int64
 	// MemTableSize is the size of a memtable, in bytes: 16 MiB.
 	MemTableSize uint64
-	// Identity is the identity a new store takes: a conversion keeps the
-	// ledger's. Empty draws a new one. A store that has one keeps it.
-	Identity string
 }
 
 func (c Config) withDefaults() Config {
@@ -160,7 +157,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
 	}
-	id, created, err := identity(db, dir, want, cfg.Identity)
+	id, created, err := identity(db, dir, want)
 	if err != nil {
 		_ = db.Close()
 		return nil, err
@@ -370,36 +367,6 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 		return nil, s.classify("get", err)
 	}
 	return recs, nil
-}
-
-// Load stores recs as they are, each with its expiry index entry, in one
-// batch committed with an fsync: what a conversion from another engine
-// writes. A record already stored is replaced. Call it before the store
-// serves.
-func (s *Store) Load(ctx context.Context, recs []ledger.Record) error {
-	if err := ctx.Err(); err != nil {
-		return s.classify("load", err)
-	}
-	return s.classify("load", s.with(func(db *pebbledb.DB) error {
-		b := db.NewBatch()
-		defer b.Close()
-		for i := range recs {
-			key := recordKey(recs[i].Scope)
-			cur, err := getRecord(db, recs[i].Scope, key)
-			if err != nil {
-				return err
-			}
-			if cur != nil {
-				if err := b.Delete(indexKey(cur, key), nil); err != nil {
-					return err
-				}
-			}
-			if err := put(b, key, nil, &recs[i]); err != nil {
-				return err
-			}
-		}
-		return b.Commit(pebbledb.Sync)
-	}))
 }
 
 // transition computes the record to store from the stored one (nil when

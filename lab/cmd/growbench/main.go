@@ -1,14 +1,12 @@
-// Command growbench measures the embedded store's engines as their data
-// grows and is swept, as a day of retention does to a ledger: it fills a
+// Command growbench measures the embedded store as its data grows and is swept, as a day of retention does to a ledger: it fills a
 // store with records, moves its clock past the first half's retention and
 // tombstone window, sweeps that half away while writers run, and reports
 // the writers' throughput and latency at each step, the bytes on disk per
 // record, the process's memory, and how long the store takes to open.
 //
-// Each engine runs on its own, one after the other, on a store of its own
-// in a temporary directory on the same disk; every write is durable.
+// The store lives in a temporary directory; every write is durable.
 //
-//	go run ./lab/cmd/growbench -engines bolt,pebble -records 500000
+//	go run ./lab/cmd/growbench -records 500000
 package main
 
 import (
@@ -31,13 +29,11 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
 type config struct {
-	engines          []string
 	records, writers int
 	fillers          int
 	outcome          int
@@ -46,54 +42,29 @@ type config struct {
 
 func main() {
 	var cfg config
-	engines := flag.String("engines", "bolt,pebble", "engines to measure, one after the other: bolt, pebble")
 	flag.IntVar(&cfg.records, "records", 500_000, "records written in all; the first half is swept away")
 	flag.IntVar(&cfg.writers, "writers", 8, "concurrent writers whose throughput is measured")
 	flag.IntVar(&cfg.fillers, "fillers", 64, "concurrent writers that fill the store")
 	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
 	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
 	flag.Parse()
-	for _, e := range strings.Split(*engines, ",") {
-		if e = strings.TrimSpace(e); e != "bolt" && e != "pebble" {
-			fmt.Fprintf(os.Stderr, "growbench: bad -engines %q\n", *engines)
-			os.Exit(2)
-		}
-		cfg.engines = append(cfg.engines, e)
-	}
-	fmt.Println("| engine | step | records | pairs/s (8 writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |")
-	fmt.Println("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-	for _, e := range cfg.engines {
-		if err := run(context.Background(), cfg, e, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "growbench:", err)
-			os.Exit(1)
-		}
+	fmt.Println("| step | records | pairs/s (8 writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+	if err := run(context.Background(), cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "growbench:", err)
+		os.Exit(1)
 	}
 }
 
-// store is what growbench needs of an engine.
-type store interface {
-	ledger.Store
-	ledger.Census
-	Sweep(ctx context.Context, limit int) (int, error)
-	Close() error
-}
-
-func open(engine, dir string, now func() time.Time) (store, error) {
-	if engine == "pebble" {
-		return pebble.Open(dir, pebble.Config{Now: now})
-	}
-	return bolt.Open(dir, bolt.Config{Now: now})
-}
-
-// run measures one engine and writes its rows to w.
-func run(ctx context.Context, cfg config, engine string, w io.Writer) error {
-	dir, err := os.MkdirTemp("", "growbench-"+engine+"-")
+// run measures the store and writes its rows to w.
+func run(ctx context.Context, cfg config, w io.Writer) error {
+	dir, err := os.MkdirTemp("", "growbench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
 	clock := ledgertest.NewClock(ledgertest.Start)
-	s, err := open(engine, dir, clock.Now)
+	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now})
 	if err != nil {
 		return err
 	}
@@ -127,7 +98,7 @@ func run(ctx context.Context, cfg config, engine string, w io.Writer) error {
 		if live > 0 {
 			perRecord = strconv.FormatInt(size/live, 10)
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", engine, step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
 	}
 	pair := func(prefix string) op {
 		return func(ctx context.Context, w int, n int64) error {
@@ -155,12 +126,9 @@ func run(ctx context.Context, cfg config, engine string, w io.Writer) error {
 	row("second half written", measure(ctx, cfg.writers, cfg.measure, pair("m2")))
 
 	// Sweep the first half away as the store's Run does (batches of 500,
-	// paced as the engine paces them) while the writers run; measure the
+	// paced as the store paces them) while the writers run; measure the
 	// writers until the sweep ends.
-	share := 1.0
-	if p, ok := s.(interface{ SweepShare() float64 }); ok {
-		share = p.SweepShare()
-	}
+	share := s.SweepShare()
 	var swept int
 	sweepDone := make(chan error, 1)
 	start := time.Now()
@@ -190,11 +158,11 @@ func run(ctx context.Context, cfg config, engine string, w io.Writer) error {
 		return err
 	}
 	opened := time.Now()
-	s, err = open(engine, dir, clock.Now)
+	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "| %s | reopened in %.3f s | | | | | %d | | %d |\n", engine, time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
+	fmt.Fprintf(w, "| reopened in %.3f s | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
 	return nil
 }
 

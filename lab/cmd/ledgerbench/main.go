@@ -47,7 +47,6 @@ import (
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/bolt"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
@@ -65,7 +64,6 @@ type config struct {
 	pool, rounds, ledgerdProcs, outcomeSize, maxBatchedOutcome     int
 	batchInFlight                                                  []int
 	interceptor, durable, redis                                    bool
-	engines                                                        []string
 	batching                                                       string
 }
 
@@ -97,7 +95,6 @@ func main() {
 	flag.IntVar(&cfg.outcomeSize, "outcome-size", bench.DefaultOutcomeSize, "bytes of the response each fresh pair stores, for every target")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
-	engines := flag.String("engines", "pebble", "embedded store: the engines to measure in turns, pebble (ledger/pebble, ledgerd's default) and bolt (ledger/bolt)")
 	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
@@ -123,13 +120,6 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.batchInFlight = append(cfg.batchInFlight, n)
-	}
-	for _, e := range strings.Split(*engines, ",") {
-		if e = strings.TrimSpace(e); e != "bolt" && e != "pebble" {
-			fmt.Fprintf(os.Stderr, "ledgerbench: bad -engines %q\n", *engines)
-			os.Exit(2)
-		}
-		cfg.engines = append(cfg.engines, e)
 	}
 	for _, a := range strings.Split(apis, ",") {
 		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
@@ -293,12 +283,6 @@ func run(ctx context.Context, cfg config) error {
 	for _, name := range stores {
 		// The variants of a store run in turns, on one database.
 		variants := []variant{{}}
-		if name == "embedded" && len(cfg.engines) > 0 {
-			variants = nil
-			for _, e := range cfg.engines {
-				variants = append(variants, variant{engine: e})
-			}
-		}
 		if name == "postgres" {
 			variants = nil
 			if cfg.batching != "only" {
@@ -323,9 +307,6 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			ledgerd := "ledgerd/" + name
-			if v.engine == "pebble" {
-				ledgerd += "-pebble"
-			}
 			if v.batching {
 				ledgerd += "+batching"
 				if v.inFlight > 0 {
@@ -352,7 +333,7 @@ func run(ctx context.Context, cfg config) error {
 					c, t = sc, ledgerd+" (stream)"
 				}
 				ledgers[strings.TrimPrefix(ledgerd, "ledgerd/")+"|"+api] = c
-				work, err := ledgerWork(c, fmt.Sprintf("%s-%s-%t-%d-%s", name, v.engine, v.batching, v.inFlight, api))
+				work, err := ledgerWork(c, fmt.Sprintf("%s-%t-%d-%s", name, v.batching, v.inFlight, api))
 				if err != nil {
 					return err
 				}
@@ -487,12 +468,10 @@ func (cfg config) dbTag() string {
 }
 
 // variant is how a store is set up: for postgres, with batching or
-// without, and the batches in flight (0: the store's default); for the
-// embedded store, its engine.
+// without, and the batches in flight (0: the store's default).
 type variant struct {
 	batching bool
 	inFlight int
-	engine   string // the embedded store's: bolt or pebble
 }
 
 // database is the PostgreSQL a postgres store's variants share.
@@ -548,14 +527,7 @@ func openStore(ctx context.Context, cfg config, name string, db database, v vari
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		if v.engine == "pebble" {
-			s, err := pebble.Open(dir, pebble.Config{})
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			return s, func() { _ = s.Close(); _ = os.RemoveAll(dir) }, nil, nil
-		}
-		s, err := bolt.Open(dir, bolt.Config{})
+		s, err := pebble.Open(dir, pebble.Config{})
 		if err != nil {
 			return nil, nil, nil, err
 		}

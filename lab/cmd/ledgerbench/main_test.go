@@ -83,8 +83,8 @@ func TestDBTag(t *testing.T) {
 	}
 }
 
-// TestEmbeddedBesideRedis: the embedded store's ledgerd on both engines
-// and a durable Redis run in turns, and the disk's fsync floor is reported beside them
+// TestEmbeddedBesideRedis: the embedded store's ledgerd and a durable
+// Redis run in turns, and the disk's fsync floor is reported beside them
 // (skipped without redis-server, failed under CI=true).
 func TestEmbeddedBesideRedis(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -93,9 +93,9 @@ func TestEmbeddedBesideRedis(t *testing.T) {
 		}
 		t.Skip("redis-server is not installed")
 	}
-	got := runBench(t, config{stores: "embedded", engines: []string{"bolt", "pebble"}, workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
+	got := runBench(t, config{stores: "embedded", workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
 		duration: 300 * time.Millisecond, rounds: 2, redis: true})
-	for _, target := range []string{"ledgerd/embedded (stream)", "ledgerd/embedded-pebble (stream)", redisName, floorName} {
+	for _, target := range []string{"ledgerd/embedded (stream)", redisName, floorName} {
 		if _, ok := got[target]; !ok {
 			t.Fatalf("no result for %q; got %v", target, got)
 		}
@@ -103,7 +103,7 @@ func TestEmbeddedBesideRedis(t *testing.T) {
 	if floor := got[floorName]; floor.PerSecond <= 0 || floor.Clients != 1 {
 		t.Fatalf("fsync floor %+v", floor)
 	}
-	if len(got) != 4 {
-		t.Fatalf("%d targets, want 4: %v", len(got), got)
+	if len(got) != 3 {
+		t.Fatalf("%d targets, want 3: %v", len(got), got)
 	}
 }
