@@ -17,8 +17,9 @@ func TestReadmeSnippetIsExampleCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for heading, file := range map[string]string{
-		"## Protect a method":    "invoice/example_test.go",
-		"## Protect an MCP tool": "mcpinvoice/example_test.go",
+		"## Protect a method":      "invoice/example_test.go",
+		"## Protect an MCP tool":   "mcpinvoice/example_test.go",
+		"## Protect an HTTP route": "httpinvoice/example_test.go",
 	} {
 		example, err := os.ReadFile(file)
 		if err != nil {

@@ -21,12 +21,3 @@ const (
 	DecisionExpired     Decision = "key_expired"     // Begin: only a tombstone is left
 	DecisionResolved    Decision = "resolved"        // Resolve settled a record
 )
-
-// Decisions lists every decision, in the order above.
-func Decisions() []Decision {
-	return []Decision{
-		DecisionClaimed, DecisionTakenOver, DecisionReplayed, DecisionInProgress, DecisionKeyReused, DecisionTooLate,
-		DecisionCompleted, DecisionReleased, DecisionExtended, DecisionLeaseLost, DecisionRateLimited,
-		DecisionUnknown, DecisionExpired, DecisionResolved,
-	}
-}

@@ -40,7 +40,11 @@ func BenchmarkToolCall(b *testing.B) {
 	defer conn.Close()
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 	defer ledger.Close()
-	g, err := mcpguard.New(ledger, mcpguard.WithTenant(mcpguard.Tenant("acme")), mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{})))
+	gd, err := guard.New(ledger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := mcpguard.New(gd, mcpguard.WithTenant(mcpguard.Tenant("acme")), mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{})))
 	if err != nil {
 		b.Fatal(err)
 	}

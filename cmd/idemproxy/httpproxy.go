@@ -54,7 +54,7 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	opts := []httpguard.Option{httpguard.WithLogger(log)}
+	var opts []httpguard.Option
 	switch {
 	case cfg.Tenant.Header != "":
 		opts = append(opts, httpguard.WithTenant(httpguard.TenantFromHeader(cfg.Tenant.Header)))
@@ -71,7 +71,11 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		}
 		opts = append(opts, httpguard.WithRoute(pattern, route))
 	}
-	g, err := httpguard.New(ledger, opts...)
+	gd, err := guard.New(ledger, guard.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	g, err := httpguard.New(gd, opts...)
 	if err != nil {
 		return nil, err
 	}

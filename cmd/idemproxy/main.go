@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
@@ -287,7 +288,7 @@ func adminAddr(l net.Listener) string {
 // mcpHandler is the MCP mode: Streamable HTTP on /mcp, the named tools
 // guarded, everything else forwarded to the upstream MCP server.
 func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, error) {
-	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta(), mcpguard.WithLogger(log)}
+	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta()}
 	for name, t := range cfg.Tools {
 		tool, err := t.tool()
 		if err != nil {
@@ -295,7 +296,11 @@ func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *me
 		}
 		opts = append(opts, mcpguard.WithTool(name, tool))
 	}
-	g, err := mcpguard.New(ledger, opts...)
+	gd, err := guard.New(ledger, guard.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	g, err := mcpguard.New(gd, opts...)
 	if err != nil {
 		return nil, err
 	}

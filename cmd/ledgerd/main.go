@@ -99,25 +99,98 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// serve runs ledgerd until ctx ends: it builds the daemon, opens its
+// listeners, starts the store and the background work, serves, drains,
+// and stops the background work, the store last.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
-	cs, err := newCredentialSet(cfg, log)
+	d, err := newDaemon(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	auth, creds := cs.authenticator(), cs.transport()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := d.listen(); err != nil {
+		return err
+	}
+	defer d.closeListeners()
+	bg := d.startBackground(ctx)
+	serveErr := d.serve(ctx, bg.storeDone)
+	d.drain(ctx)
+	bg.stop()
+	log.InfoContext(ctx, "ledgerd stopped")
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return serveErr
+	}
+	return nil
+}
+
+// daemon is ledgerd's servers over its store, built by newDaemon.
+type daemon struct {
+	cfg       config
+	log       *slog.Logger
+	creds     *credentialSet
+	reg       *prometheus.Registry
+	store     *lateStore
+	storeMet  *storeMetrics
+	ledgerSrv *server.Server
+	grpc      *grpc.Server
+	health    *health.Server
+
+	// Set by listen.
+	lis        net.Listener
+	healthOnly *grpc.Server
+	healthAddr string
+	http       *http.Server
+	httpAddr   string
+	admin      *http.Server
+}
+
+// newDaemon builds the gRPC server with its services, the store that
+// opens later (lateStore), the ledger over it, health and the metrics.
+func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, error) {
+	cs, err := newCredentialSet(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{cfg: cfg, log: log, creds: cs, reg: prometheus.NewRegistry(), store: newLateStore(cfg, log), health: health.NewServer()}
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	decisions, observe := decisionCounter()
-	reg.MustRegister(grpcMetrics, decisions)
-
-	srvCfg := server.Config{Auth: auth, Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge}
+	d.reg.MustRegister(grpcMetrics, decisions)
+	srvCfg := server.Config{Auth: cs.authenticator(), Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge}
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
-	gs := grpc.NewServer(append(server.TransportOptions(),
+	d.grpc = grpc.NewServer(append(server.TransportOptions(), d.grpcOptions(grpcMetrics)...)...)
+	d.storeMetrics(ctx)
+	l := ledger.New(d.store, cfg.ledger)
+	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
+		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters)."}, func() float64 { return float64(l.Waiters()) }))
+	d.ledgerSrv = server.New(l, srvCfg)
+	ledgerv1.RegisterLedgerServiceServer(d.grpc, d.ledgerSrv)
+	ledgerv1.RegisterAdminServiceServer(d.grpc, server.NewAdmin(l, srvCfg))
+	d.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(d.grpc, d.health)
+	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "ready",
+		Help: "1 while ledgerd serves (its store takes writes), 0 while it reports NOT_SERVING."}, func() float64 {
+		res, err := d.health.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return 1
+		}
+		return 0
+	}))
+	if cfg.reflection {
+		reflection.Register(d.grpc)
+	}
+	grpcMetrics.InitializeMetrics(d.grpc)
+	return d, nil
+}
+
+// grpcOptions are the gRPC server's settings: credentials, limits,
+// keepalives and interceptors.
+func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOption {
+	cfg := d.cfg
+	return []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
-		grpc.Creds(creds),
+		grpc.Creds(d.creds.transport()),
 		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
@@ -134,170 +207,190 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			Timeout:               20 * time.Second,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(unaryInterceptors(log, grpcMetrics)...),
-		grpc.ChainStreamInterceptor(streamInterceptors(log, grpcMetrics)...), //nolint:contextcheck // a stream interceptor takes its context from the stream
-	)...)
-	st := newLateStore(cfg, log)
-	sm := newStoreMetrics(reg)
-	sm.bind(st)
+		grpc.ChainUnaryInterceptor(unaryInterceptors(d.log, metrics)...),
+		grpc.ChainStreamInterceptor(streamInterceptors(d.log, metrics)...), //nolint:contextcheck // a stream interceptor takes its context from the stream
+	}
+}
+
+// storeMetrics registers the store's metrics: call durations, the clock
+// steps the embedded store notices, SQL batches and follower reads.
+func (d *daemon) storeMetrics(ctx context.Context) {
+	d.storeMet = newStoreMetrics(d.reg)
+	d.storeMet.bind(d.store)
 	clockSteps := prometheus.NewCounter(prometheus.CounterOpts{Namespace: "idemledger", Name: "clock_steps_total",
 		Help: "Steps of the wall clock the embedded store noticed; none of them expired a lease or a record early."})
-	reg.MustRegister(clockSteps)
-	st.onClockStep = func(d time.Duration) {
+	d.reg.MustRegister(clockSteps)
+	d.store.onClockStep = func(step time.Duration) {
 		clockSteps.Inc()
-		log.WarnContext(ctx, "the wall clock stepped: the embedded store keeps time by the monotonic clock until ledgerd restarts", "step", d.String())
+		d.log.WarnContext(ctx, "the wall clock stepped: the embedded store keeps time by the monotonic clock until ledgerd restarts", "step", step.String())
 	}
-	if cfg.databaseURL != "" && cfg.sqlBatching {
-		reg.MustRegister(st.batchMetrics()...)
+	if d.cfg.databaseURL != "" && d.cfg.sqlBatching {
+		d.reg.MustRegister(d.store.batchMetrics()...)
 	}
-	if cfg.followerReads > 0 {
-		reg.MustRegister(st.followerMetrics()...)
+	if d.cfg.followerReads > 0 {
+		d.reg.MustRegister(d.store.followerMetrics()...)
 	}
-	l := ledger.New(st, cfg.ledger)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
-		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters)."}, func() float64 { return float64(l.Waiters()) }))
-	ledgerSrv := server.New(l, srvCfg)
-	ledgerv1.RegisterLedgerServiceServer(gs, ledgerSrv)
-	ledgerv1.RegisterAdminServiceServer(gs, server.NewAdmin(l, srvCfg))
-	healthSrv := health.NewServer()
-	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthSrv.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(gs, healthSrv)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "ready",
-		Help: "1 while ledgerd serves (its store takes writes), 0 while it reports NOT_SERVING."}, func() float64 {
-		res, err := healthSrv.Check(ctx, &healthpb.HealthCheckRequest{})
-		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return 1
-		}
-		return 0
-	}))
-	if cfg.reflection {
-		reflection.Register(gs)
-	}
-	grpcMetrics.InitializeMetrics(gs)
+}
 
-	lis, err := net.Listen("tcp", cfg.listen)
+// setServing reports st for the whole server and for LedgerService.
+func (d *daemon) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
+	d.health.SetServingStatus("", st)
+	d.health.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, st)
+}
+
+// listen opens every listener: gRPC (bounded by --max-connections: past
+// it, new clients queue in the kernel's backlog instead of exhausting
+// file descriptors), the plaintext health port, HTTP and admin. On an
+// error it closes what it opened.
+func (d *daemon) listen() (err error) {
+	defer func() {
+		if err != nil {
+			d.closeListeners()
+		}
+	}()
+	lis, err := net.Listen("tcp", d.cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	// Past --max-connections, accepting waits: new clients queue in the
-	// kernel's backlog instead of exhausting file descriptors.
-	lis = netutil.LimitListener(lis, cfg.maxConnections)
-	var healthOnly *grpc.Server
-	healthAddr := ""
-	if cfg.healthListen != "" {
-		hl, err := net.Listen("tcp", cfg.healthListen)
+	d.lis = netutil.LimitListener(lis, d.cfg.maxConnections)
+	if d.cfg.healthListen != "" {
+		hl, err := net.Listen("tcp", d.cfg.healthListen)
 		if err != nil {
-			_ = lis.Close()
 			return fmt.Errorf("health listen: %w", err)
 		}
-		healthAddr = hl.Addr().String()
-		healthOnly = grpc.NewServer()
-		healthpb.RegisterHealthServer(healthOnly, healthSrv)
-		go func() { _ = healthOnly.Serve(hl) }()
-		defer healthOnly.Stop()
+		d.healthAddr = hl.Addr().String()
+		d.healthOnly = grpc.NewServer()
+		healthpb.RegisterHealthServer(d.healthOnly, d.health)
+		go func() { _ = d.healthOnly.Serve(hl) }()
 	}
-	var httpSrv *http.Server
-	httpAddr := ""
-	if cfg.httpListen != "" {
-		if httpSrv, httpAddr, err = startHTTP(cfg.httpListen, gs, cs.httpTLS(), cfg, log); err != nil {
-			_ = lis.Close()
+	if d.cfg.httpListen != "" {
+		if d.http, d.httpAddr, err = startHTTP(d.cfg.httpListen, d.grpc, d.creds.httpTLS(), d.cfg, d.log); err != nil {
 			return err
 		}
 	}
-	var admin *http.Server
-	if cfg.adminListen != "" {
-		if admin, err = startAdmin(cfg.adminListen, reg, healthSrv, log); err != nil {
-			_ = lis.Close()
+	if d.cfg.adminListen != "" {
+		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.log); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	// Background work (the store, its sweeper, the health watch) ends with
-	// bg, after the gRPC server drained; the store closes last.
-	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+// closeListeners stops what listen started and serve did not: the
+// health port, the admin server, and the gRPC listener if it never
+// served.
+func (d *daemon) closeListeners() {
+	if d.healthOnly != nil {
+		d.healthOnly.Stop()
+	}
+	if d.admin != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = d.admin.Shutdown(sctx)
+		cancel()
+	}
+	if d.lis != nil {
+		_ = d.lis.Close()
+	}
+	stopHTTP(context.Background(), d.http)
+}
+
+// background is the work that runs beside the servers, until stop: the
+// store (its sweeper), the health watch, the census and the SIGHUP
+// reload. storeDone says why the store ended early (it refused to open).
+type background struct {
+	storeDone <-chan error
+	stop      func()
+}
+
+// startBackground starts the background work. It ends with stop, after
+// the gRPC server drained; the store closes last.
+func (d *daemon) startBackground(ctx context.Context) background {
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { watchHealth(bg, st, healthSrv, log) })
-	if cfg.censusInterval > 0 {
-		wg.Go(func() { sm.census(bg, st, cfg.censusInterval, log) })
+	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
+	if d.cfg.censusInterval > 0 {
+		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, d.log) })
 	}
 	// SIGHUP reloads the credentials files (tokens, certificate principals,
 	// the server's certificate and the client CA).
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	wg.Go(func() {
 		for {
 			select {
 			case <-bg.Done():
 				return
 			case <-hup:
-				cs.reload(bg)
+				d.creds.reload(bg)
 			}
 		}
 	})
-	// The store ends early only when it refuses to open (a damaged or
-	// replaced embedded store): then ledgerd stops.
 	storeDone := make(chan error, 1)
 	wg.Go(func() {
-		storeDone <- st.Run(bg, func(err error) { log.WarnContext(bg, "expiry sweep failed", "error", err) })
+		storeDone <- d.store.Run(bg, func(err error) { d.log.WarnContext(bg, "expiry sweep failed", "error", err) })
 	})
-	// Give the store a moment to open, so that the first calls find it;
-	// past that, serve anyway and answer UNAVAILABLE until it opens.
-	var serveErr error
+	return background{storeDone: storeDone, stop: func() {
+		signal.Stop(hup)
+		cancel()
+		wg.Wait()
+	}}
+}
+
+// serve gives the store a moment to open, so that the first calls find
+// it (past that it serves anyway and answers UNAVAILABLE until the store
+// opens), then serves gRPC until ctx ends, serving fails, or the store
+// refuses to open.
+func (d *daemon) serve(ctx context.Context, storeDone <-chan error) error {
 	select {
-	case <-st.opened:
-	case serveErr = <-storeDone:
+	case <-d.store.opened:
+	case err := <-storeDone:
+		return err
 	case <-time.After(2 * time.Second):
-		log.WarnContext(ctx, "the store is not open yet: serving NOT_SERVING until it is")
+		d.log.WarnContext(ctx, "the store is not open yet: serving NOT_SERVING until it is")
 	case <-ctx.Done():
+		return nil
 	}
 	served := make(chan error, 1)
-	if serveErr == nil {
-		go func() { served <- gs.Serve(lis) }()
-		log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(admin), "health", healthAddr, "http", httpAddr, "store", storeName(cfg), "version", version())
-		select {
-		case <-ctx.Done():
-			log.InfoContext(ctx, "ledgerd draining", "timeout", cfg.drainTimeout.String())
-		case serveErr = <-served:
-		case serveErr = <-storeDone:
-		}
-	} else {
-		_ = lis.Close()
+	lis := d.lis
+	d.lis = nil // Serve closes it
+	go func() { served <- d.grpc.Serve(lis) }()
+	d.log.InfoContext(ctx, "ledgerd listening", "grpc", lis.Addr().String(), "admin", adminAddr(d.admin), "health", d.healthAddr,
+		"http", d.httpAddr, "store", storeName(d.cfg), "version", version())
+	select {
+	case <-ctx.Done():
+		d.log.InfoContext(ctx, "ledgerd draining", "timeout", d.cfg.drainTimeout.String())
+		return nil
+	case err := <-served:
+		return err
+	case err := <-storeDone:
+		return err
 	}
-	healthSrv.Shutdown()
-	// Streams end once their calls are answered (GracefulStop waits for
-	// them); their clients reopen them on another instance.
-	ledgerSrv.Drain()
+}
+
+// drain reports NOT_SERVING, tells Streams to end once their calls are
+// answered (their clients reopen them on another instance), and stops
+// HTTP and gRPC gracefully; past --drain-timeout it cuts the calls left.
+func (d *daemon) drain(ctx context.Context) {
+	d.health.Shutdown()
+	d.ledgerSrv.Drain()
 	// Serve returns as soon as GracefulStop begins; the drain is over only
 	// when GracefulStop returns.
 	drained := make(chan struct{})
 	go func() {
-		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.drainTimeout)
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.drainTimeout)
 		defer cancel()
-		stopHTTP(hctx, httpSrv)
-		gs.GracefulStop()
+		stopHTTP(hctx, d.http)
+		d.http = nil
+		d.grpc.GracefulStop()
 		close(drained)
 	}()
 	select {
 	case <-drained:
-	case <-time.After(cfg.drainTimeout):
-		log.WarnContext(ctx, "drain timed out: cutting the calls left")
-		gs.Stop()
+	case <-time.After(d.cfg.drainTimeout):
+		d.log.WarnContext(ctx, "drain timed out: cutting the calls left")
+		d.grpc.Stop()
 		<-drained
 	}
-	stopBackground()
-	wg.Wait()
-	if admin != nil {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = admin.Shutdown(sctx)
-		cancel()
-	}
-	log.InfoContext(ctx, "ledgerd stopped")
-	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
-		return serveErr
-	}
-	return nil
 }
 
 // unaryInterceptors are ledgerd's interceptors, outermost first: metrics,

@@ -12,14 +12,23 @@ import (
 	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
-// store is what ledgerd needs of a store beyond ledger.Store: every store
-// of ledgerd also reads many scopes at once (ledger.ManyGetter).
+// store is what ledgerd needs of a store beyond ledger.Store: both of
+// its stores (pebble and crdb) also read many scopes at once, list and
+// purge for operators, count their records, answer a ping and sweep in
+// Run. The compiler checks it (below), so lateStore asserts nothing.
 type store interface {
 	ledger.Store
 	ledger.ManyGetter
+	ledger.AdminStore
+	ledger.Census
 	Ping(ctx context.Context) error
 	Run(ctx context.Context, onError func(error)) error
 }
+
+var (
+	_ store = (*pebble.Store)(nil)
+	_ store = (*crdb.Store)(nil)
+)
 
 // lateStore is the store that ledgerd serves from before the real one is
 // open: every call answers UNAVAILABLE (retryable, retry after a second)
@@ -133,46 +142,35 @@ func (l *lateStore) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger
 	return rec, err
 }
 
-// GetMany implements ledger.ManyGetter with the store's own, so that the
-// Lookup waiters' poller reads in one statement.
+// GetMany is the store's own, so that the Lookup waiters' poller reads in
+// one statement.
 func (l *lateStore) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
 	defer l.timed("get_many", "")()
 	s, err := l.get()
 	if err != nil {
 		return nil, err
 	}
-	if mg, ok := s.(ledger.ManyGetter); ok {
-		return mg.GetMany(ctx, scopes)
-	}
-	return nil, ledger.Errorf(ledger.CodeInternal, "the store reads one scope at a time")
+	return s.GetMany(ctx, scopes)
 }
 
-// List implements ledger.AdminStore with the store's own.
+// List is the store's own.
 func (l *lateStore) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
 	defer l.timed("list", "")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.ListPage{}, err
 	}
-	as, ok := s.(ledger.AdminStore)
-	if !ok {
-		return ledger.ListPage{}, ledger.Errorf(ledger.CodeInternal, "the store cannot list records")
-	}
-	return as.List(ctx, p)
+	return s.List(ctx, p)
 }
 
-// Purge implements ledger.AdminStore with the store's own.
+// Purge is the store's own.
 func (l *lateStore) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
 	defer l.timed("purge", "")()
 	s, err := l.get()
 	if err != nil {
 		return ledger.PurgeResult{}, err
 	}
-	as, ok := s.(ledger.AdminStore)
-	if !ok {
-		return ledger.PurgeResult{}, ledger.Errorf(ledger.CodeInternal, "the store cannot purge records")
-	}
-	return as.Purge(ctx, p)
+	return s.Purge(ctx, p)
 }
 
 func (l *lateStore) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
@@ -222,17 +220,8 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	return s.Run(ctx, onError)
 }
 
-// embedded is what ledgerd needs of the embedded store beyond store.
-type embedded interface {
-	store
-	Created() bool
-	Identity() string
-	Close() error
-}
-
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		var s embedded
 		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
 		if err != nil {
 			return nil, nil, err
@@ -282,16 +271,12 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 	return s, s.Close, nil
 }
 
-// CountByState implements ledger.Census with the store's own.
+// CountByState is the store's own.
 func (l *lateStore) CountByState(ctx context.Context) (map[ledger.State]int, error) {
 	defer l.timed("census", "")()
 	s, err := l.get()
 	if err != nil {
 		return nil, err
 	}
-	c, ok := s.(ledger.Census)
-	if !ok {
-		return nil, ledger.Errorf(ledger.CodeInternal, "the store cannot count its records")
-	}
-	return c.CountByState(ctx)
+	return s.CountByState(ctx)
 }

@@ -15,7 +15,8 @@ import (
 	"google.golang.org/grpc"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -48,8 +49,12 @@ func TestSpanTree(t *testing.T) {
 	for _, api := range []string{"Unary", "Stream"} {
 		t.Run(api, func(t *testing.T) {
 			ledger := tracedLedger(t, api)
-			icpt, err := idempotency.UnaryServerInterceptor(ledger,
-				idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice", idempotency.Policy{}), idempotency.WithKeyField("request_id"))
+			g, err := guard.New(ledger)
+			if err != nil {
+				t.Fatal(err)
+			}
+			icpt, err := grpcguard.UnaryServerInterceptor(g,
+				grpcguard.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice", grpcguard.Method{Policy: guard.Policy{}}), grpcguard.WithKeyField("request_id"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -31,14 +31,18 @@ func Example() {
 
 	// The route is the ServeMux pattern; the key is the Idempotency-Key
 	// header, the tenant the X-Tenant header.
-	g, err := httpguard.New(ledger,
+	g, err := guard.New(ledger)
+	if err != nil {
+		log.Fatal(err)
+	}
+	hg, err := httpguard.New(g,
 		httpguard.WithRoute("POST /v1/invoices", httpguard.Route{Policy: guard.Policy{Lease: 30 * time.Second}}),
 		httpguard.WithTenant(httpguard.TenantFromHeader("X-Tenant")))
 	if err != nil {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/invoices", g.Middleware(createInvoice))
+	mux.Handle("POST /v1/invoices", hg.Middleware(createInvoice))
 	fmt.Println("protected")
 	// Output: protected
 }

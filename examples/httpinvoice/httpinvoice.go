@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/examples/invoicedb"
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
 )
@@ -41,14 +40,13 @@ type API struct {
 	AfterWrite  func(r *http.Request)
 }
 
-// Guard returns the middleware that protects POST /v1/invoices through
-// the ledger behind client.
-func (a *API) Guard(client ledgerv1.LedgerServiceClient, opts ...httpguard.Option) (*httpguard.Guard, error) {
+// Guard returns the middleware that protects POST /v1/invoices under g.
+func (a *API) Guard(g *guard.Guard, opts ...httpguard.Option) (*httpguard.Guard, error) {
 	lease := a.Lease
 	if lease <= 0 {
 		lease = 10 * time.Second
 	}
-	return httpguard.New(client, append([]httpguard.Option{
+	return httpguard.New(g, append([]httpguard.Option{
 		httpguard.WithTenant(a.Tenant),
 		httpguard.WithRoute(CreateRoute, httpguard.Route{Policy: guard.Policy{Lease: lease}, Reconcile: a.reconcile}),
 	}, opts...)...)

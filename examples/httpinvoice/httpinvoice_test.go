@@ -28,7 +28,11 @@ func serve(t *testing.T, api *httpinvoice.API) string {
 		t.Fatal(err)
 	}
 	api.Store, api.Tenant = store, httpguard.TenantFromHeader("X-Tenant")
-	g, err := api.Guard(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("invoices"))).Dial(t)))
+	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("invoices"))).Dial(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := api.Guard(gd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,8 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -35,15 +36,19 @@ func Example() {
 
 	// CreateInvoice is protected: the key is the request's request_id
 	// (AIP-155), the tenant its tenant field.
-	guard, err := idempotency.UnaryServerInterceptor(ledger,
-		idempotency.WithMethod(invoice.CreateInvoiceMethod,
-			idempotency.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}),
-		idempotency.WithKeyField("request_id"),
-		idempotency.WithTenant(idempotency.TenantFromField("tenant")))
+	g, err := guard.New(ledger)
+	if err != nil {
+		log.Fatal(err)
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod,
+			grpcguard.Method{Policy: guard.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}}),
+		grpcguard.WithKeyField("request_id"),
+		grpcguard.WithTenant(grpcguard.TenantFromField("tenant")))
 	if err != nil {
 		log.Fatal(err) // a protected method did not resolve in the registry
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(), guard))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(), icpt))
 	invoicev1.RegisterInvoiceServiceServer(srv, &invoice.Service{Store: invoice.NewStore()})
 	defer srv.Stop()
 	fmt.Println("protected")

@@ -13,7 +13,8 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -32,11 +33,11 @@ func TestReconcileAfterACrash(t *testing.T) {
 			var runs int
 			svc.AfterWrite = func(ctx context.Context) {
 				runs++
-				if c, _ := idempotency.ClaimFromContext(ctx); c.Attempt == 1 {
+				if c, _ := guard.ClaimFromContext(ctx); c.Attempt == 1 {
 					panic("the process dies after the invoice row committed")
 				}
 			}
-			policy := idempotency.Policy{Lease: 200 * time.Millisecond}
+			policy := grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}}
 			if reconcile {
 				policy.Reconcile = svc.Reconcile
 			}
@@ -73,11 +74,15 @@ func TestReconcileAfterACrash(t *testing.T) {
 
 // invoiceClient serves svc behind the interceptor with policy on
 // CreateInvoice, against a LedgerService on the memory store.
-func invoiceClient(t *testing.T, svc *invoice.Service, policy idempotency.Policy) invoicev1.InvoiceServiceClient {
+func invoiceClient(t *testing.T, svc *invoice.Service, policy grpcguard.Method) invoicev1.InvoiceServiceClient {
 	t.Helper()
 	ledgerConn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
-	guard, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn),
-		idempotency.WithMethod(invoice.CreateInvoiceMethod, policy), idempotency.WithKeyField("request_id"))
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(ledgerConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod, policy), grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +95,6 @@ func invoiceClient(t *testing.T, svc *invoice.Service, policy idempotency.Policy
 		return h(ctx, req)
 	}
 	conn := servertest.NewServer(t, func(gs *grpc.Server) { invoicev1.RegisterInvoiceServiceServer(gs, svc) },
-		grpc.ChainUnaryInterceptor(recovered, guard)).Dial(t)
+		grpc.ChainUnaryInterceptor(recovered, icpt)).Dial(t)
 	return invoicev1.NewInvoiceServiceClient(conn)
 }

@@ -1,6 +1,6 @@
 // Package invoice is the example write service: an InvoiceService whose
 // CreateInvoice writes an invoice row to the service's own store, made
-// idempotent by the ledger's interceptor (package idempotency). It imports
+// idempotent by the ledger's interceptor (package grpcguard). It imports
 // only what a write service imports: the generated code, the interceptor
 // and the ledger's types.
 package invoice
@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/guard"
 )
 
 // CreateInvoiceMethod is the protected method.
@@ -55,7 +55,7 @@ func NewStore() *Store { return &Store{next: map[string]int64{}, byKey: map[stri
 // answer; when a later attempt (a higher token) wrote it, this attempt has
 // lost its claim and fails. This check is what the ledger's token is for:
 // it closes the window between a handler's commit and its Complete.
-func (s *Store) Write(c idempotency.Claim, build func(number int64) *invoicev1.Invoice) (*invoicev1.Invoice, error) {
+func (s *Store) Write(c guard.Claim, build func(number int64) *invoicev1.Invoice) (*invoicev1.Invoice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := c.Tenant + "/" + c.Key
@@ -102,14 +102,14 @@ type Service struct {
 	BeforeWrite, AfterWrite func(ctx context.Context)
 }
 
-// Reconcile is CreateInvoice's reconcile function (idempotency.Policy's
+// Reconcile is CreateInvoice's reconcile function (grpcguard.Method's
 // Reconcile): on a takeover, the interceptor asks it whether the earlier
 // attempt's invoice was written, and the service looks for its own row by
 // the key. Found, it is the answer, and CreateInvoice does not run again;
 // not found, CreateInvoice runs. A store that cannot answer would return
 // an error: the call then fails UNAVAILABLE and is retried later.
 func (s *Service) Reconcile(ctx context.Context, _ proto.Message) (proto.Message, error) {
-	c, ok := idempotency.ClaimFromContext(ctx)
+	c, ok := guard.ClaimFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.FailedPrecondition, "Reconcile runs behind the idempotency interceptor")
 	}
@@ -122,7 +122,7 @@ func (s *Service) Reconcile(ctx context.Context, _ proto.Message) (proto.Message
 // CreateInvoice writes an invoice. It must run behind the idempotency
 // interceptor: it fences its write with the claim's token.
 func (s *Service) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoiceRequest) (*invoicev1.CreateInvoiceResponse, error) {
-	c, ok := idempotency.ClaimFromContext(ctx)
+	c, ok := guard.ClaimFromContext(ctx)
 	if !ok {
 		return nil, status.Error(codes.FailedPrecondition, "CreateInvoice runs behind the idempotency interceptor")
 	}

@@ -40,7 +40,11 @@ func Example() {
 
 	// The key travels in _meta or in the idempotency_key argument; the
 	// tenant comes from the X-Tenant header.
-	g, err := mcpguard.New(ledger,
+	g, err := guard.New(ledger)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mg, err := mcpguard.New(g,
 		mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{Lease: 30 * time.Second})),
 		mcpguard.WithTenant(mcpguard.TenantFromHeader("X-Tenant")))
 	if err != nil {
@@ -49,7 +53,7 @@ func Example() {
 	in, _ := jsonschema.For[invoiceArgs](nil)
 	server := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
 	mcp.AddTool(server, &mcp.Tool{Name: "create_invoice", InputSchema: mcpguard.KeySchema(in, "")}, createInvoice)
-	server.AddReceivingMiddleware(g.Middleware())
+	server.AddReceivingMiddleware(mg.Middleware())
 	fmt.Println("guarded")
 	// Output: guarded
 }

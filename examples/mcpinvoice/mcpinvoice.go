@@ -16,7 +16,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/examples/invoicedb"
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 )
@@ -64,10 +63,9 @@ func (t *Tools) Policy() mcpguard.Tool {
 	return tool
 }
 
-// Guard returns the MCP adapter that protects create_invoice through the
-// ledger behind client.
-func (t *Tools) Guard(client ledgerv1.LedgerServiceClient, opts ...mcpguard.Option) (*mcpguard.Guard, error) {
-	return mcpguard.New(client, append([]mcpguard.Option{
+// Guard returns the MCP adapter that protects create_invoice under g.
+func (t *Tools) Guard(g *guard.Guard, opts ...mcpguard.Option) (*mcpguard.Guard, error) {
+	return mcpguard.New(g, append([]mcpguard.Option{
 		mcpguard.WithTenant(t.Tenant),
 		mcpguard.WithTool("create_invoice", t.Policy()),
 	}, opts...)...)

@@ -15,6 +15,7 @@ import (
 	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -30,7 +31,11 @@ func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	tools := &mcpinvoice.Tools{Store: store, Tenant: mcpguard.Tenant("acme")}
-	g, err := tools.Guard(ledger)
+	gd, err := guard.New(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := tools.Guard(gd)
 	if err != nil {
 		t.Fatal(err)
 	}

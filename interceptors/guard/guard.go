@@ -1,5 +1,5 @@
 // Package guard is the idempotency algorithm that every adapter runs: the
-// gRPC unary interceptor (package idempotency), the MCP tools/call
+// gRPC unary interceptor (package grpcguard), the MCP tools/call
 // middleware, the net/http middleware and the proxies. An adapter
 // translates its transport's call into a Call, its handler into a run
 // function, and its result into an Outcome; the guard does the rest, in
@@ -80,7 +80,19 @@ type Call struct {
 	FirstAttemptAt time.Time
 	// Policy is the method's.
 	Policy Policy
+	// Reconcile, when set, is asked before a takeover (attempt > 1) runs
+	// whether the earlier attempt's write landed: the adapter wraps the
+	// write service's typed reconcile function in it.
+	Reconcile ReconcileFunc
 }
+
+// ReconcileFunc asks the write service whether an earlier attempt of the
+// claim in ctx (ClaimFromContext: the key, the tenant, the token) applied
+// its write, by looking in the service's own database. It returns the
+// outcome of that write when it landed, nil when it did not (the run
+// function then runs), and an error when it cannot tell (the call fails
+// UNAVAILABLE, retryable, and the claim is left to run out).
+type ReconcileFunc func(ctx context.Context) (*Outcome, error)
 
 // Outcome is what a run produced: a response or an error, as bytes the
 // ledger stores and replays byte for byte, and its class.
@@ -177,6 +189,10 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 	return &Guard{ledger: client, opts: o}, nil
 }
 
+// Logger returns the logger the guard was given (WithLogger), for the
+// adapters' own lines.
+func (g *Guard) Logger() *slog.Logger { return g.opts.log }
+
 // Do runs call under the ledger: run is called at most once, and only
 // under a claim (or, for a call without a key whose policy makes the key
 // optional, unprotected). Its errors are *ledger.Error.
@@ -214,7 +230,7 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 		res, err := g.ledger.Begin(ctx, req)
 		if err != nil {
 			err = g.beginError(ctx, err)
-			if ledger.CodeOf(err) != ledger.CodeInProgress || call.Policy.onInProgress() != Wait {
+			if ledger.CodeOf(err) != ledger.CodeInProgress || call.Policy.OnInProgress != Wait {
 				return Result{}, err
 			}
 			if waitUntil.IsZero() {

@@ -1,7 +1,6 @@
 package guard
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -12,16 +11,12 @@ import (
 type InProgress uint8
 
 const (
-	// DefaultInProgress is the adapter's default: Wait for the guard and
-	// the MCP and HTTP adapters, Reject for the gRPC interceptor (its
-	// part-1 contract).
-	DefaultInProgress InProgress = iota
-	// Wait holds the duplicate until the first attempt's outcome is
+	// Wait (the default, on every transport) holds the duplicate until the first attempt's outcome is
 	// stored, and replays it, as a retry after completion would get it. If
 	// the first attempt releases the key, the duplicate claims it and
 	// runs. The wait is bounded by the caller's deadline and the policy's
 	// MaxWait; past the bound, IN_PROGRESS.
-	Wait
+	Wait InProgress = iota
 	// Reject answers IN_PROGRESS at once, with a retry-after of the time
 	// left on the lease, capped.
 	Reject
@@ -29,8 +24,6 @@ const (
 
 func (p InProgress) String() string {
 	switch p {
-	case DefaultInProgress:
-		return "DEFAULT"
 	case Wait:
 		return "WAIT"
 	case Reject:
@@ -38,14 +31,6 @@ func (p InProgress) String() string {
 	}
 	return fmt.Sprintf("InProgress(%d)", uint8(p))
 }
-
-// ReconcileFunc asks the write service whether an earlier attempt of the
-// claim in ctx (ClaimFromContext: the key, the tenant, the token) applied
-// its write, by looking in the service's own database. It returns the
-// outcome of that write when it landed, nil when it did not (the run
-// function then runs), and an error when it cannot tell (the call fails
-// UNAVAILABLE, retryable, and the claim is left to run out).
-type ReconcileFunc func(ctx context.Context) (*Outcome, error)
 
 // Policy is how one method is protected.
 type Policy struct {
@@ -66,7 +51,8 @@ type Policy struct {
 	// KeyOptional lets calls without a key through, unprotected; by
 	// default they fail with KEY_MISSING.
 	KeyOptional bool
-	// OnInProgress is what a duplicate gets while the first attempt runs.
+	// OnInProgress is what a duplicate gets while the first attempt runs:
+	// Wait (the zero value) or Reject.
 	OnInProgress InProgress
 	// MaxWait bounds a duplicate's wait under Wait; 0 means DefaultMaxWait.
 	MaxWait time.Duration
@@ -76,9 +62,6 @@ type Policy struct {
 	// someone resolves it). It is stored with the record at its first
 	// claim.
 	OnLeaseExpiry ledger.LeaseExpiry
-	// Reconcile, when set, is asked before a takeover runs whether the
-	// earlier attempt's write landed.
-	Reconcile ReconcileFunc
 }
 
 // Check reports a policy that cannot be used.
@@ -96,13 +79,6 @@ func (p Policy) check() error {
 		return fmt.Errorf("guard: a tombstone retention with tombstones off")
 	}
 	return nil
-}
-
-func (p Policy) onInProgress() InProgress {
-	if p.OnInProgress == DefaultInProgress {
-		return Wait
-	}
-	return p.OnInProgress
 }
 
 func (p Policy) maxWait() time.Duration {

@@ -53,16 +53,10 @@ func ClaimFromContext(ctx context.Context) (Claim, bool) {
 	return c, ok
 }
 
-// WithClaim returns ctx carrying c; adapters' tests use it to call
-// handlers as the guard would.
-func WithClaim(ctx context.Context, c Claim) context.Context {
-	return context.WithValue(ctx, claimKey{}, c)
-}
-
 // run runs the call under claim c and records its outcome.
 func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Result, error) {
 	trace.SpanFromContext(ctx).SetAttributes(ledger.AttrAttempt.Int64(int64(c.Attempt)))
-	rctx, cancel := context.WithCancelCause(WithClaim(ctx, c))
+	rctx, cancel := context.WithCancelCause(context.WithValue(ctx, claimKey{}, c))
 	defer cancel(nil)
 	stop := g.keepAlive(ctx, cancel, call.Policy, c)
 	panicked := true
@@ -75,7 +69,7 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 			g.opts.log.WarnContext(ctx, "the run panicked under a claim; its lease will run out", "method", call.Method, "key", c.Key, "token", c.Token)
 		}
 	}()
-	if c.Attempt > 1 && call.Policy.Reconcile != nil {
+	if c.Attempt > 1 && call.Reconcile != nil {
 		res, done, err := g.reconcile(rctx, ctx, call, c)
 		if done {
 			panicked = false
@@ -119,7 +113,7 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 // landed (completed with its outcome), or nobody can tell (UNAVAILABLE,
 // the claim left to run out).
 func (g *Guard) reconcile(rctx, ctx context.Context, call Call, c Claim) (res Result, done bool, err error) {
-	out, err := call.Policy.Reconcile(rctx)
+	out, err := call.Reconcile(rctx)
 	switch {
 	case err != nil:
 		g.opts.log.WarnContext(ctx, "reconcile cannot tell whether the earlier attempt applied: the claim is left to run out", "method", call.Method, "key", c.Key, "attempt", c.Attempt, "error", err)

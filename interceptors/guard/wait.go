@@ -62,10 +62,8 @@ func (g *Guard) wait(ctx context.Context, call Call, inProgress *ledger.Error, u
 		// The ledger cannot wait for us (too many waiters, a failure):
 		// Begin again after a short pause.
 		pause := min(time.Until(until), backoff.FullJitter(20*time.Millisecond, 500*time.Millisecond, 2))
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, pause) != nil {
 			return false
-		case <-time.After(max(pause, 0)):
 		}
 	}
 	return ctx.Err() == nil && time.Now().Before(until)

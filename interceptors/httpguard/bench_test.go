@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -28,7 +29,11 @@ func BenchmarkMiddleware(b *testing.B) {
 	conn := servertest.NewServer(b, servertest.Ledger(servertest.MemoryLedger("api"))).Dial(b, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 	b.Cleanup(func() { _ = ledger.Close() })
-	g, err := httpguard.New(ledger, httpguard.WithTenant(httpguard.Tenant("acme")), httpguard.WithRoute("POST /protected", httpguard.Route{}))
+	gd, err := guard.New(ledger)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := httpguard.New(gd, httpguard.WithTenant(httpguard.Tenant("acme")), httpguard.WithRoute("POST /protected", httpguard.Route{}))
 	if err != nil {
 		b.Fatal(err)
 	}

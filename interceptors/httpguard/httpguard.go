@@ -34,7 +34,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"mime"
 	"net/http"
 	"slices"
@@ -45,7 +44,6 @@ import (
 	"github.com/dunglas/httpsfv"
 	"go.opentelemetry.io/otel/propagation"
 
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger"
@@ -94,8 +92,7 @@ type Response struct {
 
 // Route is how one route is protected.
 type Route struct {
-	// Policy is the guard's policy; Policy.Reconcile is replaced by
-	// Reconcile below.
+	// Policy is the guard's policy.
 	Policy guard.Policy
 	// Methods are the request methods the route covers; nil means POST
 	// and PATCH. A pattern that names its method ("POST /v1/invoices")
@@ -137,11 +134,9 @@ func TenantFromHeader(name string) TenantFunc {
 type Option func(*options)
 
 type options struct {
-	routes    map[string]Route
-	tenant    TenantFunc
-	maxBody   int64
-	guardOpts []guard.Option
-	log       *slog.Logger
+	routes  map[string]Route
+	tenant  TenantFunc
+	maxBody int64
 }
 
 // WithRoute protects the route registered on the ServeMux with pattern.
@@ -153,21 +148,6 @@ func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } 
 // WithMaxBodyBytes bounds the request bodies read (1 MiB); a larger one is
 // answered 413.
 func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n } }
-
-// WithGuardOptions passes options to the guard.
-func WithGuardOptions(opts ...guard.Option) Option {
-	return func(o *options) { o.guardOpts = append(o.guardOpts, opts...) }
-}
-
-// WithLogger logs what the client cannot be told. nil discards.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) {
-		if l != nil {
-			o.log = l
-			o.guardOpts = append(o.guardOpts, guard.WithLogger(l))
-		}
-	}
-}
 
 // Guard is the middleware's state. It is safe for concurrent use.
 type Guard struct {
@@ -184,10 +164,10 @@ type route struct {
 	release func(int) bool
 }
 
-// New returns a Guard for the routes named with WithRoute, calling the
-// ledger through client.
-func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
-	o := options{routes: map[string]Route{}, maxBody: DefaultMaxBodyBytes, log: slog.New(slog.DiscardHandler)}
+// New returns a Guard for the routes named with WithRoute, running them
+// under g.
+func New(g *guard.Guard, opts ...Option) (*Guard, error) {
+	o := options{routes: map[string]Route{}, maxBody: DefaultMaxBodyBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -197,7 +177,10 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 	if o.maxBody <= 0 {
 		return nil, errors.New("httpguard: the body limit must be positive")
 	}
-	g := &Guard{opts: o, routes: map[string]*route{}}
+	if g == nil {
+		return nil, errors.New("httpguard: no guard")
+	}
+	hg := &Guard{guard: g, opts: o, routes: map[string]*route{}}
 	for pattern, r := range o.routes {
 		method, path, ok := strings.Cut(pattern, " ")
 		if !ok {
@@ -224,13 +207,9 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 		if rt.release == nil {
 			rt.release = DefaultRelease
 		}
-		g.routes[pattern] = rt
+		hg.routes[pattern] = rt
 	}
-	var err error
-	if g.guard, err = guard.New(client, o.guardOpts...); err != nil {
-		return nil, fmt.Errorf("httpguard: %w", err)
-	}
-	return g, nil
+	return hg, nil
 }
 
 // Middleware protects next's requests to the configured routes; it must
@@ -295,9 +274,8 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			return
 		}
 	}
-	c.Policy.Reconcile = nil
 	if rt.Reconcile != nil {
-		c.Policy.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
 			res, err := rt.Reconcile(r.WithContext(ctx))
 			if err != nil || res == nil {
 				return nil, err

@@ -65,9 +65,19 @@ func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
 	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("api"))).Dial(t))
 }
 
+// coreGuard is the guard the adapter runs on, over client.
+func coreGuard(t testing.TB, client ledgerv1.LedgerServiceClient, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(client, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 func newGuard(t *testing.T, client ledgerv1.LedgerServiceClient, routes ...httpguard.Option) *httpguard.Guard {
 	t.Helper()
-	g, err := httpguard.New(client, append([]httpguard.Option{
+	g, err := httpguard.New(coreGuard(t, client), append([]httpguard.Option{
 		httpguard.WithTenant(httpguard.Tenant("acme")),
 		httpguard.WithRoute("POST /v1/things", httpguard.Route{}),
 		httpguard.WithRoute("PUT /v1/things/{id}", httpguard.Route{Policy: guard.Policy{OnInProgress: guard.Reject}}),
@@ -347,9 +357,12 @@ func TestRefusesToBuild(t *testing.T) {
 		"BadPolicy":   {httpguard.WithTenant(httpguard.Tenant("a")), httpguard.WithRoute("POST /x", httpguard.Route{Policy: guard.Policy{MaxWait: -1}})},
 		"ZeroBody":    {httpguard.WithTenant(httpguard.Tenant("a")), httpguard.WithMaxBodyBytes(0)},
 	} {
-		if _, err := httpguard.New(client, opts...); err == nil {
+		if _, err := httpguard.New(coreGuard(t, client), opts...); err == nil {
 			t.Errorf("%s: built", name)
 		}
+	}
+	if _, err := httpguard.New(nil, httpguard.WithTenant(httpguard.Tenant("a"))); err == nil {
+		t.Error("without a guard: built")
 	}
 }
 

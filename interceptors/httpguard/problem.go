@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -109,12 +108,3 @@ func storedError(out guard.Outcome) error {
 }
 
 func anyOf(b []byte) *anypb.Any { return &anypb.Any{TypeUrl: ResponseTypeURL, Value: b} }
-
-// RetryAfter reads a Retry-After header of seconds; 0 when absent.
-func RetryAfter(h http.Header) time.Duration {
-	s, err := strconv.Atoi(h.Get("Retry-After"))
-	if err != nil || s < 0 {
-		return 0
-	}
-	return time.Duration(s) * time.Second
-}

@@ -15,8 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -46,7 +47,7 @@ type invoices struct {
 }
 
 func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
-	claim, _ := idempotency.ClaimFromContext(ctx)
+	claim, _ := guard.ClaimFromContext(ctx)
 	s.mu.Lock()
 	s.seen = append(s.seen, attempt{key: claim.Key, at: time.Now()})
 	s.mu.Unlock()
@@ -63,7 +64,11 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceR
 func client(t *testing.T, svc *invoices, opts ...idemclient.Option) testpb.InvoiceServiceClient {
 	t.Helper()
 	ledgerConn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn), idempotency.WithMethod(createInvoice, idempotency.Policy{}))
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(ledgerConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g, grpcguard.WithMethod(createInvoice, grpcguard.Method{Policy: guard.Policy{}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ type ClientOption func(*clientOptions)
 type clientOptions struct {
 	maxAttempts int
 	base, limit time.Duration
-	sleep       func(context.Context, time.Duration) error
 }
 
 // WithMaxAttempts bounds the attempts of one intent (5; at least 1).
@@ -46,7 +45,7 @@ func WithBackoff(base, limit time.Duration) ClientOption {
 // past the context's deadline. JSON-RPC errors from the server and every
 // other result are returned as they are.
 func ClientMiddleware(opts ...ClientOption) mcp.Middleware {
-	o := clientOptions{maxAttempts: 5, base: 100 * time.Millisecond, limit: 5 * time.Second, sleep: sleep}
+	o := clientOptions{maxAttempts: 5, base: 100 * time.Millisecond, limit: 5 * time.Second}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -81,7 +80,7 @@ func ClientMiddleware(opts ...ClientOption) mcp.Middleware {
 				if d, ok := ctx.Deadline(); ok && time.Until(d) < wait {
 					return res, err
 				}
-				if o.sleep(ctx, wait) != nil {
+				if backoff.Sleep(ctx, wait) != nil {
 					return res, err
 				}
 			}
@@ -136,15 +135,4 @@ func ErrorFromResult(r *mcp.CallToolResult) (ErrorInfo, bool) {
 		return ErrorInfo{Code: code, Retryable: retryable, RetryAfterMS: int64(ms)}, true
 	}
 	return ErrorInfo{}, false
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

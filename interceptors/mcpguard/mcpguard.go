@@ -32,13 +32,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger"
@@ -64,8 +62,7 @@ const (
 
 // Tool is how one tool is protected.
 type Tool struct {
-	// Policy is the guard's policy; Policy.Reconcile is replaced by
-	// Reconcile below.
+	// Policy is the guard's policy.
 	Policy guard.Policy
 	// KeyArgument names the argument that carries the key, left out of
 	// the fingerprint; "" takes the key from _meta only. NewTool sets
@@ -148,8 +145,6 @@ type options struct {
 	tools       map[string]Tool
 	tenant      TenantFunc
 	claimInMeta bool
-	guardOpts   []guard.Option
-	log         *slog.Logger
 }
 
 // WithTool protects the tool named name.
@@ -163,22 +158,6 @@ func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } 
 // read the context, such as an upstream server behind a proxy.
 func WithClaimInMeta() Option { return func(o *options) { o.claimInMeta = true } }
 
-// WithGuardOptions passes options to the guard (completion, outcome
-// limit).
-func WithGuardOptions(opts ...guard.Option) Option {
-	return func(o *options) { o.guardOpts = append(o.guardOpts, opts...) }
-}
-
-// WithLogger logs what the caller cannot be told. nil discards.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) {
-		if l != nil {
-			o.log = l
-			o.guardOpts = append(o.guardOpts, guard.WithLogger(l))
-		}
-	}
-}
-
 // Guard is the receiving middleware's state. It is safe for concurrent
 // use.
 type Guard struct {
@@ -186,12 +165,15 @@ type Guard struct {
 	opts  options
 }
 
-// New returns a Guard for the tools named with WithTool, calling the
-// ledger through client.
-func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
-	o := options{tools: map[string]Tool{}, log: slog.New(slog.DiscardHandler)}
+// New returns a Guard for the tools named with WithTool, running them
+// under g.
+func New(g *guard.Guard, opts ...Option) (*Guard, error) {
+	o := options{tools: map[string]Tool{}}
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if g == nil {
+		return nil, errors.New("mcpguard: no guard")
 	}
 	if o.tenant == nil {
 		return nil, errors.New("mcpguard: no tenant function (WithTenant)")
@@ -203,10 +185,6 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 		if err := t.Policy.Check(); err != nil {
 			return nil, fmt.Errorf("mcpguard: tool %q: %w", name, err)
 		}
-	}
-	g, err := guard.New(client, o.guardOpts...)
-	if err != nil {
-		return nil, fmt.Errorf("mcpguard: %w", err)
 	}
 	return &Guard{guard: g, opts: o}, nil
 }
@@ -259,9 +237,8 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 		}
 		c.Tenant, c.Fingerprint = tenant, fp
 	}
-	c.Policy.Reconcile = nil
 	if t.Reconcile != nil {
-		c.Policy.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
 			res, err := t.Reconcile(ctx, req)
 			if err != nil || res == nil {
 				return nil, err

@@ -99,9 +99,19 @@ func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
 	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("tools"))).Dial(t))
 }
 
+// coreGuard is the guard the adapter runs on, over client.
+func coreGuard(t testing.TB, client ledgerv1.LedgerServiceClient, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(client, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 func newGuard(t *testing.T, client ledgerv1.LedgerServiceClient, opts ...mcpguard.Option) *mcpguard.Guard {
 	t.Helper()
-	g, err := mcpguard.New(client, append([]mcpguard.Option{
+	g, err := mcpguard.New(coreGuard(t, client), append([]mcpguard.Option{
 		mcpguard.WithTenant(mcpguard.Tenant("acme")),
 		mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{Lease: 2 * time.Second})),
 		mcpguard.WithTool("raw", mcpguard.Tool{}),
@@ -440,12 +450,12 @@ func TestRefusesToBuild(t *testing.T) {
 		"BadName":   {mcpguard.WithTenant(mcpguard.Tenant("a")), mcpguard.WithTool("bad\nname", mcpguard.Tool{})},
 		"BadPolicy": {mcpguard.WithTenant(mcpguard.Tenant("a")), mcpguard.WithTool("x", mcpguard.Tool{Policy: guard.Policy{Lease: -1}})},
 	} {
-		if _, err := mcpguard.New(client, opts...); err == nil {
+		if _, err := mcpguard.New(coreGuard(t, client), opts...); err == nil {
 			t.Errorf("%s: built", name)
 		}
 	}
 	if _, err := mcpguard.New(nil, mcpguard.WithTenant(mcpguard.Tenant("a"))); err == nil {
-		t.Error("built without a ledger")
+		t.Error("built without a guard")
 	}
 }
 

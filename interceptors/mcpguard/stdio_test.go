@@ -44,7 +44,11 @@ func runStdio() int {
 		return 2
 	}
 	defer conn.Close()
-	g, err := mcpguard.New(ledgerv1.NewLedgerServiceClient(conn), mcpguard.WithTenant(mcpguard.Tenant("acme")),
+	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(conn))
+	if err != nil {
+		return 2
+	}
+	g, err := mcpguard.New(gd, mcpguard.WithTenant(mcpguard.Tenant("acme")),
 		mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{})))
 	if err != nil {
 		return 2

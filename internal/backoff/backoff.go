@@ -3,6 +3,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -19,4 +20,20 @@ func FullJitter(base, limit time.Duration, attempt int) time.Duration {
 		ceiling = base << (attempt - 1)
 	}
 	return rand.N(ceiling)
+}
+
+// Sleep waits d, or until ctx ends, whichever is first; it returns ctx's
+// error when ctx ended first. d of 0 or less returns at once.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

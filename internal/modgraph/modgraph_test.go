@@ -19,7 +19,7 @@ var writeServicePackages = []string{
 	"github.com/idemledger/idemledger/interceptors/guard",
 	"github.com/idemledger/idemledger/interceptors/httpguard",
 	"github.com/idemledger/idemledger/interceptors/idemclient",
-	"github.com/idemledger/idemledger/interceptors/idempotency",
+	"github.com/idemledger/idemledger/interceptors/grpcguard",
 	"github.com/idemledger/idemledger/ledger",
 	"github.com/idemledger/idemledger/ledger/ledgerclient",
 	"github.com/idemledger/idemledger/ledger/ledgerstatus",

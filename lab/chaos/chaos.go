@@ -38,8 +38,9 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
@@ -233,7 +234,7 @@ func build(ctx context.Context, cfg Config) (w *world, err error) {
 				atomic.AddInt64(&w.rep.Calls, 1)
 				var header metadata.MD
 				err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header))...)
-				if v := header.Get(idempotency.ReplayedHeader); len(v) > 0 && v[0] == "true" {
+				if v := header.Get(grpcguard.ReplayedHeader); len(v) > 0 && v[0] == "true" {
 					atomic.AddInt64(&w.rep.Replayed, 1)
 				}
 				return err
@@ -303,10 +304,13 @@ func (w *world) startService(ledgerConn *grpc.ClientConn) (string, error) {
 		w.closers = append(w.closers, func() { _ = sc.Close() })
 		ledgerClient = sc
 	}
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
-		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: 2 * time.Second}),
-		idempotency.WithKeyField("request_id"),
-		idempotency.WithCompletion(2*time.Second, 12))
+	g, err := guard.New(ledgerClient, guard.WithCompletion(2*time.Second, 12))
+	if err != nil {
+		return "", err
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod, grpcguard.Method{Policy: guard.Policy{Lease: 2 * time.Second, OnInProgress: guard.Reject}}),
+		grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		return "", err
 	}

@@ -23,8 +23,9 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/pebble"
@@ -136,7 +137,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 	svc := &invoice.Service{
 		Store: store,
 		BeforeWrite: func(ctx context.Context) {
-			if c, _ := idempotency.ClaimFromContext(ctx); c.Attempt > 1 {
+			if c, _ := guard.ClaimFromContext(ctx); c.Attempt > 1 {
 				atomic.AddInt64(&rep.Takeovers, 1)
 			}
 			if draws(cfg.Crash / 2) {
@@ -151,10 +152,13 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 			}
 		},
 	}
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerv1.NewLedgerServiceClient(ledgerConn),
-		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{Lease: cfg.Lease}),
-		idempotency.WithKeyField("request_id"),
-		idempotency.WithLogger(cfg.Log))
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(ledgerConn), guard.WithLogger(cfg.Log))
+	if err != nil {
+		return rep, err
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod, grpcguard.Method{Policy: guard.Policy{Lease: cfg.Lease, OnInProgress: guard.Reject}}),
+		grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		return rep, err
 	}
@@ -199,7 +203,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 				atomic.AddInt64(&rep.Calls, 1)
 				var header metadata.MD
 				err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header))...)
-				if v := header.Get(idempotency.ReplayedHeader); len(v) > 0 && v[0] == "true" {
+				if v := header.Get(grpcguard.ReplayedHeader); len(v) > 0 && v[0] == "true" {
 					atomic.AddInt64(&rep.Replays, 1)
 				}
 				if err == nil && draws(cfg.LostResponse) {

@@ -449,7 +449,11 @@ func Serve(args []string) error {
 	}
 	tools := &mcpinvoice.Tools{Store: store, Tenant: mcpguard.Tenant("acme"), Lease: *lease,
 		BeforeWrite: crash("-crash-before", FaultCrashBefore), AfterWrite: crash("-crash-after", FaultCrashAfter)}
-	g, err := tools.Guard(ledgerv1.NewLedgerServiceClient(conn))
+	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(conn))
+	if err != nil {
+		return err
+	}
+	g, err := tools.Guard(gd)
 	if err != nil {
 		return err
 	}

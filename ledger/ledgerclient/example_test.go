@@ -8,7 +8,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	_ "github.com/idemledger/idemledger/internal/testpb" // registers InvoiceService
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
@@ -26,9 +27,14 @@ func ExampleNew() {
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn),
 		ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+"<token>")))
 	defer ledger.Close()
-	icpt, err := idempotency.UnaryServerInterceptor(ledger,
-		idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
-		idempotency.WithKeyField("request_id"))
+	g, err := guard.New(ledger)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod("/idemledger.testing.v1.InvoiceService/CreateInvoice", grpcguard.Method{Policy: guard.Policy{}}),
+		grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		fmt.Println(err)
 		return

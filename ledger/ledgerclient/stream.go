@@ -7,7 +7,8 @@
 //
 //	client := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 //	defer client.Close()
-//	icpt, err := idempotency.UnaryServerInterceptor(client, ...)
+//	g, err := guard.New(client)
+//	icpt, err := grpcguard.UnaryServerInterceptor(g, ...)
 //
 // Each call is answered exactly as its unary counterpart, typed errors and
 // their details included. Differences a caller may notice:

@@ -43,7 +43,8 @@ import (
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
@@ -605,9 +606,13 @@ func measureInterceptor(ctx context.Context, cfg config, ledgers map[string]ledg
 	targets := map[string]grpc.UnaryServerInterceptor{"rpc/unprotected": nil}
 	for key, client := range ledgers {
 		store, api, _ := strings.Cut(key, "|")
-		icpt, err := idempotency.UnaryServerInterceptor(client,
-			idempotency.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", idempotency.Policy{}),
-			idempotency.WithKeyField("request_id"))
+		g, err := guard.New(client)
+		if err != nil {
+			return err
+		}
+		icpt, err := grpcguard.UnaryServerInterceptor(g,
+			grpcguard.WithMethod("/idemledger.examples.invoice.v1.InvoiceService/CreateInvoice", grpcguard.Method{Policy: guard.Policy{}}),
+			grpcguard.WithKeyField("request_id"))
 		if err != nil {
 			return err
 		}

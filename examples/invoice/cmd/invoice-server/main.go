@@ -26,7 +26,8 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -70,13 +71,16 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, lo
 	// A duplicate waits for the first attempt's answer; a takeover first
 	// looks for the earlier attempt's invoice row by key.
 	svc := &invoice.Service{Store: invoice.NewStore()}
-	icpt, err := idempotency.UnaryServerInterceptor(ledgerClient,
-		idempotency.WithMethod(invoice.CreateInvoiceMethod, idempotency.Policy{
-			Lease: 30 * time.Second, Retention: 24 * time.Hour,
-			OnInProgress: idempotency.Wait, Reconcile: svc.Reconcile,
+	g, err := guard.New(ledgerClient, guard.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	icpt, err := grpcguard.UnaryServerInterceptor(g,
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod, grpcguard.Method{
+			Policy:    guard.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour},
+			Reconcile: svc.Reconcile,
 		}),
-		idempotency.WithKeyField("request_id"),
-		idempotency.WithLogger(log))
+		grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
@@ -84,7 +85,11 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 		tenant = mcpguard.TenantFromHeader(c.tenantHeader)
 	}
 	tools := &mcpinvoice.Tools{Store: store, Tenant: tenant}
-	g, err := tools.Guard(ledger, mcpguard.WithLogger(log))
+	gd, err := guard.New(ledger, guard.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	g, err := tools.Guard(gd)
 	if err != nil {
 		return err
 	}

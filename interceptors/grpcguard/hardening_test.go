@@ -1,4 +1,4 @@
-package idempotency_test
+package grpcguard_test
 
 import (
 	"bytes"
@@ -15,7 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -34,12 +35,12 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 	// limits are the same shape: the outcome plus 64 KiB).
 	const limit = 64 << 10
 	for name, tt := range map[string]struct {
-		memo int                  // bytes of the answer's memo
-		opts []idempotency.Option // the interceptor's own limit
+		memo int            // bytes of the answer's memo
+		opts []guard.Option // the guard's own limit
 	}{
 		"OverTheLedgersLimit":        {memo: limit + 1000}, // the ledger's typed refusal
 		"OverTheLedgersReceiveLimit": {memo: 4 * limit},    // gRPC's refusal, untyped on the wire
-		"OverTheInterceptorsLimit":   {memo: 2 << 10, opts: []idempotency.Option{idempotency.WithMaxOutcomeBytes(1 << 10)}},
+		"OverTheInterceptorsLimit":   {memo: 2 << 10, opts: []guard.Option{guard.WithMaxOutcomeBytes(1 << 10)}},
 		"UnderEveryLimit":            {memo: 1 << 10}, // the control: replayed
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -54,8 +55,8 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 					res.Invoice.CustomerId = strings.Repeat("x", tt.memo)
 					return res, nil
 				}}
-				opts := append(protect(idempotency.Policy{Lease: 200 * time.Millisecond}), tt.opts...)
-				client := serve(t, api.client(t, conn), svc, opts...)
+				g := newGuard(t, api.client(t, conn), tt.opts...)
+				client := serveGuard(t, g, svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}})...)
 				res, err := client.CreateInvoice(t.Context(), request("big"))
 				if err != nil || len(res.GetInvoice().GetCustomerId()) != tt.memo {
 					t.Fatalf("the first attempt: %v; want its real answer", err)
@@ -107,8 +108,8 @@ func TestFailClosedIsOneAnswer(t *testing.T) {
 		t.Cleanup(func() { _ = conn.Close() })
 		var logs syncBuffer
 		svc := &invoices{}
-		client := serve(t, api.client(t, conn), svc, append(protect(idempotency.Policy{}),
-			idempotency.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))...)
+		g := newGuard(t, api.client(t, conn), guard.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
+		client := serveGuard(t, g, svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		_, err = client.CreateInvoice(ctx, request("k"))

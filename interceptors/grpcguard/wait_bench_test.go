@@ -1,4 +1,4 @@
-package idempotency_test
+package grpcguard_test
 
 import (
 	"context"
@@ -10,8 +10,9 @@ import (
 	"google.golang.org/grpc"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -30,16 +31,16 @@ func BenchmarkDuplicateLatency(b *testing.B) {
 	const write, lag = 300 * time.Millisecond, 50 * time.Millisecond
 	for _, bm := range []struct {
 		name   string
-		policy idempotency.Policy
+		policy grpcguard.Method
 	}{
-		{"Wait", idempotency.Policy{OnInProgress: idempotency.Wait}},
-		{"Reject", idempotency.Policy{OnInProgress: idempotency.Reject}},
+		{"Wait", grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}}},
+		{"Reject", grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Reject}}},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			svc := &invoices{create: slow(write, nil)}
 			ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(b, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(b)))
 			b.Cleanup(func() { _ = ledger.Close() })
-			icpt, err := idempotency.UnaryServerInterceptor(ledger, protect(bm.policy)...)
+			icpt, err := grpcguard.UnaryServerInterceptor(newGuard(b, ledger), protect(bm.policy)...)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package idempotency_test
+package grpcguard_test
 
 import (
 	"context"
@@ -17,7 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -63,7 +64,7 @@ func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplay
 
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, nil)}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{OnInProgress: idempotency.Wait})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
 	a := duplicate(t.Context(), t, client, request("k"))
 	first, dup, err1, err2, header := a.first, a.dup, a.firstErr, a.dupErr, a.header
 	if err1 != nil || err2 != nil {
@@ -72,7 +73,7 @@ func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	if d := cmp.Diff(first, dup, protocmp.Transform()); d != "" {
 		t.Fatalf("the duplicate's answer (-first +duplicate):\n%s", d)
 	}
-	if got := header.Get(idempotency.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+	if got := header.Get(grpcguard.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 		t.Fatalf("replayed header = %v", got)
 	}
 	if n := svc.runs.Load(); n != 1 {
@@ -86,13 +87,13 @@ func TestWaitClaimsWhenTheFirstReleases(t *testing.T) {
 
 func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, func(n int64) bool { return n == 1 })}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{OnInProgress: idempotency.Wait})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
 	a := duplicate(t.Context(), t, client, request("k"))
 	dup, err1, err2, header := a.dup, a.firstErr, a.dupErr, a.header
 	if status.Code(err1) != codes.Unavailable {
 		t.Fatalf("first = %v, want its handler's UNAVAILABLE", err1)
 	}
-	if err2 != nil || dup.GetInvoice().GetNumber() != 2 || len(header.Get(idempotency.ReplayedHeader)) != 0 {
+	if err2 != nil || dup.GetInvoice().GetNumber() != 2 || len(header.Get(grpcguard.ReplayedHeader)) != 0 {
 		t.Fatalf("duplicate = %v, %v (header %v); want a fresh run of its own", dup, err2, header)
 	}
 }
@@ -102,15 +103,15 @@ func TestWaitIsBounded(t *testing.T) { forEachAPI(t, testWaitIsBounded) }
 func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(time.Second, nil)}
 	for name, tt := range map[string]struct {
-		policy idempotency.Policy
+		policy grpcguard.Method
 		ctx    func() (context.Context, context.CancelFunc)
 	}{
 		"ByMaxWait": {
-			policy: idempotency.Policy{OnInProgress: idempotency.Wait, MaxWait: 200 * time.Millisecond},
+			policy: grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait, MaxWait: 200 * time.Millisecond}},
 			ctx:    func() (context.Context, context.CancelFunc) { return context.WithCancel(t.Context()) },
 		},
 		"ByTheCallersDeadline": {
-			policy: idempotency.Policy{OnInProgress: idempotency.Wait},
+			policy: grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}},
 			ctx: func() (context.Context, context.CancelFunc) {
 				return context.WithTimeout(t.Context(), 300*time.Millisecond)
 			},
@@ -138,7 +139,7 @@ func TestRejectAnswersAtOnce(t *testing.T) { forEachAPI(t, testRejectAnswersAtOn
 
 func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(time.Second, nil)}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{OnInProgress: idempotency.Reject, Lease: 5 * time.Second})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Reject, Lease: 5 * time.Second}})...)
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = client.CreateInvoice(t.Context(), request("k")) })
 	defer wg.Wait()
@@ -162,7 +163,7 @@ func resolvable(t *testing.T, api ledgerAPI) (client testpb.InvoiceServiceClient
 		}
 		return written(n, req), nil
 	}}
-	client = serve(t, api.client(t, conn), svc, protect(idempotency.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: idempotency.Hold})...)
+	client = serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: ledger.Hold}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
@@ -202,7 +203,7 @@ func testHoldThenResolveApplied(t *testing.T, api ledgerAPI) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(settled, res, protocmp.Transform()); d != "" || len(header.Get(idempotency.ReplayedHeader)) != 1 {
+	if d := cmp.Diff(settled, res, protocmp.Transform()); d != "" || len(header.Get(grpcguard.ReplayedHeader)) != 1 {
 		t.Fatalf("after Resolve(applied) (-settled +got):\n%s (header %v)", d, header)
 	}
 	if n := svc.runs.Load(); n != 1 {
@@ -252,7 +253,7 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	var down bool // the service's database cannot answer
 	var mu sync.Mutex
 	svc := &invoices{create: func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
-		c, _ := idempotency.ClaimFromContext(ctx)
+		c, _ := guard.ClaimFromContext(ctx)
 		res := written(n, req)
 		if req.GetCustomerId() != "cus_unwritten" {
 			db.put(c.Key, res)
@@ -268,13 +269,13 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 		if down {
 			return nil, errors.New("the invoice database is unreachable")
 		}
-		c, _ := idempotency.ClaimFromContext(ctx)
+		c, _ := guard.ClaimFromContext(ctx)
 		if r := db.get(c.Key); r != nil {
 			return r, nil
 		}
 		return nil, nil
 	}
-	policy := idempotency.Policy{Lease: 200 * time.Millisecond, Reconcile: reconcile}
+	policy := grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}, Reconcile: reconcile}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(policy)...)
 
 	// Applied: the retry is answered from the service's own row, and the
@@ -336,7 +337,7 @@ func TestTombstoneIsKeyExpired(t *testing.T) { forEachAPI(t, testTombstoneIsKeyE
 func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
 	conn := ledgerConn(t)
 	svc := &invoices{}
-	client := serve(t, api.client(t, conn), svc, protect(idempotency.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond})...)
+	client := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
 	}
 
 	// With tombstones off, the key is free again after the retention.
-	off := serve(t, api.client(t, conn), svc, protect(idempotency.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond, NoTombstones: true})...)
+	off := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond, NoTombstones: true}})...)
 	if _, err := off.CreateInvoice(t.Context(), request("k-off")); err != nil {
 		t.Fatal(err)
 	}

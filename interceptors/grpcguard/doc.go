@@ -1,14 +1,15 @@
-// Package idempotency provides the unary server interceptor that write
-// services install to make their write methods idempotent through the
-// idemledger LedgerService.
+// Package grpcguard provides the unary server interceptor that write
+// services install to make their gRPC write methods idempotent through the
+// idemledger LedgerService: the guard (package guard) for gRPC, beside
+// httpguard and mcpguard.
 //
 // For every call to a protected method it takes the idempotency key (the
 // idempotency-key header, or a request field such as AIP-155's request_id)
-// and the tenant, fingerprints the request canonically (Fingerprint), and
-// asks the ledger to Begin:
+// and the tenant, fingerprints the request canonically (fingerprint.Proto),
+// and asks the ledger to Begin:
 //
 //   - a claim runs the handler, with the claim in its context
-//     (ClaimFromContext) so it can fence its own writes with the token, and
+//     (guard.ClaimFromContext) so it can fence its own writes with the token, and
 //     with the lease extended while it runs past half of it;
 //   - a replay returns the stored response or error without running the
 //     handler, with the header idempotency-replayed: true;
@@ -29,4 +30,4 @@
 // Clients must not let gRPC's own retry policy (service config retryPolicy)
 // retry these methods: use package idemclient, which reuses one key across
 // the retries of an intent.
-package idempotency
+package grpcguard

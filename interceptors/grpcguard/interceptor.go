@@ -1,4 +1,4 @@
-package idempotency
+package grpcguard
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/protofield"
@@ -31,14 +30,14 @@ type interceptor struct {
 
 // method is a protected method, resolved at build time.
 type method struct {
-	policy    guard.Policy // the adapter's defaults applied
+	policy    guard.Policy
 	reconcile ReconcileFunc
 	output    protoreflect.MessageType
 	print     fingerprint.ProtoOptions // the skip list and the resolver of Anys
 }
 
-// UnaryServerInterceptor returns the interceptor that protects the methods
-// named with WithMethod through the ledger behind client. Every protected
+// UnaryServerInterceptor returns the interceptor that runs the methods
+// named with WithMethod under g. Every protected
 // method must resolve, in the registry (WithRegistry; the global one by
 // default), to a unary method whose response type is registered, or it
 // returns an error and no interceptor.
@@ -48,26 +47,22 @@ type method struct {
 // call, the ledger's IN_PROGRESS, KEY_REUSED, KEY_EXPIRED,
 // OUTCOME_UNKNOWN, RETRY_TOO_LATE and RATE_LIMITED as they come,
 // UNAVAILABLE when the ledger cannot be reached.
-func UnaryServerInterceptor(client ledgerv1.LedgerServiceClient, opts ...Option) (grpc.UnaryServerInterceptor, error) {
+func UnaryServerInterceptor(g *guard.Guard, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if client == nil {
-		return nil, errors.New("idempotency: no ledger client")
+	if g == nil {
+		return nil, errors.New("grpcguard: no guard")
 	}
 	if err := o.check(); err != nil {
 		return nil, err
-	}
-	g, err := guard.New(client, guard.WithCompletion(o.completeTimeout, o.completeTries), guard.WithMaxOutcomeBytes(o.maxOutcomeBytes), guard.WithLogger(o.log))
-	if err != nil {
-		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 	i := &interceptor{guard: g, opts: o, methods: map[string]*method{}}
 	if o.keyField != "" {
 		i.skip = []protoreflect.Name{o.keyField}
 	}
-	for name, p := range o.methods {
+	for name, m := range o.methods {
 		in, out, err := o.resolve(name)
 		if err != nil {
 			return nil, err
@@ -76,7 +71,7 @@ func UnaryServerInterceptor(client ledgerv1.LedgerServiceClient, opts ...Option)
 		if o.registry {
 			prints.Resolve = fingerprint.FromTypes(o.types)
 		}
-		i.methods[name] = &method{policy: p.guardPolicy(), reconcile: p.Reconcile, output: out, print: prints}
+		i.methods[name] = &method{policy: m.Policy, reconcile: m.Reconcile, output: out, print: prints}
 	}
 	return i.intercept, nil
 }
@@ -86,26 +81,26 @@ func UnaryServerInterceptor(client ledgerv1.LedgerServiceClient, opts ...Option)
 func (o *options) resolve(fullMethod string) (protoreflect.MessageDescriptor, protoreflect.MessageType, error) {
 	service, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	if !ok || !strings.HasPrefix(fullMethod, "/") || name == "" || strings.Contains(name, "/") {
-		return nil, nil, fmt.Errorf("idempotency: %q is not a full method name like /pkg.Service/Method", fullMethod)
+		return nil, nil, fmt.Errorf("grpcguard: %q is not a full method name like /pkg.Service/Method", fullMethod)
 	}
 	d, err := o.files.FindDescriptorByName(protoreflect.FullName(service))
 	if err != nil {
-		return nil, nil, fmt.Errorf("idempotency: %s: service not in the registry: %w", fullMethod, err)
+		return nil, nil, fmt.Errorf("grpcguard: %s: service not in the registry: %w", fullMethod, err)
 	}
 	sd, ok := d.(protoreflect.ServiceDescriptor)
 	if !ok {
-		return nil, nil, fmt.Errorf("idempotency: %s: %s is not a service", fullMethod, service)
+		return nil, nil, fmt.Errorf("grpcguard: %s: %s is not a service", fullMethod, service)
 	}
 	md := sd.Methods().ByName(protoreflect.Name(name))
 	if md == nil {
-		return nil, nil, fmt.Errorf("idempotency: %s: no such method", fullMethod)
+		return nil, nil, fmt.Errorf("grpcguard: %s: no such method", fullMethod)
 	}
 	if md.IsStreamingClient() || md.IsStreamingServer() {
-		return nil, nil, fmt.Errorf("idempotency: %s: only unary methods can be protected", fullMethod)
+		return nil, nil, fmt.Errorf("grpcguard: %s: only unary methods can be protected", fullMethod)
 	}
 	out, err := o.types.FindMessageByName(md.Output().FullName())
 	if err != nil {
-		return nil, nil, fmt.Errorf("idempotency: %s: response type %s not in the registry: %w", fullMethod, md.Output().FullName(), err)
+		return nil, nil, fmt.Errorf("grpcguard: %s: response type %s not in the registry: %w", fullMethod, md.Output().FullName(), err)
 	}
 	return md.Input(), out, nil
 }
@@ -137,13 +132,13 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		call.Fingerprint = fingerprint.Proto(info.FullMethod, msg, m.print)
 	}
 	if m.reconcile != nil {
-		call.Policy.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+		call.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
 			resp, err := m.reconcile(ctx, msg)
 			if err != nil || resp == nil {
 				return nil, err
 			}
 			if got := resp.ProtoReflect().Descriptor().FullName(); got != m.output.Descriptor().FullName() {
-				return nil, fmt.Errorf("idempotency: reconcile returned a %s, want a %s", got, m.output.Descriptor().FullName())
+				return nil, fmt.Errorf("grpcguard: reconcile returned a %s, want a %s", got, m.output.Descriptor().FullName())
 			}
 			out, err := outcome(resp, nil)
 			return &out, err
@@ -208,12 +203,12 @@ func (i *interceptor) replay(ctx context.Context, m *method, out guard.Outcome) 
 	}
 	want := m.output.Descriptor().FullName()
 	if got := out.Response.GetTypeUrl(); got[strings.LastIndexByte(got, '/')+1:] != string(want) {
-		i.opts.log.ErrorContext(ctx, "stored response of another type", "stored", got, "want", want)
+		i.guard.Logger().ErrorContext(ctx, "stored response of another type", "stored", got, "want", want)
 		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "internal error"))
 	}
 	resp := m.output.New().Interface()
 	if err := proto.Unmarshal(out.Response.GetValue(), resp); err != nil {
-		i.opts.log.ErrorContext(ctx, "stored response does not parse", "error", err)
+		i.guard.Logger().ErrorContext(ctx, "stored response does not parse", "error", err)
 		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "internal error"))
 	}
 	return resp, nil
@@ -232,7 +227,7 @@ func outcome(resp any, herr error) (guard.Outcome, error) {
 	}
 	msg, ok := resp.(proto.Message)
 	if !ok {
-		return guard.Outcome{}, fmt.Errorf("idempotency: the response %T is not a protobuf message", resp)
+		return guard.Outcome{}, fmt.Errorf("grpcguard: the response %T is not a protobuf message", resp)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {

@@ -1,4 +1,4 @@
-package idempotency_test
+package grpcguard_test
 
 import (
 	"context"
@@ -23,7 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/interceptors/idempotency"
+	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
@@ -93,9 +94,25 @@ func forEachAPI(t *testing.T, test func(*testing.T, ledgerAPI)) {
 
 // serve runs svc behind the interceptor (with recovery outside it, as a
 // write service would) and returns a client of it.
-func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opts ...idempotency.Option) testpb.InvoiceServiceClient {
+func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opts ...grpcguard.Option) testpb.InvoiceServiceClient {
 	t.Helper()
-	icpt, err := idempotency.UnaryServerInterceptor(ledger, opts...)
+	return serveGuard(t, newGuard(t, ledger), svc, opts...)
+}
+
+// newGuard is a guard over ledger with opts.
+func newGuard(t testing.TB, ledger ledgerv1.LedgerServiceClient, opts ...guard.Option) *guard.Guard {
+	t.Helper()
+	g, err := guard.New(ledger, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// serveGuard is serve with a guard of the test's own.
+func serveGuard(t *testing.T, g *guard.Guard, svc *invoices, opts ...grpcguard.Option) testpb.InvoiceServiceClient {
+	t.Helper()
+	icpt, err := grpcguard.UnaryServerInterceptor(g, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +123,8 @@ func serve(t *testing.T, ledger ledgerv1.LedgerServiceClient, svc *invoices, opt
 	return testpb.NewInvoiceServiceClient(conn)
 }
 
-func protect(p idempotency.Policy) []idempotency.Option {
-	return []idempotency.Option{idempotency.WithMethod(createInvoice, p), idempotency.WithKeyField("request_id")}
+func protect(p grpcguard.Method) []grpcguard.Option {
+	return []grpcguard.Option{grpcguard.WithMethod(createInvoice, p), grpcguard.WithKeyField("request_id")}
 }
 
 func request(key string) *testpb.CreateInvoiceRequest {
@@ -133,7 +150,7 @@ func TestDuplicateReplaysIdenticalBytes(t *testing.T) {
 
 func testDuplicateReplaysIdenticalBytes(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	first, err := client.CreateInvoice(t.Context(), request("k-1"))
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +166,7 @@ func testDuplicateReplaysIdenticalBytes(t *testing.T, api ledgerAPI) {
 	if string(marshal(t, first)) != string(marshal(t, again)) {
 		t.Fatal("the replay's bytes differ from the first response's")
 	}
-	if got := header.Get(idempotency.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+	if got := header.Get(grpcguard.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 		t.Fatalf("replayed header = %v", got)
 	}
 	if n := svc.runs.Load(); n != 1 {
@@ -157,7 +174,7 @@ func testDuplicateReplaysIdenticalBytes(t *testing.T, api ledgerAPI) {
 	}
 	// The key may also come in the header.
 	req := request("")
-	hdr := metadata.AppendToOutgoingContext(t.Context(), idempotency.KeyHeader, "k-2")
+	hdr := metadata.AppendToOutgoingContext(t.Context(), grpcguard.KeyHeader, "k-2")
 	a, err := client.CreateInvoice(hdr, req)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +189,7 @@ func TestChangedPayloadIsKeyReused(t *testing.T) { forEachAPI(t, testChangedPayl
 
 func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +213,7 @@ func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 		<-release
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	var wg sync.WaitGroup
 	results := make([]*testpb.CreateInvoiceResponse, 50)
 	errs := make([]error, 50)
@@ -245,7 +262,7 @@ func testTransientErrorReleases(t *testing.T, api ledgerAPI) {
 		}
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	_, err := client.CreateInvoice(t.Context(), request("k"))
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("first attempt = %v, want the handler's UNAVAILABLE", err)
@@ -266,7 +283,7 @@ func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: func(context.Context, int64, *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		return nil, declined.Err()
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	_, first := client.CreateInvoice(t.Context(), request("k"))
 	var header metadata.MD
 	_, again := client.CreateInvoice(t.Context(), request("k"), grpc.Header(&header))
@@ -276,7 +293,7 @@ func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	if svc.runs.Load() != 1 {
 		t.Fatalf("the handler ran %d times", svc.runs.Load())
 	}
-	if got := header.Get(idempotency.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+	if got := header.Get(grpcguard.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 		t.Fatalf("replayed header on an error replay = %v", got)
 	}
 }
@@ -284,10 +301,10 @@ func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 func TestPanicLeavesTheLeaseToExpire(t *testing.T) { forEachAPI(t, testPanicLeavesTheLeaseToExpire) }
 
 func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
-	var claims []idempotency.Claim
+	var claims []guard.Claim
 	var mu sync.Mutex
 	svc := &invoices{create: func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
-		c, ok := idempotency.ClaimFromContext(ctx)
+		c, ok := guard.ClaimFromContext(ctx)
 		if !ok {
 			return nil, status.Error(codes.Internal, "no claim in the handler's context")
 		}
@@ -299,7 +316,7 @@ func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 		}
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{Lease: 300 * time.Millisecond})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 300 * time.Millisecond, OnInProgress: guard.Reject}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the panicking attempt = %v", err)
 	}
@@ -330,7 +347,7 @@ func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	}
 	t.Cleanup(func() { _ = down.Close() })
 	svc := &invoices{}
-	client := serve(t, api.client(t, down), svc, protect(idempotency.Policy{})...)
+	client := serve(t, api.client(t, down), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	var trailer metadata.MD
 	_, err = client.CreateInvoice(t.Context(), request("k"), grpc.Trailer(&trailer))
 	le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
@@ -351,7 +368,7 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 		time.Sleep(700 * time.Millisecond) // well past the 200 ms lease
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{Lease: 200 * time.Millisecond})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnInProgress: guard.Reject}})...)
 	done := make(chan error, 1)
 	go func() { _, err := client.CreateInvoice(t.Context(), request("k")); done <- err }()
 	<-started
@@ -373,7 +390,7 @@ func TestKeysAndTenants(t *testing.T) { forEachAPI(t, testKeysAndTenants) }
 
 func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
-	strict := serve(t, api.client(t, ledgerConn(t)), svc, protect(idempotency.Policy{})...)
+	strict := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	_, err := strict.CreateInvoice(t.Context(), request(""))
 	ledgertest.WantStatus(t, err, ledger.CodeKeyMissing)
 	_, err = strict.CreateInvoice(t.Context(), request("bad key"))
@@ -382,10 +399,10 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	noTenant.Tenant = ""
 	_, err = strict.CreateInvoice(t.Context(), noTenant)
 	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
-	old := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, time.Now().Add(-9*24*time.Hour).Format(time.RFC3339Nano))
+	old := metadata.AppendToOutgoingContext(t.Context(), grpcguard.FirstAttemptHeader, time.Now().Add(-9*24*time.Hour).Format(time.RFC3339Nano))
 	_, err = strict.CreateInvoice(old, request("k-old"))
 	ledgertest.WantStatus(t, err, ledger.CodeRetryTooLate)
-	bad := metadata.AppendToOutgoingContext(t.Context(), idempotency.FirstAttemptHeader, "yesterday")
+	bad := metadata.AppendToOutgoingContext(t.Context(), grpcguard.FirstAttemptHeader, "yesterday")
 	_, err = strict.CreateInvoice(bad, request("k-bad"))
 	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 	if svc.runs.Load() != 0 {
@@ -393,7 +410,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	}
 
 	// The tenant from a header instead of the request.
-	byHeader := serve(t, api.client(t, ledgerConn(t)), svc, append(protect(idempotency.Policy{}), idempotency.WithTenant(idempotency.TenantFromHeader("x-tenant")))...)
+	byHeader := serve(t, api.client(t, ledgerConn(t)), svc, append(protect(grpcguard.Method{Policy: guard.Policy{}}), grpcguard.WithTenant(grpcguard.TenantFromHeader("x-tenant")))...)
 	_, err = byHeader.CreateInvoice(t.Context(), request("k-h"))
 	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
 	hctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "globex")
@@ -405,7 +422,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	}
 	svc.runs.Store(0)
 
-	lax := serve(t, api.client(t, ledgerConn(t)), svc, idempotency.WithMethod(createInvoice, idempotency.Policy{KeyOptional: true}))
+	lax := serve(t, api.client(t, ledgerConn(t)), svc, grpcguard.WithMethod(createInvoice, grpcguard.Method{Policy: guard.Policy{KeyOptional: true}}))
 	for range 2 {
 		if _, err := lax.CreateInvoice(t.Context(), request("")); err != nil {
 			t.Fatal(err)
@@ -418,17 +435,16 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 
 func TestRefusesToBuild(t *testing.T) {
 	client := ledgerv1.NewLedgerServiceClient(ledgerConn(t))
-	for name, opts := range map[string][]idempotency.Option{
-		"UnknownService":  {idempotency.WithMethod("/nope.v1.Nope/Create", idempotency.Policy{})},
-		"UnknownMethod":   {idempotency.WithMethod("/idemledger.testing.v1.InvoiceService/Delete", idempotency.Policy{})},
-		"NotAFullName":    {idempotency.WithMethod("CreateInvoice", idempotency.Policy{})},
-		"NegativeLease":   {idempotency.WithMethod(createInvoice, idempotency.Policy{Lease: -time.Second})},
-		"NoTenantFunc":    {idempotency.WithTenant(nil)},
-		"ZeroCompletions": {idempotency.WithCompletion(time.Second, 0)},
-		"Streaming":       {idempotency.WithMethod("/grpc.health.v1.Health/Watch", idempotency.Policy{})},
+	for name, opts := range map[string][]grpcguard.Option{
+		"UnknownService": {grpcguard.WithMethod("/nope.v1.Nope/Create", grpcguard.Method{Policy: guard.Policy{}})},
+		"UnknownMethod":  {grpcguard.WithMethod("/idemledger.testing.v1.InvoiceService/Delete", grpcguard.Method{Policy: guard.Policy{}})},
+		"NotAFullName":   {grpcguard.WithMethod("CreateInvoice", grpcguard.Method{Policy: guard.Policy{}})},
+		"NegativeLease":  {grpcguard.WithMethod(createInvoice, grpcguard.Method{Policy: guard.Policy{Lease: -time.Second}})},
+		"NoTenantFunc":   {grpcguard.WithTenant(nil)},
+		"Streaming":      {grpcguard.WithMethod("/grpc.health.v1.Health/Watch", grpcguard.Method{Policy: guard.Policy{}})},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := idempotency.UnaryServerInterceptor(client, opts...); err == nil {
+			if _, err := grpcguard.UnaryServerInterceptor(newGuard(t, client), opts...); err == nil {
 				t.Fatal("built")
 			}
 		})
