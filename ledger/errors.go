@@ -38,7 +38,7 @@ const (
 
 // codeTable is the one table of the taxonomy: the name, the gRPC code and
 // whether the code is retryable. ledgerstatus maps it to the wire in both
-// directions; tests pin it to SPEC's table.
+// directions; tests pin it to docs/contract.md's table.
 var codeTable = [...]struct {
 	name      string
 	grpc      codes.Code
@@ -79,7 +79,7 @@ func Codes() []Code {
 // Known reports whether c is a code of the taxonomy.
 func (c Code) Known() bool { return c > CodeUnspecified && int(c) < len(codeTable) }
 
-// String returns the code's name as SPEC spells it, such as "KEY_REUSED".
+// String returns the code's name as docs/contract.md spells it, such as "KEY_REUSED".
 func (c Code) String() string {
 	if c.Known() || c == CodeUnspecified {
 		return codeTable[c].name

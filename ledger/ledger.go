@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Defaults and maxima of Config (SPEC "Defaults").
+// Defaults and maxima of Config (docs/contract.md, "Defaults").
 const (
 	DefaultLease           = 30 * time.Second
 	DefaultMaxLease        = time.Hour

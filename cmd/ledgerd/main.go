@@ -107,10 +107,10 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := d.listen(); err != nil {
+	if err := d.listen(ctx); err != nil {
 		return err
 	}
-	defer d.closeListeners()
+	defer d.closeListeners(ctx)
 	bg := d.startBackground(ctx)
 	serveErr := d.serve(ctx, bg.storeDone)
 	d.drain(ctx)
@@ -159,7 +159,7 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
-	d.grpc = grpc.NewServer(append(server.TransportOptions(), d.grpcOptions(grpcMetrics)...)...)
+	d.grpc = grpc.NewServer(append(server.TransportOptions(), d.grpcOptions(grpcMetrics)...)...) //nolint:contextcheck // a stream interceptor takes its context from the stream
 	d.storeMetrics(ctx)
 	l := ledger.New(d.store, cfg.ledger)
 	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
@@ -208,7 +208,7 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(d.log, metrics)...),
-		grpc.ChainStreamInterceptor(streamInterceptors(d.log, metrics)...), //nolint:contextcheck // a stream interceptor takes its context from the stream
+		grpc.ChainStreamInterceptor(streamInterceptors(d.log, metrics)...),
 	}
 }
 
@@ -242,10 +242,10 @@ func (d *daemon) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 // it, new clients queue in the kernel's backlog instead of exhausting
 // file descriptors), the plaintext health port, HTTP and admin. On an
 // error it closes what it opened.
-func (d *daemon) listen() (err error) {
+func (d *daemon) listen(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
-			d.closeListeners()
+			d.closeListeners(ctx)
 		}
 	}()
 	lis, err := net.Listen("tcp", d.cfg.listen)
@@ -279,19 +279,19 @@ func (d *daemon) listen() (err error) {
 // closeListeners stops what listen started and serve did not: the
 // health port, the admin server, and the gRPC listener if it never
 // served.
-func (d *daemon) closeListeners() {
+func (d *daemon) closeListeners(ctx context.Context) {
 	if d.healthOnly != nil {
 		d.healthOnly.Stop()
 	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
 	if d.admin != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = d.admin.Shutdown(sctx)
-		cancel()
 	}
 	if d.lis != nil {
 		_ = d.lis.Close()
 	}
-	stopHTTP(context.Background(), d.http)
+	stopHTTP(sctx, d.http)
 }
 
 // background is the work that runs beside the servers, until stop: the

@@ -205,3 +205,55 @@ func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
 		}
 	}
 }
+
+// invoice is a typed result of Do.
+type invoice struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+}
+
+// TestTypedDo: Do runs fn once per key and replays its result decoded
+// into the caller's type; a permanent error is stored and returned again
+// typed; a transient one releases the key, so the next Do runs fn.
+func TestTypedDo(t *testing.T) {
+	g := newGuard(t)
+	var runs atomic.Int64
+	create := func(id string, err error) func(context.Context) (invoice, error) {
+		return func(ctx context.Context) (invoice, error) {
+			if _, ok := guard.ClaimFromContext(ctx); !ok {
+				return invoice{}, errors.New("no claim in fn's context")
+			}
+			runs.Add(1)
+			return invoice{ID: id, Amount: 4200}, err
+		}
+	}
+	for range 2 {
+		got, err := guard.Do(t.Context(), g, call("typed-1"), create("inv_1", nil))
+		if err != nil || got != (invoice{ID: "inv_1", Amount: 4200}) {
+			t.Fatalf("Do = %+v, %v", got, err)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("fn ran %d times, want 1", runs.Load())
+	}
+
+	refused := &ledger.Error{Code: ledger.CodeValidationFailed, Message: "no such customer"}
+	for i := range 2 {
+		_, err := guard.Do(t.Context(), g, call("typed-2"), create("inv_2", refused))
+		if le := ledger.AsError(err); le == nil || le.Code != ledger.CodeValidationFailed || le.Message != "no such customer" {
+			t.Fatalf("try %d: Do = %v, want the stored VALIDATION_FAILED", i, err)
+		}
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("fn ran %d times, want 2 (the permanent error is stored)", runs.Load())
+	}
+
+	busy := status.Error(codes.Unavailable, "the provider is busy")
+	if _, err := guard.Do(t.Context(), g, call("typed-3"), create("inv_3", busy)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Do = %v, want the transient error", err)
+	}
+	got, err := guard.Do(t.Context(), g, call("typed-3"), create("inv_3", nil))
+	if err != nil || got.ID != "inv_3" || runs.Load() != 4 {
+		t.Fatalf("after a transient error: Do = %+v, %v, %d runs; want a fresh run", got, err, runs.Load())
+	}
+}

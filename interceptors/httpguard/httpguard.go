@@ -120,14 +120,10 @@ func Tenant(name string) TenantFunc {
 	return func(*http.Request) (string, error) { return name, nil }
 }
 
-// TenantFromHeader reads the tenant from a request header.
+// TenantFromHeader reads the tenant from a request header
+// (guard.HeaderTenant).
 func TenantFromHeader(name string) TenantFunc {
-	return func(r *http.Request) (string, error) {
-		if v := r.Header.Get(name); v != "" {
-			return v, nil
-		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the request has no %s header", name)
-	}
+	return func(r *http.Request) (string, error) { return guard.HeaderTenant(r.Header, name) }
 }
 
 // Option configures a Guard.

@@ -149,7 +149,7 @@ func wantProblem(t *testing.T, a answer, status int, code ledger.Code) httpguard
 	return p
 }
 
-// TestStoredAndReplayed: SPEC's "stored and replayed" row: the status,
+// TestStoredAndReplayed: docs/contract.md's "stored and replayed" row: the status,
 // the body and the allow-listed headers come back byte for byte with
 // Idempotency-Replayed: true; other headers do not.
 func TestStoredAndReplayed(t *testing.T) {
@@ -189,7 +189,7 @@ func TestStoredAndReplayed(t *testing.T) {
 	}
 }
 
-// TestKeyRows: SPEC's key rows: missing where required, malformed, reused
+// TestKeyRows: docs/contract.md's key rows: missing where required, malformed, reused
 // with another request.
 func TestKeyRows(t *testing.T) {
 	a := &api{}

@@ -31,7 +31,7 @@ func ProblemType(code ledger.Code) string {
 	return "https://idemledger.io/problems/" + strings.ReplaceAll(strings.ToLower(code.String()), "_", "-")
 }
 
-// Status is the HTTP status of a ledger or guard error, as SPEC maps them.
+// Status is the HTTP status of a ledger or guard error, as docs/contract.md maps them.
 func Status(le *ledger.Error) int {
 	switch le.Code {
 	case ledger.CodeKeyMissing, ledger.CodeKeyInvalid, ledger.CodeValidationFailed:

@@ -32,6 +32,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -95,13 +96,14 @@ func Tenant(name string) TenantFunc {
 }
 
 // TenantFromHeader reads the tenant from an HTTP header of the call
-// (Streamable HTTP).
+// (Streamable HTTP; guard.HeaderTenant).
 func TenantFromHeader(name string) TenantFunc {
 	return func(_ context.Context, req *mcp.CallToolRequest) (string, error) {
-		if req.Extra != nil && req.Extra.Header.Get(name) != "" {
-			return req.Extra.Header.Get(name), nil
+		var h http.Header
+		if req.Extra != nil {
+			h = req.Extra.Header
 		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s header", name)
+		return guard.HeaderTenant(h, name)
 	}
 }
 

@@ -192,7 +192,9 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 		return rep, err
 	}
 	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
+	// GracefulStop waits for the handlers, whose Complete may still be
+	// retrying after their callers gave up, before the ledger stops.
+	defer gs.GracefulStop()
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithChainUnaryInterceptor(

@@ -26,7 +26,7 @@ import (
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
-// specTable is SPEC's "Error taxonomy" table, copied by hand: the code's
+// specTable is docs/contract.md's "Errors" table, copied by hand: the code's
 // name, its gRPC code, and whether it is retryable.
 var specTable = []struct {
 	name      string
@@ -60,16 +60,16 @@ func TestTableMatchesSpec(t *testing.T) {
 		codesByName[c.String()] = c
 	}
 	if len(codesByName) != len(specTable) {
-		t.Fatalf("the ledger has %d codes, SPEC %d", len(codesByName), len(specTable))
+		t.Fatalf("the ledger has %d codes, the contract %d", len(codesByName), len(specTable))
 	}
 	for _, row := range specTable {
 		c, ok := codesByName[row.name]
 		if !ok {
-			t.Errorf("SPEC code %s is missing", row.name)
+			t.Errorf("contract code %s is missing", row.name)
 			continue
 		}
 		if c.GRPCCode() != row.grpc || c.Retryable() != row.retryable {
-			t.Errorf("%s: gRPC %s retryable %v, SPEC says %s %v", row.name, c.GRPCCode(), c.Retryable(), row.grpc, row.retryable)
+			t.Errorf("%s: gRPC %s retryable %v, the contract says %s %v", row.name, c.GRPCCode(), c.Retryable(), row.grpc, row.retryable)
 		}
 		if got := ledgerv1.ErrorCode(c).String(); got != "ERROR_CODE_"+row.name {
 			t.Errorf("%s travels as wire enum %s", row.name, got)

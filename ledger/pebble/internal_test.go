@@ -62,4 +62,3 @@ func TestUpperBound(t *testing.T) {
 		}
 	}
 }
-

@@ -25,7 +25,7 @@ const (
 // ErrorCode is the stable, typed code of every error the ledger and its
 // interceptors return. Names and numbers never change; new codes are only
 // ever appended. The gRPC code and the retryable flag of each code are fixed
-// by the contract (SPEC "Error taxonomy").
+// by the contract (docs/contract.md, "Errors").
 type ErrorCode int32
 
 const (

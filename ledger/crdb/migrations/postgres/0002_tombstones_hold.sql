@@ -1,4 +1,4 @@
--- Part 2 of the contract. on_lease_expiry is the policy stored at a
+-- Tombstones and HOLD. on_lease_expiry is the policy stored at a
 -- record's first claim: 0 TAKEOVER, 1 HOLD (an attempt whose lease ran out
 -- is OUTCOME_UNKNOWN until someone resolves it). forget_at is the end of a
 -- record's tombstone window: a completed row past expires_at reads as a

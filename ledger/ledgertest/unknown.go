@@ -7,8 +7,8 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// The rules of the contract's part 2: tombstones, the HOLD policy and
-// OUTCOME_UNKNOWN, and Resolve.
+// The rules of tombstones, the HOLD policy and OUTCOME_UNKNOWN, and
+// Resolve.
 
 // hold is a Begin request of the HOLD policy with a 10 s lease and an hour
 // of retention.

@@ -1,4 +1,4 @@
--- Part 2 of the contract. on_lease_expiry is the policy stored at a
+-- Tombstones and HOLD. on_lease_expiry is the policy stored at a
 -- record's first claim: 0 TAKEOVER, 1 HOLD. forget_at is the end of a
 -- record's tombstone window (NULL for rows written before this
 -- migration: they end at expires_at). state 4 is EXPIRED: a tombstone
