@@ -85,14 +85,14 @@ type Config struct {
 	// for the next batch. 0, the default, sets it from the round trip to
 	// the database (see inflight.go): 1 while the database is near, which
 	// measured best on PostgreSQL, and more as the round trip grows, up to
-	// the pool's size (docs/performance.md).
+	// the pool's size (lab/results/README.md).
 	BatchInFlight int
 	// MaxBatchedOutcome is the largest outcome, in encoded bytes, whose
 	// Complete goes through a batch: 64 KiB. A larger one runs its own
 	// statement on a connection of its own, beside the batches: its bytes,
 	// not the round trip, are its cost, and in a batch they would hold up
 	// the batch's other calls and every call queued behind it. Measured
-	// (docs/performance.md): 256 KiB outcomes ran 0.46x direct SQL's pairs
+	// (lab/results/README.md): 256 KiB outcomes ran 0.46x direct SQL's pairs
 	// at 8 clients batched and 0.77x alone; 10 KiB ones 1.20x at 32
 	// clients batched and 0.84x alone. Negative batches every outcome.
 	MaxBatchedOutcome int

@@ -21,7 +21,7 @@ import (
 // for headroom (batchesInFlight), up to the pool's size. At one batch in flight a call that arrives during a batch
 // waits for it to end, so at 10 ms of round trip and 8 clients a call
 // took 1.5 round trips and the batching ledger ran at 0.53x direct SQL
-// (docs/performance.md).
+// (lab/results/README.md).
 //
 // The round trip is the least of the last pings (pgconn's empty
 // statement on a connection already acquired, so neither a pool's wait
