@@ -35,17 +35,7 @@ func Do[T any](ctx context.Context, g *Guard, call Call, fn func(ctx context.Con
 	var liveErr error
 	res, err := g.Do(ctx, call, func(ctx context.Context) (Outcome, error) {
 		live, liveErr = fn(ctx)
-		if errors.Is(liveErr, ErrOutcomeUnknown) {
-			return Outcome{}, liveErr
-		}
-		if liveErr != nil {
-			return Outcome{Status: errorStatus(liveErr), Transient: Transient(liveErr)}, nil
-		}
-		b, err := json.Marshal(live)
-		if err != nil {
-			return Outcome{}, fmt.Errorf("guard: encode the result: %w", err)
-		}
-		return Outcome{Response: &anypb.Any{TypeUrl: JSONTypeURL, Value: b}}, nil
+		return typedOutcome(live, liveErr)
 	})
 	switch {
 	case err != nil:
@@ -66,6 +56,24 @@ func Do[T any](ctx context.Context, g *Guard, call Call, fn func(ctx context.Con
 		return zero, ledger.Errorf(ledger.CodeInternal, "internal error")
 	}
 	return out, nil
+}
+
+// typedOutcome is what Do stores of fn's answer: its result as JSON, or
+// its error as a status, transient or not; an error that wraps
+// ErrOutcomeUnknown leaves the claim to run out.
+func typedOutcome[T any](v T, fnErr error) (Outcome, error) {
+	if errors.Is(fnErr, ErrOutcomeUnknown) {
+		return Outcome{}, fnErr
+	}
+	if fnErr != nil {
+		st := errorStatus(fnErr)
+		return Outcome{Status: st, Transient: Transient(fnErr)}, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("guard: encode the result: %w", err)
+	}
+	return Outcome{Response: &anypb.Any{TypeUrl: JSONTypeURL, Value: b}}, nil
 }
 
 // errorStatus is the status an error of fn is stored as: a typed error
