@@ -60,11 +60,14 @@ func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceCl
 	return a
 }
 
+// TestWaitReplaysTheFirstOutcome: under the zero policy (WAIT is the
+// default, on gRPC as on every transport) a duplicate of a running
+// attempt gets that attempt's answer, replayed.
 func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplaysTheFirstOutcome) }
 
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, nil)}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{})...)
 	a := duplicate(t.Context(), t, client, request("k"))
 	first, dup, err1, err2, header := a.first, a.dup, a.firstErr, a.dupErr, a.header
 	if err1 != nil || err2 != nil {
