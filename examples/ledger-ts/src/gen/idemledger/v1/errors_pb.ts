@@ -62,7 +62,7 @@ export const ErrorDetailSchema: GenMessage<ErrorDetail> = /*@__PURE__*/
  * ErrorCode is the stable, typed code of every error the ledger and its
  * interceptors return. Names and numbers never change; new codes are only
  * ever appended. The gRPC code and the retryable flag of each code are fixed
- * by the contract (SPEC "Error taxonomy").
+ * by the contract (docs/contract.md, "Errors").
  *
  * @generated from enum idemledger.v1.ErrorCode
  */
