@@ -3,6 +3,8 @@ package ledger
 import (
 	"context"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // AdminStore is what a Store offers operators besides the transitions:
@@ -102,7 +104,7 @@ type ListResult struct {
 func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) {
 	as, ok := l.store.(AdminStore)
 	if !ok {
-		return ListResult{}, Errorf(CodeInternal, "the store cannot list records")
+		return ListResult{}, errcode.Errorf(errcode.Internal, "the store cannot list records")
 	}
 	if err := ValidateScope(Scope{Namespace: req.Namespace, Tenant: orX(req.Tenant), Key: "x"}, l.cfg.MaxKeyBytes); err != nil {
 		return ListResult{}, err
@@ -111,10 +113,10 @@ func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) 
 	case req.PageSize == 0:
 		req.PageSize = DefaultListPage
 	case req.PageSize < 0 || req.PageSize > MaxListPage:
-		return ListResult{}, Errorf(CodeValidationFailed, "page size %d is outside 1 to %d", req.PageSize, MaxListPage)
+		return ListResult{}, errcode.Errorf(errcode.ValidationFailed, "page size %d is outside 1 to %d", req.PageSize, MaxListPage)
 	}
 	if req.After != (Scope{}) && (req.After.Namespace != req.Namespace || (req.Tenant != "" && req.After.Tenant != req.Tenant)) {
-		return ListResult{}, Errorf(CodeValidationFailed, "the page token belongs to another listing")
+		return ListResult{}, errcode.Errorf(errcode.ValidationFailed, "the page token belongs to another listing")
 	}
 	res := ListResult{Next: req.After}
 	for range listScanPages {
@@ -161,7 +163,7 @@ func (l *Ledger) Get(ctx context.Context, s Scope) (Record, error) {
 func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, error) {
 	as, ok := l.store.(AdminStore)
 	if !ok {
-		return PurgeResult{}, Errorf(CodeInternal, "the store cannot purge records")
+		return PurgeResult{}, errcode.Errorf(errcode.Internal, "the store cannot purge records")
 	}
 	key := s.Key
 	s.Key = orX(s.Key)
@@ -173,7 +175,7 @@ func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, er
 	case limit == 0:
 		limit = DefaultPurgeSize
 	case limit < 0 || limit > MaxPurgeSize:
-		return PurgeResult{}, Errorf(CodeValidationFailed, "limit %d is outside 1 to %d", limit, MaxPurgeSize)
+		return PurgeResult{}, errcode.Errorf(errcode.ValidationFailed, "limit %d is outside 1 to %d", limit, MaxPurgeSize)
 	}
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
@@ -182,7 +184,7 @@ func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, er
 		return res, err
 	}
 	if key != "" && res.Skipped > 0 {
-		return res, Errorf(CodeValidationFailed, "the record is in progress or its outcome is unknown: resolve it, or let its lease run out, before purging it")
+		return res, errcode.Errorf(errcode.ValidationFailed, "the record is in progress or its outcome is unknown: resolve it, or let its lease run out, before purging it")
 	}
 	return res, nil
 }

@@ -3,6 +3,8 @@ package ledger
 import (
 	"fmt"
 	"strings"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Scope is what a record belongs to: the authenticated namespace, the
@@ -45,10 +47,10 @@ func printable(s string, limit int) string {
 // that is longer than limit bytes or not printable ASCII (0x21 to 0x7E).
 func ValidateKey(key string, limit int) error {
 	if key == "" {
-		return Errorf(CodeKeyMissing, "idempotency key is missing")
+		return errcode.Errorf(errcode.KeyMissing, "idempotency key is missing")
 	}
 	if why := printable(key, limit); why != "" {
-		return Errorf(CodeKeyInvalid, "idempotency key %s", why)
+		return errcode.Errorf(errcode.KeyInvalid, "idempotency key %s", why)
 	}
 	return nil
 }
@@ -57,10 +59,10 @@ func ValidateKey(key string, limit int) error {
 // namespace or tenant, KEY_MISSING or KEY_INVALID for a bad key.
 func ValidateScope(s Scope, maxKey int) error {
 	if why := printable(s.Namespace, MaxKeyBytes); why != "" {
-		return Errorf(CodeValidationFailed, "namespace %s", why)
+		return errcode.Errorf(errcode.ValidationFailed, "namespace %s", why)
 	}
 	if why := printable(s.Tenant, MaxKeyBytes); why != "" {
-		return Errorf(CodeValidationFailed, "tenant %s", why)
+		return errcode.Errorf(errcode.ValidationFailed, "tenant %s", why)
 	}
 	return ValidateKey(s.Key, maxKey)
 }
@@ -73,22 +75,22 @@ func ValidateScope(s Scope, maxKey int) error {
 // needs no new ledger.
 func ValidateFingerprint(fp string) error {
 	if why := printable(fp, MaxFingerprintBytes); why != "" {
-		return Errorf(CodeValidationFailed, "fingerprint %s", why)
+		return errcode.Errorf(errcode.ValidationFailed, "fingerprint %s", why)
 	}
 	profile, digest, ok := strings.Cut(fp, ":")
 	if !ok || len(profile) < 2 || profile[0] < 'a' || profile[0] > 'z' || strings.Trim(profile[1:], "0123456789") != "" || digest == "" {
-		return Errorf(CodeValidationFailed, "fingerprint must look like <profile>:<digest>, such as v1:<64 hex digits>")
+		return errcode.Errorf(errcode.ValidationFailed, "fingerprint must look like <profile>:<digest>, such as v1:<64 hex digits>")
 	}
 	for i := range len(digest) {
 		c := digest[i]
 		if ('a' > c || c > 'z') && ('A' > c || c > 'Z') && ('0' > c || c > '9') && strings.IndexByte("-_+/=", c) < 0 {
-			return Errorf(CodeValidationFailed, "fingerprint digest has byte 0x%02x at %d", c, i)
+			return errcode.Errorf(errcode.ValidationFailed, "fingerprint digest has byte 0x%02x at %d", c, i)
 		}
 	}
 	switch profile {
 	case "v1", "j1", "b1":
 		if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
-			return Errorf(CodeValidationFailed, "a %s fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", profile, len(digest))
+			return errcode.Errorf(errcode.ValidationFailed, "a %s fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", profile, len(digest))
 		}
 	}
 	return nil
@@ -100,14 +102,14 @@ func ValidateFingerprint(fp string) error {
 // "http:<METHOD> <route pattern>" for HTTP.
 func ValidateMethod(m string) error {
 	if m == "" || len(m) > MaxMethodBytes {
-		return Errorf(CodeValidationFailed, "method must be 1 to %d bytes", MaxMethodBytes)
+		return errcode.Errorf(errcode.ValidationFailed, "method must be 1 to %d bytes", MaxMethodBytes)
 	}
 	if strings.TrimSpace(m) != m {
-		return Errorf(CodeValidationFailed, "method starts or ends with a space")
+		return errcode.Errorf(errcode.ValidationFailed, "method starts or ends with a space")
 	}
 	for i := range len(m) {
 		if c := m[i]; c < 0x20 || c > 0x7e {
-			return Errorf(CodeValidationFailed, "method has byte 0x%02x at %d; only printable ASCII is allowed", c, i)
+			return errcode.Errorf(errcode.ValidationFailed, "method has byte 0x%02x at %d; only printable ASCII is allowed", c, i)
 		}
 	}
 	return nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Defaults and maxima of Config (docs/contract.md, "Defaults").
@@ -177,26 +179,26 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (resp BeginRespons
 	case res.Claimed:
 		return BeginResponse{Claim: &Claim{Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}}, nil
 	case view == StateAbsent:
-		return BeginResponse{}, Errorf(CodeRetryTooLate,
+		return BeginResponse{}, errcode.Errorf(errcode.RetryTooLate,
 			"the first attempt (%s) is older than the retention and tombstone windows (%s and %s); the ledger can no longer vouch for this intent",
 			req.FirstAttemptAt.UTC().Format(time.RFC3339), p.Retention, p.TombstoneRetention)
 	case rec.Fingerprint != p.Fingerprint:
-		return BeginResponse{}, &Error{
-			Code:     CodeKeyReused,
+		return BeginResponse{}, &errcode.Error{
+			Code:     errcode.KeyReused,
 			Message:  "the idempotency key was first used with another request",
 			Metadata: map[string]string{"method": rec.Method},
 		}
 	case view == StateCompleted:
 		return BeginResponse{Replay: &Replay{Outcome: rec.Outcome, CompletedAt: rec.CompletedAt, Attempt: rec.Attempt}}, nil
 	case view == StateExpired:
-		return BeginResponse{}, &Error{
-			Code:     CodeKeyExpired,
+		return BeginResponse{}, &errcode.Error{
+			Code:     errcode.KeyExpired,
 			Message:  "the write was done, but its answer is past its retention: it is not run again, and it cannot be replayed",
 			Metadata: map[string]string{"completedAt": rec.CompletedAt.UTC().Format(time.RFC3339Nano)},
 		}
 	case view == StateUnknown:
-		return BeginResponse{}, &Error{
-			Code:    CodeOutcomeUnknown,
+		return BeginResponse{}, &errcode.Error{
+			Code:    errcode.OutcomeUnknown,
 			Message: "an attempt's lease ran out and nobody knows whether the write happened: it is not run again until the key is resolved",
 			Metadata: map[string]string{
 				"attempt": strconv.FormatUint(uint64(rec.Attempt), 10), "leaseExpiredAt": rec.LeaseExpiresAt.UTC().Format(time.RFC3339Nano),
@@ -204,8 +206,8 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (resp BeginRespons
 		}
 	default:
 		wait := min(max(rec.LeaseExpiresAt.Sub(res.Now), minRetryAfter), l.cfg.MaxRetryAfter)
-		return BeginResponse{}, &Error{
-			Code:       CodeInProgress,
+		return BeginResponse{}, &errcode.Error{
+			Code:       errcode.InProgress,
 			Message:    "another attempt holds the key; retry later",
 			RetryAfter: wait,
 			Metadata:   map[string]string{"leaseExpiresAt": rec.LeaseExpiresAt.UTC().Format(time.RFC3339Nano)},
@@ -231,16 +233,16 @@ func (l *Ledger) validateClaim(p *ClaimParams) error {
 		return err
 	}
 	if p.Retention < p.Lease {
-		return Errorf(CodeValidationFailed, "retention %s is shorter than the lease %s", p.Retention, p.Lease)
+		return errcode.Errorf(errcode.ValidationFailed, "retention %s is shorter than the lease %s", p.Retention, p.Lease)
 	}
 	if p.TombstoneRetention < 0 || p.TombstoneRetention > l.cfg.MaxTombstoneRetention {
-		return Errorf(CodeValidationFailed, "tombstone retention %s is outside 0 to %s", p.TombstoneRetention, l.cfg.MaxTombstoneRetention)
+		return errcode.Errorf(errcode.ValidationFailed, "tombstone retention %s is outside 0 to %s", p.TombstoneRetention, l.cfg.MaxTombstoneRetention)
 	}
 	if p.OnLeaseExpiry != Takeover && p.OnLeaseExpiry != Hold {
-		return Errorf(CodeValidationFailed, "on_lease_expiry %d is neither TAKEOVER nor HOLD", p.OnLeaseExpiry)
+		return errcode.Errorf(errcode.ValidationFailed, "on_lease_expiry %d is neither TAKEOVER nor HOLD", p.OnLeaseExpiry)
 	}
 	if !p.FirstAttemptAt.IsZero() && (p.FirstAttemptAt.Year() < 2000 || p.FirstAttemptAt.Year() > 9999) {
-		return Errorf(CodeValidationFailed, "first_attempt_at is out of range")
+		return errcode.Errorf(errcode.ValidationFailed, "first_attempt_at is out of range")
 	}
 	return nil
 }
@@ -252,9 +254,9 @@ func duration(name string, d, def, limit time.Duration) (time.Duration, error) {
 	case d == 0:
 		return def, nil
 	case d < 0:
-		return 0, Errorf(CodeValidationFailed, "%s %s is negative", name, d)
+		return 0, errcode.Errorf(errcode.ValidationFailed, "%s %s is negative", name, d)
 	case d > limit:
-		return 0, Errorf(CodeValidationFailed, "%s %s is longer than the maximum %s", name, d, limit)
+		return 0, errcode.Errorf(errcode.ValidationFailed, "%s %s is longer than the maximum %s", name, d, limit)
 	}
 	return d, nil
 }
@@ -365,8 +367,8 @@ func (l *Ledger) checkOutcome(o *Outcome) error {
 		return err
 	}
 	if len(b) > l.cfg.MaxOutcomeBytes {
-		return &Error{
-			Code:     CodeOutcomeTooLarge,
+		return &errcode.Error{
+			Code:     errcode.OutcomeTooLarge,
 			Message:  "the outcome is larger than the limit",
 			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
 		}
@@ -379,7 +381,7 @@ func (l *Ledger) validateToken(s Scope, token uint64) error {
 		return err
 	}
 	if token == 0 {
-		return Errorf(CodeValidationFailed, "token is missing")
+		return errcode.Errorf(errcode.ValidationFailed, "token is missing")
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 )
@@ -29,7 +30,7 @@ func Example() {
 
 	req.Fingerprint = ledgertest.Fingerprint(`{"amount":9900}`)
 	_, err := l.Begin(ctx, req)
-	fmt.Println(ledger.CodeOf(err), ledger.CodeOf(err).Retryable())
+	fmt.Println(errcode.Of(err), errcode.Of(err).Retryable())
 	// Output:
 	// first attempt claims token 1
 	// the retry replays "inv_42"
@@ -40,27 +41,27 @@ func TestCodeOf(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want ledger.Code
+		want errcode.Code
 	}{
-		{"Nil", nil, ledger.CodeUnspecified},
-		{"Typed", ledger.Errorf(ledger.CodeKeyReused, "x"), ledger.CodeKeyReused},
-		{"Wrapped", fmt.Errorf("crdb: claim: %w", ledger.Errorf(ledger.CodeContention, "x")), ledger.CodeContention},
-		{"Deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), ledger.CodeUpstreamTimeout},
-		{"Canceled", context.Canceled, ledger.CodeUpstreamTimeout},
-		{"Foreign", errors.New("boom"), ledger.CodeInternal},
-		{"UnknownCode", &ledger.Error{Code: 99}, ledger.CodeInternal},
+		{"Nil", nil, errcode.Unspecified},
+		{"Typed", errcode.Errorf(errcode.KeyReused, "x"), errcode.KeyReused},
+		{"Wrapped", fmt.Errorf("crdb: claim: %w", errcode.Errorf(errcode.Contention, "x")), errcode.Contention},
+		{"Deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), errcode.UpstreamTimeout},
+		{"Canceled", context.Canceled, errcode.UpstreamTimeout},
+		{"Foreign", errors.New("boom"), errcode.Internal},
+		{"UnknownCode", &errcode.Error{Code: 99}, errcode.Internal},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := ledger.CodeOf(tt.err); got != tt.want {
+			if got := errcode.Of(tt.err); got != tt.want {
 				t.Fatalf("CodeOf = %s, want %s", got, tt.want)
 			}
 		})
 	}
-	if !errors.Is(fmt.Errorf("w: %w", ledger.Errorf(ledger.CodeLeaseLost, "x")), &ledger.Error{Code: ledger.CodeLeaseLost}) {
+	if !errors.Is(fmt.Errorf("w: %w", errcode.Errorf(errcode.LeaseLost, "x")), &errcode.Error{Code: errcode.LeaseLost}) {
 		t.Fatal("errors.Is does not match on the code")
 	}
-	if ledger.Code(99).String() != "Code(99)" || ledger.Code(99).Retryable() {
+	if errcode.Code(99).String() != "Code(99)" || errcode.Code(99).Retryable() {
 		t.Fatal("unknown codes must print as such and not be retryable")
 	}
 }
@@ -97,8 +98,8 @@ func FuzzValidateKey(f *testing.F) {
 		if valid != (err == nil) {
 			t.Fatalf("ValidateKey(%q) = %v, valid = %v", key, err, valid)
 		}
-		if err != nil && ledger.CodeOf(err) != ledger.CodeKeyMissing && ledger.CodeOf(err) != ledger.CodeKeyInvalid {
-			t.Fatalf("ValidateKey(%q) code %s", key, ledger.CodeOf(err))
+		if err != nil && errcode.Of(err) != errcode.KeyMissing && errcode.Of(err) != errcode.KeyInvalid {
+			t.Fatalf("ValidateKey(%q) code %s", key, errcode.Of(err))
 		}
 	})
 }
@@ -112,8 +113,8 @@ func FuzzValidateFingerprint(f *testing.F) {
 	f.Add("j1:abc")
 	f.Fuzz(func(t *testing.T, fp string) {
 		if err := ledger.ValidateFingerprint(fp); err != nil {
-			if ledger.CodeOf(err) != ledger.CodeValidationFailed {
-				t.Fatalf("code %s", ledger.CodeOf(err))
+			if errcode.Of(err) != errcode.ValidationFailed {
+				t.Fatalf("code %s", errcode.Of(err))
 			}
 			return
 		}

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // State is the state of a stored record.
@@ -164,13 +166,13 @@ type Outcome struct {
 func (o *Outcome) Validate() error {
 	switch {
 	case o == nil || (o.Response == nil) == (o.Status == nil):
-		return Errorf(CodeValidationFailed, "outcome must be exactly one of response or status")
+		return errcode.Errorf(errcode.ValidationFailed, "outcome must be exactly one of response or status")
 	case o.Response != nil && o.Response.GetTypeUrl() == "":
-		return Errorf(CodeValidationFailed, "outcome response has no type URL")
+		return errcode.Errorf(errcode.ValidationFailed, "outcome response has no type URL")
 	case o.Response != nil && len(o.Response.GetTypeUrl()) > 2048:
-		return Errorf(CodeValidationFailed, "outcome response type URL is longer than 2048 bytes")
+		return errcode.Errorf(errcode.ValidationFailed, "outcome response type URL is longer than 2048 bytes")
 	case o.Status != nil && (o.Status.GetCode() <= int32(codes.OK) || o.Status.GetCode() > int32(codes.Unauthenticated)):
-		return Errorf(CodeValidationFailed, "outcome status code %d is not a gRPC error code", o.Status.GetCode())
+		return errcode.Errorf(errcode.ValidationFailed, "outcome status code %d is not a gRPC error code", o.Status.GetCode())
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package ledger
 import (
 	"context"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Store keeps records. Every method is atomic: under any concurrency, and
@@ -11,7 +13,7 @@ import (
 // database's), and the rules of each transition are those of the Next*
 // functions below, which in-process stores call directly.
 //
-// Errors are *Error values: LEASE_LOST and NOT_FOUND for the rules, and
+// Errors are *errcode.Error values: LEASE_LOST and NOT_FOUND for the rules, and
 // UNAVAILABLE or CONTENTION (retryable) for a store that could not answer.
 type Store interface {
 	// Claim claims the scope, takes over an expired lease, or returns the
@@ -158,7 +160,7 @@ func NextComplete(cur *Record, p CompleteParams, now time.Time) (Record, error) 
 		if cur.Outcome.Equal(p.Outcome) {
 			return *cur, nil
 		}
-		return Record{}, Errorf(CodeLeaseLost, "the record is already completed with another outcome")
+		return Record{}, errcode.Errorf(errcode.LeaseLost, "the record is already completed with another outcome")
 	case StateInProgress, StateUnknown:
 		next := *cur
 		next.State = StateCompleted
@@ -208,12 +210,12 @@ func NextExtend(cur *Record, p ExtendParams, now time.Time) (Record, error) {
 func NextResolve(cur *Record, p ResolveParams, now time.Time) (Record, error) {
 	switch cur.View(now) {
 	case StateAbsent:
-		return Record{}, Errorf(CodeNotFound, "no record for this key")
+		return Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	case StateCompleted, StateExpired:
-		return Record{}, Errorf(CodeValidationFailed, "the record is completed: its outcome is known, there is nothing to resolve")
+		return Record{}, errcode.Errorf(errcode.ValidationFailed, "the record is completed: its outcome is known, there is nothing to resolve")
 	case StateInProgress:
 		if now.Before(cur.LeaseExpiresAt) {
-			return Record{}, &Error{Code: CodeInProgress, Message: "an attempt holds a live lease on the key; resolve it once the lease has run out",
+			return Record{}, &errcode.Error{Code: errcode.InProgress, Message: "an attempt holds a live lease on the key; resolve it once the lease has run out",
 				RetryAfter: max(cur.LeaseExpiresAt.Sub(now), minRetryAfter)}
 		}
 	}
@@ -228,8 +230,8 @@ func NextResolve(cur *Record, p ResolveParams, now time.Time) (Record, error) {
 	return next, nil
 }
 
-func leaseLost(token uint64) *Error {
-	return Errorf(CodeLeaseLost, "token %d does not hold the key", token)
+func leaseLost(token uint64) *errcode.Error {
+	return errcode.Errorf(errcode.LeaseLost, "token %d does not hold the key", token)
 }
 
 func later(a, b time.Time) time.Time {

@@ -8,6 +8,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // tracer makes the spans of the store's calls. Without a tracer provider
@@ -31,9 +33,9 @@ func storeSpan(ctx context.Context, op string, s Scope) (context.Context, trace.
 // endSpan ends a store call's span, with its error's code.
 func endSpan(span trace.Span, err error) {
 	if err != nil {
-		code := CodeOf(err)
+		code := errcode.Of(err)
 		span.SetAttributes(AttrCode.String(code.String()))
-		if code == CodeInternal || code == CodeUnavailable || code == CodeUpstreamTimeout || code == CodeContention {
+		if code == errcode.Internal || code == errcode.Unavailable || code == errcode.UpstreamTimeout || code == errcode.Contention {
 			span.SetStatus(otelcodes.Error, code.String())
 		}
 	}
@@ -50,7 +52,7 @@ func endBegin(span trace.Span, res BeginResponse, err error) {
 	case res.Replay != nil:
 		span.SetAttributes(AttrDecision.String("replayed"), AttrAttempt.Int64(int64(res.Replay.Attempt)))
 	case err != nil:
-		span.SetAttributes(AttrDecision.String(strings.ToLower(CodeOf(err).String())))
+		span.SetAttributes(AttrDecision.String(strings.ToLower(errcode.Of(err).String())))
 	}
 	endSpan(span, err)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // ManyGetter is a Store that reads many scopes in one call: the live
@@ -182,7 +184,7 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		return
 	}
 	if wait < 0 || wait > l.cfg.MaxLookupWait {
-		done(Record{}, Errorf(CodeValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait))
+		done(Record{}, errcode.Errorf(errcode.ValidationFailed, "wait %s is outside 0 to %s", wait, l.cfg.MaxLookupWait))
 		return
 	}
 	rec, err := l.get(ctx, s)
@@ -197,11 +199,11 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		w.finish(rec, err)
 	})
 	w.stopCtx = context.AfterFunc(ctx, func() {
-		w.finish(Record{}, Wrap(CodeUpstreamTimeout, ctx.Err(), "lookup wait ended with the call"))
+		w.finish(Record{}, errcode.Wrap(errcode.UpstreamTimeout, ctx.Err(), "lookup wait ended with the call"))
 	})
 	w.mu.Unlock()
 	if !l.waiters.add(w, l.cfg.MaxWaiters) {
-		w.finish(Record{}, &Error{Code: CodeRateLimited, Message: "the namespace has too many Lookups waiting", RetryAfter: time.Second})
+		w.finish(Record{}, &errcode.Error{Code: errcode.RateLimited, Message: "the namespace has too many Lookups waiting", RetryAfter: time.Second})
 		return
 	}
 	if w.isFinished() { // it finished before it was registered
@@ -253,7 +255,7 @@ func (l *Ledger) getMany(scopes []Scope) ([]Record, error) {
 	recs := make([]Record, len(scopes))
 	for i, s := range scopes {
 		rec, err := l.store.Get(ctx, s)
-		if err != nil && CodeOf(err) != CodeNotFound {
+		if err != nil && errcode.Of(err) != errcode.NotFound {
 			return nil, err
 		}
 		recs[i] = rec

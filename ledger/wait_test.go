@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 )
@@ -87,7 +88,7 @@ func TestWaitersDoNotPollEach(t *testing.T) {
 			}
 		}
 		for range n {
-			if err := <-answers; ledger.CodeOf(err) != ledger.CodeNotFound {
+			if err := <-answers; errcode.Of(err) != errcode.NotFound {
 				t.Fatalf("a woken waiter: %v; want NOT_FOUND (released)", err)
 			}
 		}
@@ -132,7 +133,7 @@ func TestWaitersAreBoundedPerNamespace(t *testing.T) {
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 4})
 	scopes, _ := waitOn(t, l, "busy", 4)
 	_, err := l.Lookup(t.Context(), scopes[0], time.Second)
-	if le := ledgertest.WantCode(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter <= 0 {
+	if le := ledgertest.WantCode(t, err, errcode.RateLimited); !le.Retryable() || le.RetryAfter <= 0 {
 		t.Fatalf("%+v: want retryable with a hint", le)
 	}
 	waitOn(t, l, "other", 1)

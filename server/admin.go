@@ -8,6 +8,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -37,14 +38,14 @@ func NewAdmin(l *ledger.Ledger, cfg Config) *Admin {
 // admin authenticates an admin principal.
 func (a *Admin) admin(ctx context.Context) (string, error) {
 	if a.auth == nil {
-		return "", ledger.Errorf(ledger.CodeUnauthenticated, "no authenticator is configured")
+		return "", errcode.Errorf(errcode.Unauthenticated, "no authenticator is configured")
 	}
 	p, err := a.auth.Authenticate(ctx)
 	if err != nil {
 		return "", err
 	}
 	if p.Admin == "" {
-		return "", ledger.Errorf(ledger.CodePermissionDenied, "AdminService answers admin principals only")
+		return "", errcode.Errorf(errcode.PermissionDenied, "AdminService answers admin principals only")
 	}
 	return p.Admin, nil
 }
@@ -56,7 +57,7 @@ func (a *Admin) audit(ctx context.Context, principal, call string, attrs ...any)
 
 // fail encodes an admin call's error, and audits a refusal.
 func (a *Admin) fail(ctx context.Context, principal, call string, err error) error {
-	le := ledger.AsError(err)
+	le := errcode.As(err)
 	if principal != "" {
 		a.audit(ctx, principal, call+" refused", "code", le.Code.String(), "reason", le.Message)
 	}
@@ -122,11 +123,11 @@ func (a *Admin) ResolveRecord(ctx context.Context, req *ledgerv1.ResolveRecordRe
 	switch r := req.GetResolution().(type) {
 	case *ledgerv1.ResolveRecordRequest_Applied:
 		if applied = outcomeFromWire(r.Applied); applied == nil {
-			err = ledger.Errorf(ledger.CodeValidationFailed, "applied needs an outcome")
+			err = errcode.Errorf(errcode.ValidationFailed, "applied needs an outcome")
 		}
 	case *ledgerv1.ResolveRecordRequest_NotApplied:
 	default:
-		err = ledger.Errorf(ledger.CodeValidationFailed, "the resolution is missing: applied (with the outcome) or not_applied")
+		err = errcode.Errorf(errcode.ValidationFailed, "the resolution is missing: applied (with the outcome) or not_applied")
 	}
 	var rec ledger.Record
 	if err == nil {
@@ -152,7 +153,7 @@ func (a *Admin) PurgeKey(ctx context.Context, req *ledgerv1.PurgeKeyRequest) (*l
 	}
 	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
 	if sc.Key == "" {
-		return nil, a.fail(ctx, who, "purge key", ledger.Errorf(ledger.CodeKeyMissing, "key is missing"))
+		return nil, a.fail(ctx, who, "purge key", errcode.Errorf(errcode.KeyMissing, "key is missing"))
 	}
 	res, err := a.ledger.Purge(ctx, sc, 0)
 	if err != nil {
@@ -170,7 +171,7 @@ func (a *Admin) PurgeTenant(ctx context.Context, req *ledgerv1.PurgeTenantReques
 	}
 	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant()}
 	if sc.Tenant == "" {
-		return nil, a.fail(ctx, who, "purge tenant", ledger.Errorf(ledger.CodeValidationFailed, "tenant is missing"))
+		return nil, a.fail(ctx, who, "purge tenant", errcode.Errorf(errcode.ValidationFailed, "tenant is missing"))
 	}
 	res, err := a.ledger.Purge(ctx, sc, int(req.GetLimit()))
 	if err != nil {
@@ -202,7 +203,7 @@ func stateFromWire(s ledgerv1.State) (ledger.State, error) {
 	case ledgerv1.State_STATE_EXPIRED:
 		return ledger.StateExpired, nil
 	}
-	return 0, ledger.Errorf(ledger.CodeValidationFailed, "unknown state %d", s)
+	return 0, errcode.Errorf(errcode.ValidationFailed, "unknown state %d", s)
 }
 
 // A page token is where a listing resumes: the scope of the last row
@@ -216,11 +217,11 @@ func decodePageToken(tok string) (ledger.Scope, error) {
 	b, err := base64.RawURLEncoding.DecodeString(tok)
 	parts := strings.Split(string(b), "\x00")
 	if err != nil || len(parts) != 3 {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodeValidationFailed, "the page token is not one of this server's")
+		return ledger.Scope{}, errcode.Errorf(errcode.ValidationFailed, "the page token is not one of this server's")
 	}
 	sc := ledger.Scope{Namespace: parts[0], Tenant: parts[1], Key: parts[2]}
 	if err := ledger.ValidateScope(sc, ledger.MaxKeyBytes); err != nil {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodeValidationFailed, "the page token is not one of this server's: %v", err)
+		return ledger.Scope{}, errcode.Errorf(errcode.ValidationFailed, "the page token is not one of this server's: %v", err)
 	}
 	return sc, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -46,11 +47,11 @@ func newAdminFixture(t *testing.T) *adminFixture {
 func TestAdminIsForAdminsOnly(t *testing.T) {
 	f := newAdminFixture(t)
 	_, err := f.admin.ListRecords(as(t, "billing-token"), &ledgerv1.ListRecordsRequest{Namespace: "billing"})
-	ledgertest.WantStatus(t, err, ledger.CodePermissionDenied)
+	ledgertest.WantStatus(t, err, errcode.PermissionDenied)
 	_, err = f.admin.ListRecords(t.Context(), &ledgerv1.ListRecordsRequest{Namespace: "billing"})
-	ledgertest.WantStatus(t, err, ledger.CodeUnauthenticated)
+	ledgertest.WantStatus(t, err, errcode.Unauthenticated)
 	_, err = f.ledger.Begin(as(t, "ops-token"), beginReq("k"))
-	ledgertest.WantStatus(t, err, ledger.CodePermissionDenied)
+	ledgertest.WantStatus(t, err, errcode.PermissionDenied)
 }
 
 // TestAdminListGetResolvePurge: an operator finds a key whose outcome is
@@ -137,9 +138,9 @@ func TestAdminListGetResolvePurge(t *testing.T) {
 	}
 	// Refusals.
 	_, err = f.admin.ListRecords(ops, &ledgerv1.ListRecordsRequest{Namespace: "billing", PageToken: "not a token"})
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 	_, err = f.admin.PurgeTenant(ops, &ledgerv1.PurgeTenantRequest{Namespace: "billing"})
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 
 	log := f.log.String()
 	for _, want := range []string{`"msg":"audit: record resolved"`, `"msg":"audit: key purged"`, `"msg":"audit: tenant purged"`, `"msg":"audit: list"`, `"msg":"audit: purge tenant refused"`} {

@@ -22,6 +22,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -34,15 +35,15 @@ import (
 // with them, and the code a key gets for them.
 var badStrings = []struct {
 	name, value string
-	keyCode     ledger.Code
+	keyCode     errcode.Code
 }{
-	{"Empty", "", ledger.CodeKeyMissing},
-	{"Oversized", strings.Repeat("k", 256), ledger.CodeKeyInvalid},
-	{"NonASCII", "clé-1", ledger.CodeKeyInvalid},
-	{"Space", "a b", ledger.CodeKeyInvalid},
-	{"NUL", "a\x00b", ledger.CodeKeyInvalid},
-	{"Newline", "a\nb", ledger.CodeKeyInvalid},
-	{"DEL", "a\x7fb", ledger.CodeKeyInvalid},
+	{"Empty", "", errcode.KeyMissing},
+	{"Oversized", strings.Repeat("k", 256), errcode.KeyInvalid},
+	{"NonASCII", "clé-1", errcode.KeyInvalid},
+	{"Space", "a b", errcode.KeyInvalid},
+	{"NUL", "a\x00b", errcode.KeyInvalid},
+	{"Newline", "a\nb", errcode.KeyInvalid},
+	{"DEL", "a\x7fb", errcode.KeyInvalid},
 }
 
 var badFingerprints = []string{
@@ -116,16 +117,16 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	type tc struct {
 		name string
 		call func() error
-		want ledger.Code
+		want errcode.Code
 	}
 	var cases []tc
-	begin := func(name string, want ledger.Code, edit func(*ledgerv1.BeginRequest)) {
+	begin := func(name string, want errcode.Code, edit func(*ledgerv1.BeginRequest)) {
 		r := beginReq("fresh")
 		edit(r)
 		cases = append(cases, tc{"Begin/" + name, func() error { _, err := client.Begin(ctx, r); return err }, want})
 	}
 	for _, b := range badStrings {
-		tenantCode := ledger.CodeValidationFailed
+		tenantCode := errcode.ValidationFailed
 		begin("Tenant"+b.name, tenantCode, func(r *ledgerv1.BeginRequest) { r.Tenant = b.value })
 		begin("Key"+b.name, b.keyCode, func(r *ledgerv1.BeginRequest) { r.Key = b.value })
 		cases = append(cases,
@@ -148,7 +149,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 			tc{"Lookup/Tenant" + b.name, func() error {
 				_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: b.value, Key: "held"})
 				return err
-			}, ledger.CodeValidationFailed},
+			}, errcode.ValidationFailed},
 		)
 	}
 	// A method is 1 to 255 bytes of printable ASCII, spaces inside allowed
@@ -157,75 +158,75 @@ func badInputCatalogue(t *testing.T, stream bool) {
 		"Empty": "", "Oversized": "/" + strings.Repeat("a", 300) + ".B/C", "NonASCII": "mcp:tools/clé", "Leading": " mcp:tools/x",
 		"Trailing": "http:POST /x ", "NUL": "a\x00b", "Newline": "a\nb", "DEL": "a\x7fb", "Tab": "a\tb",
 	} {
-		begin("Method"+name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Method = m })
+		begin("Method"+name, errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.Method = m })
 	}
 	for i, fp := range badFingerprints {
-		begin("Fingerprint"+string(rune('A'+i)), ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Fingerprint = fp })
+		begin("Fingerprint"+string(rune('A'+i)), errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.Fingerprint = fp })
 	}
 	for name, d := range badDurations {
-		begin("Lease"+name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Lease = d })
-		begin("Retention"+name, ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.Retention = d })
+		begin("Lease"+name, errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.Lease = d })
+		begin("Retention"+name, errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.Retention = d })
 		cases = append(cases,
 			tc{"Extend/Lease" + name, func() error {
 				_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: d})
 				return err
-			}, ledger.CodeValidationFailed},
+			}, errcode.ValidationFailed},
 			tc{"Lookup/Wait" + name, func() error {
 				if name == "Zero" {
-					return ledgerstatus.Err(ledger.Errorf(ledger.CodeValidationFailed, "a zero wait is valid"))
+					return ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "a zero wait is valid"))
 				}
 				_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: d})
 				return err
-			}, ledger.CodeValidationFailed},
+			}, errcode.ValidationFailed},
 		)
 	}
-	begin("RetentionBelowLease", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) {
+	begin("RetentionBelowLease", errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) {
 		r.Lease, r.Retention = durationpb.New(time.Hour), durationpb.New(time.Minute)
 	})
-	begin("FirstAttemptInvalid", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Seconds: 1 << 62} })
-	begin("FirstAttemptBadNanos", ledger.CodeValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Nanos: -1} })
+	begin("FirstAttemptInvalid", errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Seconds: 1 << 62} })
+	begin("FirstAttemptBadNanos", errcode.ValidationFailed, func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Nanos: -1} })
 
-	complete := func(name string, want ledger.Code, tok uint64, o *ledgerv1.Outcome) {
+	complete := func(name string, want errcode.Code, tok uint64, o *ledgerv1.Outcome) {
 		cases = append(cases, tc{"Complete/" + name, func() error {
 			_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: tok, Outcome: o})
 			return err
 		}, want})
 	}
-	complete("TokenZero", ledger.CodeValidationFailed, 0, out)
-	complete("TokenStale", ledger.CodeLeaseLost, token+1, out)
-	complete("TokenHuge", ledger.CodeLeaseLost, ^uint64(0), out)
-	complete("NoOutcome", ledger.CodeValidationFailed, token, nil)
-	complete("EmptyOutcome", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{})
-	complete("NilResponse", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{}})
-	complete("NoTypeURL", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{Value: []byte{1}}}})
-	complete("LongTypeURL", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: strings.Repeat("t", 3000)}}})
-	complete("StatusOK", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 0, Message: "fine"}}})
-	complete("StatusUnknownCode", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 99}}})
-	complete("StatusNegativeCode", ledger.CodeValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: -3}}})
-	complete("Oversized", ledger.CodeOutcomeTooLarge, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledger.DefaultMaxOutcomeBytes)}}})
+	complete("TokenZero", errcode.ValidationFailed, 0, out)
+	complete("TokenStale", errcode.LeaseLost, token+1, out)
+	complete("TokenHuge", errcode.LeaseLost, ^uint64(0), out)
+	complete("NoOutcome", errcode.ValidationFailed, token, nil)
+	complete("EmptyOutcome", errcode.ValidationFailed, token, &ledgerv1.Outcome{})
+	complete("NilResponse", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{}})
+	complete("NoTypeURL", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{Value: []byte{1}}}})
+	complete("LongTypeURL", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: strings.Repeat("t", 3000)}}})
+	complete("StatusOK", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 0, Message: "fine"}}})
+	complete("StatusUnknownCode", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 99}}})
+	complete("StatusNegativeCode", errcode.ValidationFailed, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: -3}}})
+	complete("Oversized", errcode.OutcomeTooLarge, token, &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledger.DefaultMaxOutcomeBytes)}}})
 	cases = append(cases,
 		tc{"Release/TokenZero", func() error {
 			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held"})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		tc{"Release/TokenStale", func() error {
 			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token + 1})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		tc{"Release/Completed", func() error {
 			_, err := client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "done", Token: done.GetClaim().GetToken()})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		tc{"Extend/TokenZero", func() error {
 			_, err := client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held"})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		tc{"Begin/OtherPayloadOnHeld", func() error {
 			r := beginReq("held")
 			r.Fingerprint = ledgertest.Fingerprint("other")
 			_, err := client.Begin(ctx, r)
 			return err
-		}, ledger.CodeKeyReused},
+		}, errcode.KeyReused},
 	)
 	// Malformed credentials.
 	for name, md := range map[string]metadata.MD{
@@ -240,7 +241,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 			c, ctx := with(md)
 			_, err := c.Begin(ctx, beginReq("fresh"))
 			return err
-		}, ledger.CodeUnauthenticated})
+		}, errcode.Unauthenticated})
 	}
 
 	for _, c := range cases {
@@ -256,7 +257,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	t.Run("OverTheMessageLimit", func(t *testing.T) {
 		big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, 3<<20)}}}
 		_, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: big})
-		if status.Code(err) != codes.ResourceExhausted || ledgerstatus.FromError(err).Code != ledger.CodeOutcomeTooLarge {
+		if status.Code(err) != codes.ResourceExhausted || ledgerstatus.FromError(err).Code != errcode.OutcomeTooLarge {
 			t.Fatalf("a 3 MiB request over a 2 MiB limit: %v; want gRPC's refusal, decoded as OUTCOME_TOO_LARGE", err)
 		}
 	})
@@ -268,15 +269,15 @@ func badInputCatalogue(t *testing.T, stream bool) {
 		method string
 		req    proto.Message
 		field  protoreflect.Name
-		want   ledger.Code
+		want   errcode.Code
 	}{
-		{"Begin", beginReq("fresh"), "tenant", ledger.CodeValidationFailed},
-		{"Begin", beginReq("fresh"), "key", ledger.CodeKeyInvalid},
-		{"Begin", beginReq("fresh"), "method", ledger.CodeValidationFailed},
-		{"Complete", &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: out}, "key", ledger.CodeKeyInvalid},
-		{"Release", &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token}, "key", ledger.CodeKeyInvalid},
-		{"Extend", &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token}, "tenant", ledger.CodeValidationFailed},
-		{"Lookup", &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"}, "key", ledger.CodeKeyInvalid},
+		{"Begin", beginReq("fresh"), "tenant", errcode.ValidationFailed},
+		{"Begin", beginReq("fresh"), "key", errcode.KeyInvalid},
+		{"Begin", beginReq("fresh"), "method", errcode.ValidationFailed},
+		{"Complete", &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: out}, "key", errcode.KeyInvalid},
+		{"Release", &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token}, "key", errcode.KeyInvalid},
+		{"Extend", &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token}, "tenant", errcode.ValidationFailed},
+		{"Lookup", &ledgerv1.LookupRequest{Tenant: "acme", Key: "held"}, "key", errcode.KeyInvalid},
 	} {
 		t.Run("NotUTF8/"+m.method+"/"+string(m.field), func(t *testing.T) {
 			b, err := proto.Marshal(m.req)
@@ -318,7 +319,7 @@ func badInputCatalogue(t *testing.T, stream bool) {
 	if d := cmp.Diff(before, snapshot(), protocmp.Transform()); d != "" {
 		t.Fatalf("bad input changed the records (-before +after):\n%s", d)
 	}
-	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "fresh"}); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "fresh"}); ledgerstatus.FromError(err).Code != errcode.NotFound {
 		t.Fatalf("bad input created a record: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Certificates authenticates callers by the client certificate of a mutual
@@ -91,14 +92,14 @@ func openCredentials(path string) (*os.File, error) {
 func (c *Certificates) Authenticate(ctx context.Context) (Principal, error) {
 	leaf := verifiedLeaf(ctx)
 	if leaf == nil {
-		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "no verified client certificate")
+		return Principal{}, errcode.Errorf(errcode.Unauthenticated, "no verified client certificate")
 	}
 	for _, id := range identities(leaf) {
 		if p, ok := c.principals[id]; ok {
 			return p, nil
 		}
 	}
-	return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "the client certificate names no known principal")
+	return Principal{}, errcode.Errorf(errcode.Unauthenticated, "the client certificate names no known principal")
 }
 
 func verifiedLeaf(ctx context.Context) *x509.Certificate {
@@ -134,11 +135,11 @@ func AnyOf(auths ...Authenticator) Authenticator {
 	return AuthenticatorFunc(func(ctx context.Context) (Principal, error) {
 		for _, a := range auths {
 			p, err := a.Authenticate(ctx)
-			if err == nil || ledger.CodeOf(err) != ledger.CodeUnauthenticated {
+			if err == nil || errcode.Of(err) != errcode.Unauthenticated {
 				return p, err
 			}
 		}
-		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "no credentials the ledger accepts")
+		return Principal{}, errcode.Errorf(errcode.Unauthenticated, "no credentials the ledger accepts")
 	})
 }
 

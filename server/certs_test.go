@@ -14,6 +14,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -77,16 +78,16 @@ func TestMutualTLS(t *testing.T) {
 		cert   *tls.Certificate
 		token  string
 		tenant string
-		want   ledger.Code
+		want   errcode.Code
 	}{
-		{"NoCredentials", nil, "", "acme", ledger.CodeUnauthenticated},
-		{"URISANBeforeCommonName", billing, "", "acme", ledger.CodeNotFound},
-		{"URISANOtherTenant", billing, "", "globex", ledger.CodePermissionDenied},
-		{"DNSSAN", issue(servertest.Leaf{DNSNames: []string{"refunds.platform.test"}}), "", "globex", ledger.CodeNotFound},
-		{"CommonName", issue(servertest.Leaf{CommonName: "ops"}), "", "initech", ledger.CodeNotFound},
-		{"UnknownCertificate", issue(servertest.Leaf{CommonName: "intruder", URIs: []string{"spiffe://platform.test/ns/other"}}), "", "acme", ledger.CodeUnauthenticated},
-		{"TokenWithoutCertificate", nil, "s3cret", "acme", ledger.CodeNotFound},
-		{"UnknownCertificateThenToken", issue(servertest.Leaf{CommonName: "intruder"}), "s3cret", "acme", ledger.CodeNotFound},
+		{"NoCredentials", nil, "", "acme", errcode.Unauthenticated},
+		{"URISANBeforeCommonName", billing, "", "acme", errcode.NotFound},
+		{"URISANOtherTenant", billing, "", "globex", errcode.PermissionDenied},
+		{"DNSSAN", issue(servertest.Leaf{DNSNames: []string{"refunds.platform.test"}}), "", "globex", errcode.NotFound},
+		{"CommonName", issue(servertest.Leaf{CommonName: "ops"}), "", "initech", errcode.NotFound},
+		{"UnknownCertificate", issue(servertest.Leaf{CommonName: "intruder", URIs: []string{"spiffe://platform.test/ns/other"}}), "", "acme", errcode.Unauthenticated},
+		{"TokenWithoutCertificate", nil, "s3cret", "acme", errcode.NotFound},
+		{"UnknownCertificateThenToken", issue(servertest.Leaf{CommonName: "intruder"}), "s3cret", "acme", errcode.NotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, call(t, tt.cert, tt.token, tt.tenant), tt.want) })

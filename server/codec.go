@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Codec returns the gRPC codec of LedgerService: protobuf, except that a
@@ -56,9 +56,9 @@ func takeBadUTF8(req proto.Message) error {
 	}
 	path := v.(string)
 	if path == "key" || strings.HasSuffix(path, ".key") {
-		return ledger.Errorf(ledger.CodeKeyInvalid, "idempotency key is not valid UTF-8; only printable ASCII 0x21-0x7E is allowed")
+		return errcode.Errorf(errcode.KeyInvalid, "idempotency key is not valid UTF-8; only printable ASCII 0x21-0x7E is allowed")
 	}
-	return ledger.Errorf(ledger.CodeValidationFailed, "%s is not valid UTF-8", path)
+	return errcode.Errorf(errcode.ValidationFailed, "%s is not valid UTF-8", path)
 }
 
 // hasBadUTF8 reports whether Codec marked req.

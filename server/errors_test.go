@@ -13,6 +13,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -35,69 +36,69 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 	tests := []struct {
 		name string
 		call func() error
-		want ledger.Code
+		want errcode.Code
 	}{
-		{"Begin/RetryTooLate", func() error { _, err := f.client.Begin(ctx, tooLate); return err }, ledger.CodeRetryTooLate},
+		{"Begin/RetryTooLate", func() error { _, err := f.client.Begin(ctx, tooLate); return err }, errcode.RetryTooLate},
 		{"Begin/RetentionAboveMax", func() error {
 			r := beginReq("r")
 			r.Retention = durationpb.New(30 * 24 * time.Hour)
 			_, err := f.client.Begin(ctx, r)
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Begin/BadMethod", func() error {
 			r := beginReq("m")
 			r.Method = "Create\nInvoice"
 			_, err := f.client.Begin(ctx, r)
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Complete/OutcomeTooLarge", func() error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token, Outcome: huge})
 			return err
-		}, ledger.CodeOutcomeTooLarge},
+		}, errcode.OutcomeTooLarge},
 		{"Complete/NoOutcome", func() error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Complete/StaleToken", func() error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held", Token: token + 1, Outcome: small})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		{"Complete/KeyInvalid", func() error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "bad\x00key", Token: token, Outcome: small})
 			return err
-		}, ledger.CodeKeyInvalid},
+		}, errcode.KeyInvalid},
 		{"Release/KeyMissing", func() error {
 			_, err := f.client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Token: token})
 			return err
-		}, ledger.CodeKeyMissing},
+		}, errcode.KeyMissing},
 		{"Release/StaleToken", func() error {
 			_, err := f.client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "held", Token: token + 7})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		{"Extend/ZeroLease", func() error {
 			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: durationpb.New(0)})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Extend/LeaseAboveMax", func() error {
 			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "held", Token: token, Lease: durationpb.New(2 * time.Hour)})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Extend/Absent", func() error {
 			_, err := f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "nobody", Token: 1})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		{"Lookup/WaitAboveMax", func() error {
 			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Hour)})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 		{"Lookup/TenantInvalid", func() error {
 			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "ac me", Key: "held"})
 			return err
-		}, ledger.CodePermissionDenied},
+		}, errcode.PermissionDenied},
 		{"Lookup/TenantInvalidForWildcard", func() error {
 			_, err := f.client.Lookup(as(t, "refunds-token"), &ledgerv1.LookupRequest{Tenant: "ac me", Key: "held"})
 			return err
-		}, ledger.CodeValidationFailed},
+		}, errcode.ValidationFailed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, tt.call(), tt.want) })
@@ -137,7 +138,7 @@ func TestStoreUnavailable(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := call()
-			le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+			le := ledgertest.WantStatus(t, err, errcode.Unavailable)
 			if !le.Retryable() || strings.Contains(err.Error(), "pebble") || strings.Contains(err.Error(), "store closed") {
 				t.Fatalf("UNAVAILABLE retryable=%v, message %q leaks the cause", le.Retryable(), err)
 			}
@@ -149,7 +150,7 @@ func TestStoreUnavailable(t *testing.T) {
 // with a cause that names the store, as the embedded store's does.
 type downStore struct{}
 
-var errDown = ledger.Wrap(ledger.CodeUnavailable, errors.New("pebble: store closed"), "the ledger's store is unavailable")
+var errDown = errcode.Wrap(errcode.Unavailable, errors.New("pebble: store closed"), "the ledger's store is unavailable")
 
 func (downStore) Claim(context.Context, ledger.ClaimParams) (ledger.ClaimResult, error) {
 	return ledger.ClaimResult{}, errDown

@@ -12,6 +12,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
@@ -24,13 +25,13 @@ func TestRateLimitPerNamespace(t *testing.T) {
 	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3)}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	for i := range 3 {
-		if _, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledger.CodeOf(ledgerstatus.FromError(err)) != ledger.CodeNotFound {
+		if _, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); errcode.Of(ledgerstatus.FromError(err)) != errcode.NotFound {
 			t.Fatalf("call %d within the burst: %v", i, err)
 		}
 	}
 	var trailer metadata.MD
 	_, err := client.Lookup(as(t, "billing-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.Trailer(&trailer))
-	le := ledgertest.WantStatus(t, err, ledger.CodeRateLimited)
+	le := ledgertest.WantStatus(t, err, errcode.RateLimited)
 	if !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}
@@ -38,7 +39,7 @@ func TestRateLimitPerNamespace(t *testing.T) {
 		t.Fatalf("pushback trailer = %q", got)
 	}
 	// Another namespace has a bucket of its own.
-	if _, err := client.Lookup(as(t, "refunds-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledger.CodeOf(ledgerstatus.FromError(err)) != ledger.CodeNotFound {
+	if _, err := client.Lookup(as(t, "refunds-token"), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); errcode.Of(ledgerstatus.FromError(err)) != errcode.NotFound {
 		t.Fatalf("another namespace: %v", err)
 	}
 }

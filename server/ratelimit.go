@@ -6,7 +6,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // RateLimit gives each namespace its own token bucket (golang.org/x/time/rate):
@@ -48,8 +48,8 @@ func (r *RateLimit) Allow(namespace string) error {
 	if !res.OK() || wait == rate.InfDuration {
 		wait = time.Second
 	}
-	return &ledger.Error{
-		Code:       ledger.CodeRateLimited,
+	return &errcode.Error{
+		Code:       errcode.RateLimited,
 		Message:    "the namespace is over its rate limit",
 		RetryAfter: max(wait.Round(time.Millisecond), time.Millisecond),
 	}

@@ -22,6 +22,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -121,10 +122,10 @@ func (s *Server) scope(ctx context.Context, req proto.Message, tenant, key strin
 		return ledger.Scope{}, bad
 	}
 	if tenant == "" {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodeValidationFailed, "tenant is missing")
+		return ledger.Scope{}, errcode.Errorf(errcode.ValidationFailed, "tenant is missing")
 	}
 	if !p.May(tenant) {
-		return ledger.Scope{}, ledger.Errorf(ledger.CodePermissionDenied, "the caller may not act for this tenant")
+		return ledger.Scope{}, errcode.Errorf(errcode.PermissionDenied, "the caller may not act for this tenant")
 	}
 	if s.limit != nil {
 		if err := s.limit.Allow(p.Namespace); err != nil {
@@ -138,7 +139,7 @@ func (s *Server) scope(ctx context.Context, req proto.Message, tenant, key strin
 // principal authenticates the call.
 func (s *Server) principal(ctx context.Context) (Principal, error) {
 	if s.auth == nil {
-		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "no authenticator is configured")
+		return Principal{}, errcode.Errorf(errcode.Unauthenticated, "no authenticator is configured")
 	}
 	p, err := s.auth.Authenticate(ctx)
 	if err != nil {
@@ -146,9 +147,9 @@ func (s *Server) principal(ctx context.Context) (Principal, error) {
 	}
 	if p.Namespace == "" {
 		if p.Admin != "" {
-			return Principal{}, ledger.Errorf(ledger.CodePermissionDenied, "admin credentials do not write: call LedgerService with a write service's")
+			return Principal{}, errcode.Errorf(errcode.PermissionDenied, "admin credentials do not write: call LedgerService with a write service's")
 		}
-		return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "the caller has no namespace")
+		return Principal{}, errcode.Errorf(errcode.Unauthenticated, "the caller has no namespace")
 	}
 	return p, nil
 }
@@ -161,13 +162,13 @@ func (s *Server) observe(namespace string, d Decision) {
 
 // errorDecisions are the errors that are decisions of the ledger rather
 // than failures.
-var errorDecisions = map[ledger.Code]Decision{
-	ledger.CodeInProgress:     DecisionInProgress,
-	ledger.CodeKeyReused:      DecisionKeyReused,
-	ledger.CodeRetryTooLate:   DecisionTooLate,
-	ledger.CodeLeaseLost:      DecisionLeaseLost,
-	ledger.CodeOutcomeUnknown: DecisionUnknown,
-	ledger.CodeKeyExpired:     DecisionExpired,
+var errorDecisions = map[errcode.Code]Decision{
+	errcode.InProgress:     DecisionInProgress,
+	errcode.KeyReused:      DecisionKeyReused,
+	errcode.RetryTooLate:   DecisionTooLate,
+	errcode.LeaseLost:      DecisionLeaseLost,
+	errcode.OutcomeUnknown: DecisionUnknown,
+	errcode.KeyExpired:     DecisionExpired,
 }
 
 // fail counts the decision err stands for, encodes err for the wire and
@@ -179,11 +180,11 @@ var errorDecisions = map[ledger.Code]Decision{
 // call on a Stream, which that interceptor logs only as a whole, here, when
 // it is INTERNAL or UNAVAILABLE.
 func (s *Server) fail(ctx context.Context, method string, sc ledger.Scope, err error) error {
-	le := ledger.AsError(err)
+	le := errcode.As(err)
 	if d, ok := errorDecisions[le.Code]; ok && sc.Namespace != "" {
 		s.observe(sc.Namespace, d)
 	}
-	if _, onStream := grpc.ServerTransportStreamFromContext(ctx).(noTrailers); onStream && (le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable) {
+	if _, onStream := grpc.ServerTransportStreamFromContext(ctx).(noTrailers); onStream && (le.Code == errcode.Internal || le.Code == errcode.Unavailable) {
 		s.log.ErrorContext(ctx, "ledger call failed", "grpc.method", method, "code", le.Code.String(), "error", err)
 	}
 	ledgerstatus.SetPushback(ctx, le)
@@ -237,7 +238,7 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 	var first time.Time
 	if req.GetFirstAttemptAt() != nil {
 		if err := req.GetFirstAttemptAt().CheckValid(); err != nil {
-			return nil, ledger.Errorf(ledger.CodeValidationFailed, "first_attempt_at is not a valid timestamp")
+			return nil, errcode.Errorf(errcode.ValidationFailed, "first_attempt_at is not a valid timestamp")
 		}
 		first = req.GetFirstAttemptAt().AsTime()
 	}
@@ -250,11 +251,11 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 	case ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD:
 		breq.OnLeaseExpiry = ledger.Hold
 	default:
-		return nil, ledger.Errorf(ledger.CodeValidationFailed, "on_lease_expiry %d is not a known policy", req.GetOnLeaseExpiry())
+		return nil, errcode.Errorf(errcode.ValidationFailed, "on_lease_expiry %d is not a known policy", req.GetOnLeaseExpiry())
 	}
 	if t := req.GetTombstoneRetention(); t != nil {
 		if t.CheckValid() != nil || t.AsDuration() < 0 {
-			return nil, ledger.Errorf(ledger.CodeValidationFailed, "tombstone_retention must be zero or a positive duration")
+			return nil, errcode.Errorf(errcode.ValidationFailed, "tombstone_retention must be zero or a positive duration")
 		}
 		d := t.AsDuration()
 		breq.TombstoneRetention = &d
@@ -364,11 +365,11 @@ func (s *Server) Resolve(ctx context.Context, req *ledgerv1.ResolveRequest) (*le
 		switch r := req.GetResolution().(type) {
 		case *ledgerv1.ResolveRequest_Applied:
 			if applied = outcomeFromWire(r.Applied); applied == nil {
-				err = ledger.Errorf(ledger.CodeValidationFailed, "applied needs an outcome")
+				err = errcode.Errorf(errcode.ValidationFailed, "applied needs an outcome")
 			}
 		case *ledgerv1.ResolveRequest_NotApplied:
 		default:
-			err = ledger.Errorf(ledger.CodeValidationFailed, "the resolution is missing: applied (with the outcome) or not_applied")
+			err = errcode.Errorf(errcode.ValidationFailed, "the resolution is missing: applied (with the outcome) or not_applied")
 		}
 	}
 	if err == nil {
@@ -394,7 +395,7 @@ func optionalDuration(name string, d *durationpb.Duration) (time.Duration, error
 		return 0, nil
 	}
 	if d.CheckValid() != nil || d.AsDuration() <= 0 {
-		return 0, ledger.Errorf(ledger.CodeValidationFailed, "%s must be a positive duration", name)
+		return 0, errcode.Errorf(errcode.ValidationFailed, "%s must be a positive duration", name)
 	}
 	return d.AsDuration(), nil
 }

@@ -16,6 +16,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
@@ -37,7 +38,7 @@ var testAuth = server.AuthenticatorFunc(func(ctx context.Context) (server.Princi
 			return p, nil
 		}
 	}
-	return server.Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "no valid credentials")
+	return server.Principal{}, errcode.Errorf(errcode.Unauthenticated, "no valid credentials")
 })
 
 type fixture struct {
@@ -111,9 +112,9 @@ func TestLifecycleOverTheWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k3"})
-	ledgertest.WantStatus(t, err, ledger.CodeNotFound)
+	ledgertest.WantStatus(t, err, errcode.NotFound)
 	_, err = f.client.Extend(ctx, &ledgerv1.ExtendRequest{Tenant: "acme", Key: "k3", Token: res.GetClaim().GetToken()})
-	ledgertest.WantStatus(t, err, ledger.CodeLeaseLost)
+	ledgertest.WantStatus(t, err, errcode.LeaseLost)
 }
 
 func TestTypedErrorsOverTheWire(t *testing.T) {
@@ -124,7 +125,7 @@ func TestTypedErrorsOverTheWire(t *testing.T) {
 	}
 	var trailer metadata.MD
 	_, err := f.client.Begin(ctx, beginReq("k"), grpc.Trailer(&trailer))
-	if le := ledgertest.WantStatus(t, err, ledger.CodeInProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
+	if le := ledgertest.WantStatus(t, err, errcode.InProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
 		t.Fatalf("retry after = %s", le.RetryAfter)
 	}
 	if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != "2000" {
@@ -133,7 +134,7 @@ func TestTypedErrorsOverTheWire(t *testing.T) {
 	req := beginReq("k")
 	req.Fingerprint = ledgertest.Fingerprint("other")
 	_, err = f.client.Begin(ctx, req, grpc.Trailer(&trailer))
-	if le := ledgertest.WantStatus(t, err, ledger.CodeKeyReused); le.Metadata["method"] != ledgertest.Method {
+	if le := ledgertest.WantStatus(t, err, errcode.KeyReused); le.Metadata["method"] != ledgertest.Method {
 		t.Fatalf("metadata = %v", le.Metadata)
 	}
 	if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != "-1" {
@@ -152,31 +153,31 @@ func TestAuthentication(t *testing.T) {
 		name string
 		ctx  context.Context
 		call func(ctx context.Context) error
-		want ledger.Code
+		want errcode.Code
 	}{
-		{"NoCredentials", t.Context(), func(ctx context.Context) error { _, err := f.client.Begin(ctx, beginReq("x")); return err }, ledger.CodeUnauthenticated},
+		{"NoCredentials", t.Context(), func(ctx context.Context) error { _, err := f.client.Begin(ctx, beginReq("x")); return err }, errcode.Unauthenticated},
 		{"WrongToken", as(t, "nope"), func(ctx context.Context) error {
 			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 			return err
-		}, ledger.CodeUnauthenticated},
+		}, errcode.Unauthenticated},
 		{"OtherTenant", as(t, "billing-token"), func(ctx context.Context) error {
 			r := beginReq("x")
 			r.Tenant = "initech"
 			_, err := f.client.Begin(ctx, r)
 			return err
-		}, ledger.CodePermissionDenied},
+		}, errcode.PermissionDenied},
 		{"OtherNamespaceCannotSee", as(t, "refunds-token"), func(ctx context.Context) error {
 			_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 			return err
-		}, ledger.CodeNotFound},
+		}, errcode.NotFound},
 		{"OtherNamespaceCannotComplete", as(t, "refunds-token"), func(ctx context.Context) error {
 			_, err := f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: token, Outcome: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x"}}}})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 		{"OtherNamespaceCannotRelease", as(t, "refunds-token"), func(ctx context.Context) error {
 			_, err := f.client.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: "acme", Key: "k", Token: token})
 			return err
-		}, ledger.CodeLeaseLost},
+		}, errcode.LeaseLost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, tt.call(tt.ctx), tt.want) })
@@ -194,16 +195,16 @@ func TestRequestValidation(t *testing.T) {
 	tests := []struct {
 		name string
 		req  *ledgerv1.BeginRequest
-		want ledger.Code
+		want errcode.Code
 	}{
-		{"MissingTenant", edit(func(r *ledgerv1.BeginRequest) { r.Tenant = "" }), ledger.CodeValidationFailed},
-		{"MissingKey", edit(func(r *ledgerv1.BeginRequest) { r.Key = "" }), ledger.CodeKeyMissing},
-		{"KeyWithNewline", edit(func(r *ledgerv1.BeginRequest) { r.Key = "a\nb" }), ledger.CodeKeyInvalid},
-		{"ZeroLease", edit(func(r *ledgerv1.BeginRequest) { r.Lease = durationpb.New(0) }), ledger.CodeValidationFailed},
-		{"NegativeRetention", edit(func(r *ledgerv1.BeginRequest) { r.Retention = durationpb.New(-time.Hour) }), ledger.CodeValidationFailed},
-		{"InvalidDuration", edit(func(r *ledgerv1.BeginRequest) { r.Lease = &durationpb.Duration{Seconds: 1, Nanos: -5} }), ledger.CodeValidationFailed},
-		{"InvalidTimestamp", edit(func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Seconds: 1 << 62} }), ledger.CodeValidationFailed},
-		{"NoFingerprint", edit(func(r *ledgerv1.BeginRequest) { r.Fingerprint = "" }), ledger.CodeValidationFailed},
+		{"MissingTenant", edit(func(r *ledgerv1.BeginRequest) { r.Tenant = "" }), errcode.ValidationFailed},
+		{"MissingKey", edit(func(r *ledgerv1.BeginRequest) { r.Key = "" }), errcode.KeyMissing},
+		{"KeyWithNewline", edit(func(r *ledgerv1.BeginRequest) { r.Key = "a\nb" }), errcode.KeyInvalid},
+		{"ZeroLease", edit(func(r *ledgerv1.BeginRequest) { r.Lease = durationpb.New(0) }), errcode.ValidationFailed},
+		{"NegativeRetention", edit(func(r *ledgerv1.BeginRequest) { r.Retention = durationpb.New(-time.Hour) }), errcode.ValidationFailed},
+		{"InvalidDuration", edit(func(r *ledgerv1.BeginRequest) { r.Lease = &durationpb.Duration{Seconds: 1, Nanos: -5} }), errcode.ValidationFailed},
+		{"InvalidTimestamp", edit(func(r *ledgerv1.BeginRequest) { r.FirstAttemptAt = &timestamppb.Timestamp{Seconds: 1 << 62} }), errcode.ValidationFailed},
+		{"NoFingerprint", edit(func(r *ledgerv1.BeginRequest) { r.Fingerprint = "" }), errcode.ValidationFailed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -212,7 +213,7 @@ func TestRequestValidation(t *testing.T) {
 		})
 	}
 	_, err := f.client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
-	ledgertest.WantStatus(t, err, ledger.CodeNotFound)
+	ledgertest.WantStatus(t, err, errcode.NotFound)
 	_, err = f.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: 1})
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 }

@@ -21,7 +21,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/streamcall"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -121,7 +121,7 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 				}
 				send(streamError(req.GetId(), bad))
 			case inFlight[req.GetId()] != nil:
-				send(streamError(req.GetId(), ledger.Errorf(ledger.CodeValidationFailed, "call %d is already in flight on this stream", req.GetId())))
+				send(streamError(req.GetId(), errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", req.GetId())))
 			default:
 				callCtx, cancel, err := callContext(ctx, req)
 				if err != nil {
@@ -219,7 +219,7 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.ErrorContext(ctx, "stream call panicked", "panic", fmt.Sprint(p))
-			res = streamError(req.GetId(), ledger.Errorf(ledger.CodeInternal, "internal error"))
+			res = streamError(req.GetId(), errcode.Errorf(errcode.Internal, "internal error"))
 		}
 	}()
 	var err error
@@ -255,7 +255,7 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 			res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r}
 		}
 	default:
-		err = ledgerstatus.Err(ledger.Errorf(ledger.CodeValidationFailed, "the call is missing"))
+		err = ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "the call is missing"))
 	}
 	if err != nil {
 		return &ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}}
@@ -265,7 +265,7 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 
 // streamError is the answer to call id that failed with a ledger error.
 func streamError(id uint64, err error) *ledgerv1.StreamResponse {
-	return &ledgerv1.StreamResponse{Id: id, Result: &ledgerv1.StreamResponse_Error{Error: callStatus(ledgerstatus.Err(ledger.AsError(err)))}}
+	return &ledgerv1.StreamResponse{Id: id, Result: &ledgerv1.StreamResponse_Error{Error: callStatus(ledgerstatus.Err(errcode.As(err)))}}
 }
 
 // callStatus is the status of err, as a unary call would fail with it.

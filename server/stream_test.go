@@ -23,6 +23,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -118,7 +119,7 @@ func rawStream(t *testing.T, conn grpc.ClientConnInterface) ledgerv1.LedgerServi
 	return s
 }
 
-func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code ledger.Code) {
+func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code errcode.Code) {
 	t.Helper()
 	if res.GetId() != id {
 		t.Fatalf("answer for call %d, want %d", res.GetId(), id)
@@ -162,9 +163,9 @@ func TestStreamProtocol(t *testing.T) {
 	}
 
 	send(&ledgerv1.StreamRequest{Id: 1})
-	wantStreamCode(t, recv(), 1, ledger.CodeValidationFailed) // no call
+	wantStreamCode(t, recv(), 1, errcode.ValidationFailed) // no call
 	send(&ledgerv1.StreamRequest{Id: 2, Timeout: durationpb.New(-time.Second), Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("x")}})
-	wantStreamCode(t, recv(), 2, ledger.CodeValidationFailed)                                                     // bad timeout
+	wantStreamCode(t, recv(), 2, errcode.ValidationFailed)                                                        // bad timeout
 	send(&ledgerv1.StreamRequest{Id: 3, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}}) // nothing to cancel: no answer
 
 	// A lookup that would wait a minute, bounded by its timeout on the
@@ -173,8 +174,8 @@ func TestStreamProtocol(t *testing.T) {
 	send(waitFor(4, durationpb.New(100*time.Millisecond)))
 	// The same id again while it is in flight.
 	send(waitFor(4, nil))
-	wantStreamCode(t, recv(), 4, ledger.CodeValidationFailed)
-	wantStreamCode(t, recv(), 4, ledger.CodeUpstreamTimeout)
+	wantStreamCode(t, recv(), 4, errcode.ValidationFailed)
+	wantStreamCode(t, recv(), 4, errcode.UpstreamTimeout)
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("the call's timeout took %s", d)
 	}
@@ -183,7 +184,7 @@ func TestStreamProtocol(t *testing.T) {
 	send(waitFor(5, nil))
 	time.Sleep(20 * time.Millisecond)
 	send(&ledgerv1.StreamRequest{Id: 5, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
-	wantStreamCode(t, recv(), 5, ledger.CodeUpstreamTimeout)
+	wantStreamCode(t, recv(), 5, errcode.UpstreamTimeout)
 
 	// The stream still works, and ends with OK when the client closes it.
 	send(&ledgerv1.StreamRequest{Id: 6, Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("fresh")}})
@@ -264,7 +265,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 	srv.Stop()
 	select {
 	case err := <-errc:
-		if le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable); !le.Retryable() {
+		if le := ledgertest.WantStatus(t, err, errcode.Unavailable); !le.Retryable() {
 			t.Fatal("UNAVAILABLE must be retryable")
 		}
 	case <-time.After(10 * time.Second):
@@ -273,7 +274,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err := client.Begin(cctx, beginReq("after"))
-	if code := ledgerstatus.FromError(err).Code; code != ledger.CodeUnavailable && code != ledger.CodeUpstreamTimeout {
+	if code := ledgerstatus.FromError(err).Code; code != errcode.Unavailable && code != errcode.UpstreamTimeout {
 		t.Fatalf("a call with the server gone = %v, want UNAVAILABLE or a timeout", err)
 	}
 }
@@ -294,7 +295,7 @@ func TestStreamCallPanicIsInternal(t *testing.T) {
 	l := ledger.New(panicky{memory.New(memory.Config{})}, ledger.Config{})
 	client := streamClient(t, servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth}))).Dial(t), "billing-token")
 	_, err := client.Begin(t.Context(), beginReq("boom"))
-	ledgertest.WantStatus(t, err, ledger.CodeInternal)
+	ledgertest.WantStatus(t, err, errcode.Internal)
 	if res, err := client.Begin(t.Context(), beginReq("fine")); err != nil || res.GetClaim().GetToken() != 1 {
 		t.Fatalf("after a panic: %v, %v", res, err)
 	}
@@ -313,12 +314,12 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := client.Begin(ctx, beginReq("a"))
-	ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+	ledgertest.WantStatus(t, err, errcode.InProgress)
 	if _, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = client.Begin(ctx, beginReq("b"))
-	if le := ledgertest.WantStatus(t, err, ledger.CodeRateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
+	if le := ledgertest.WantStatus(t, err, errcode.RateLimited); !le.Retryable() || le.RetryAfter < time.Second || le.RetryAfter > 2*time.Second {
 		t.Fatalf("RATE_LIMITED retryable=%v retry-after=%v; want retryable and about 2s", le.Retryable(), le.RetryAfter)
 	}
 	metrics.want(t, map[string]int{"billing claimed": 1, "billing in_progress": 1, "billing rate_limited": 1})

@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/grpc/metadata"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Tokens authenticates bearer tokens ("authorization: Bearer <token>")
@@ -96,5 +96,5 @@ func (t *Tokens) Authenticate(ctx context.Context) (Principal, error) {
 			return t.entries[found].principal, nil
 		}
 	}
-	return Principal{}, ledger.Errorf(ledger.CodeUnauthenticated, "missing or unknown bearer token")
+	return Principal{}, errcode.Errorf(errcode.Unauthenticated, "missing or unknown bearer token")
 }

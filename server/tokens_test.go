@@ -12,6 +12,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -41,16 +42,16 @@ func TestBearerTokens(t *testing.T) {
 	}
 	tests := []struct {
 		name, auth, tenant string
-		want               ledger.Code
+		want               errcode.Code
 	}{
-		{"NoToken", "", "acme", ledger.CodeUnauthenticated},
-		{"UnknownToken", "Bearer guess", "acme", ledger.CodeUnauthenticated},
-		{"HashIsNoToken", "Bearer " + strings.TrimPrefix(server.HashToken("s3cret-billing"), "sha256:"), "acme", ledger.CodeUnauthenticated},
-		{"WrongScheme", "Basic s3cret-billing", "acme", ledger.CodeUnauthenticated},
-		{"AllowedTenant", "Bearer s3cret-billing", "acme", ledger.CodeNotFound},
-		{"LowercaseScheme", "bearer s3cret-billing", "globex", ledger.CodeNotFound},
-		{"OtherTenant", "Bearer s3cret-billing", "initech", ledger.CodePermissionDenied},
-		{"Wildcard", "Bearer s3cret-ops", "initech", ledger.CodeNotFound},
+		{"NoToken", "", "acme", errcode.Unauthenticated},
+		{"UnknownToken", "Bearer guess", "acme", errcode.Unauthenticated},
+		{"HashIsNoToken", "Bearer " + strings.TrimPrefix(server.HashToken("s3cret-billing"), "sha256:"), "acme", errcode.Unauthenticated},
+		{"WrongScheme", "Basic s3cret-billing", "acme", errcode.Unauthenticated},
+		{"AllowedTenant", "Bearer s3cret-billing", "acme", errcode.NotFound},
+		{"LowercaseScheme", "bearer s3cret-billing", "globex", errcode.NotFound},
+		{"OtherTenant", "Bearer s3cret-billing", "initech", errcode.PermissionDenied},
+		{"Wildcard", "Bearer s3cret-ops", "initech", errcode.NotFound},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { ledgertest.WantStatus(t, call(tt.auth, tt.tenant), tt.want) })
@@ -60,7 +61,7 @@ func TestBearerTokens(t *testing.T) {
 			t.Errorf("ParseTokens(%q) accepted it", bad)
 		}
 	}
-	if _, err := tokens.Authenticate(context.Background()); ledger.CodeOf(err) != ledger.CodeUnauthenticated {
+	if _, err := tokens.Authenticate(context.Background()); errcode.Of(err) != errcode.Unauthenticated {
 		t.Fatalf("no metadata = %v", err)
 	}
 }

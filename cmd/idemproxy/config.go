@@ -187,9 +187,9 @@ func (p policyConfig) policy() (guard.Policy, error) {
 	}
 	switch strings.ToLower(p.OnLeaseExpiry) {
 	case "", "takeover":
-		g.OnLeaseExpiry = ledger.Takeover
+		g.OnLeaseExpiry = guard.Takeover
 	case "hold":
-		g.OnLeaseExpiry = ledger.Hold
+		g.OnLeaseExpiry = guard.Hold
 	default:
 		return g, fmt.Errorf("on_lease_expiry is takeover or hold, not %q", p.OnLeaseExpiry)
 	}

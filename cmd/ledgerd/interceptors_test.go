@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -60,7 +60,7 @@ func TestInterceptorsRecoverLogAndCount(t *testing.T) {
 	client := ledgerv1.NewLedgerServiceClient(conn)
 
 	_, err := client.Begin(t.Context(), &ledgerv1.BeginRequest{})
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeInternal || strings.Contains(err.Error(), "handler bug") {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.Internal || strings.Contains(err.Error(), "handler bug") {
 		t.Fatalf("a panic = %v, want INTERNAL without the panic's text", err)
 	}
 	if _, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{}); status.Code(err) != codes.Unimplemented {

@@ -35,8 +35,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -267,7 +267,7 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 		t.Fatalf("the claim in flight at kill -9: %v, %v; want IN_PROGRESS", look, err)
 	}
 	_, err = client.Begin(t.Context(), begin("inv-2"))
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeInProgress {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.InProgress {
 		t.Fatalf("Begin of the key in flight = %v, want IN_PROGRESS", err)
 	}
 }
@@ -338,7 +338,7 @@ func TestBearerTokensEndToEnd(t *testing.T) {
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	_, err := client.Begin(t.Context(), begin("k"))
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeUnauthenticated {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.Unauthenticated {
 		t.Fatalf("no token: %v", err)
 	}
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer billing-secret")
@@ -348,7 +348,7 @@ func TestBearerTokensEndToEnd(t *testing.T) {
 	other := begin("k")
 	other.Tenant = "globex"
 	_, err = client.Begin(ctx, other)
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodePermissionDenied {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.PermissionDenied {
 		t.Fatalf("another tenant: %v", err)
 	}
 	if reflects(t, conn) {
@@ -427,9 +427,9 @@ func TestRefusesBadConfiguration(t *testing.T) {
 func TestTombstoneRetentionFlag(t *testing.T) {
 	for name, tt := range map[string]struct {
 		args []string
-		want ledger.Code // of the Begin after the retention; 0: a claim
+		want errcode.Code // of the Begin after the retention; 0: a claim
 	}{
-		"Default": {want: ledger.CodeKeyExpired},
+		"Default": {want: errcode.KeyExpired},
 		"Off":     {args: []string{"--tombstone-retention", "0"}},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -471,7 +471,7 @@ func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
 	}
 	_, err = ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("k"))
 	le := ledgerstatus.FromError(err)
-	if le == nil || le.Code != ledger.CodeUnavailable || !le.Retryable() || le.RetryAfter <= 0 {
+	if le == nil || le.Code != errcode.Unavailable || !le.Retryable() || le.RetryAfter <= 0 {
 		t.Fatalf("Begin without a database = %v, want UNAVAILABLE with a retry-after", err)
 	}
 	for _, secret := range []string{"127.0.0.1", ":1", "postgres", "ledger@", "dial", "connect"} {
@@ -575,11 +575,11 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 		return err
 	}
 	err = call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/billing"}}))
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeNotFound {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.NotFound {
 		t.Fatalf("with the billing certificate: %v, want NOT_FOUND", err)
 	}
 	err = call(ca.Issue(t, servertest.Leaf{URIs: []string{"spiffe://platform.test/other"}}))
-	if le := ledgerstatus.FromError(err); le == nil || le.Code != ledger.CodeUnauthenticated {
+	if le := ledgerstatus.FromError(err); le == nil || le.Code != errcode.Unauthenticated {
 		t.Fatalf("with an unknown certificate: %v, want UNAUTHENTICATED", err)
 	}
 	if err := call(); status.Code(err) != codes.Unavailable {
@@ -605,7 +605,7 @@ func TestMessageSizeLimit(t *testing.T) {
 	for _, size := range []int{4096, 80000} {
 		big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, size)}}}
 		_, err = client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: res.GetClaim().GetToken(), Outcome: big})
-		if le := ledgerstatus.FromError(err); le.Code != ledger.CodeOutcomeTooLarge || le.Retryable() {
+		if le := ledgerstatus.FromError(err); le.Code != errcode.OutcomeTooLarge || le.Retryable() {
 			t.Fatalf("a %d-byte outcome over the limits = %v (%+v), want a permanent OUTCOME_TOO_LARGE", size, err, le)
 		}
 	}
@@ -681,12 +681,12 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 	conn := p.dial(t)
 	p.waitServing(t, conn)
 	client := ledgerv1.NewLedgerServiceClient(conn)
-	lookup := func(token string) ledger.Code {
+	lookup := func(token string) errcode.Code {
 		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token)
 		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 		return ledgerstatus.FromError(err).Code
 	}
-	if lookup("old-secret") != ledger.CodeNotFound || lookup("new-secret") != ledger.CodeUnauthenticated {
+	if lookup("old-secret") != errcode.NotFound || lookup("new-secret") != errcode.Unauthenticated {
 		t.Fatal("before the reload: want the old token accepted and the new one refused")
 	}
 	hup := func(want string) {
@@ -703,12 +703,12 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 	}
 	write("new-secret", 0o600)
 	hup("credentials reloaded")
-	if lookup("old-secret") != ledger.CodeUnauthenticated || lookup("new-secret") != ledger.CodeNotFound {
+	if lookup("old-secret") != errcode.Unauthenticated || lookup("new-secret") != errcode.NotFound {
 		t.Fatal("after the reload: want the new token accepted and the old one refused")
 	}
 	write("third-secret", 0o622)
 	hup("credentials not reloaded")
-	if lookup("new-secret") != ledger.CodeNotFound || lookup("third-secret") != ledger.CodeUnauthenticated {
+	if lookup("new-secret") != errcode.NotFound || lookup("third-secret") != errcode.Unauthenticated {
 		t.Fatal("after a failed reload: want the tokens in force kept")
 	}
 }
@@ -795,7 +795,7 @@ func TestPreAuthenticationBounds(t *testing.T) {
 	if _, err := client.Lookup(big, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); err == nil {
 		t.Fatal("a call with 256 KiB of metadata was served")
 	}
-	if _, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+	if _, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledgerstatus.FromError(err).Code != errcode.NotFound {
 		t.Fatalf("after the refused call: %v", err)
 	}
 
@@ -824,7 +824,7 @@ func TestPreAuthenticationBounds(t *testing.T) {
 	_ = raw.Close() // a place frees up: the waiting connection is served
 	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if _, err := ledgerv1.NewLedgerServiceClient(third).Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.WaitForReady(true)); ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+	if _, err := ledgerv1.NewLedgerServiceClient(third).Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}, grpc.WaitForReady(true)); ledgerstatus.FromError(err).Code != errcode.NotFound {
 		t.Fatalf("once a connection closed: %v", err)
 	}
 	if !strings.Contains(p.logs(), `"logger":"grpc"`) {
@@ -858,7 +858,7 @@ func TestLogsDoNotAmplify(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("once"))
-		ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+		ledgertest.WantStatus(t, err, errcode.Unavailable)
 		time.Sleep(100 * time.Millisecond)
 		var lines []string
 		for _, line := range strings.Split(p.logs(), "\n") {
@@ -879,7 +879,7 @@ func TestLogsDoNotAmplify(t *testing.T) {
 		client := ledgerv1.NewLedgerServiceClient(p.dial(t))
 		for range 100 {
 			_, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
-			ledgertest.WantStatus(t, err, ledger.CodeUnauthenticated)
+			ledgertest.WantStatus(t, err, errcode.Unauthenticated)
 		}
 		time.Sleep(100 * time.Millisecond)
 		n := 0

@@ -41,6 +41,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server"
 )
@@ -468,7 +469,7 @@ func (r *refusals) note(ctx context.Context, err error) {
 func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
 	return func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in a handler", "panic", p, "stack", string(debug.Stack()))
-		return ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "internal error"))
+		return ledgerstatus.Err(errcode.Errorf(errcode.Internal, "internal error"))
 	}
 }
 

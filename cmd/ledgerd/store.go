@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
@@ -80,7 +81,7 @@ func newLateStore(cfg config, log *slog.Logger) *lateStore {
 
 var _ store = (*lateStore)(nil)
 
-var errNotOpen = &ledger.Error{Code: ledger.CodeUnavailable, Message: "the ledger's store is not open yet", RetryAfter: time.Second}
+var errNotOpen = &errcode.Error{Code: errcode.Unavailable, Message: "the ledger's store is not open yet", RetryAfter: time.Second}
 
 func (l *lateStore) get() (store, error) {
 	if s := l.s.Load(); s != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -71,7 +72,7 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 				}
 				for range 2 {
 					_, err = client.CreateInvoice(t.Context(), request("big"))
-					le := ledgertest.WantStatus(t, err, ledger.CodeOutcomeTooLarge)
+					le := ledgertest.WantStatus(t, err, errcode.OutcomeTooLarge)
 					if le.Retryable() || le.Metadata["applied"] != "true" || !strings.Contains(le.Message, "the call ran") {
 						t.Fatalf("a retry got %+v; want a permanent OUTCOME_TOO_LARGE that says the call ran", le)
 					}
@@ -113,7 +114,7 @@ func TestFailClosedIsOneAnswer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		defer cancel()
 		_, err = client.CreateInvoice(ctx, request("k"))
-		le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+		le := ledgertest.WantStatus(t, err, errcode.Unavailable)
 		if !le.Retryable() || le.RetryAfter != time.Second {
 			t.Fatalf("%+v: want retryable after 1s", le)
 		}

@@ -17,7 +17,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/protofield"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -112,7 +112,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
-		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "the request is not a protobuf message"))
+		return nil, i.fail(ctx, errcode.Errorf(errcode.Internal, "the request is not a protobuf message"))
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = guard.Continue(ctx, metadataCarrier(md))
@@ -120,8 +120,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if call.Key != "" {
 		tenant, err := i.opts.tenant(ctx, msg)
 		if err != nil {
-			if le := (*ledger.Error)(nil); !errors.As(err, &le) {
-				err = ledger.Errorf(ledger.CodeValidationFailed, "the call names no tenant")
+			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
 			}
 			return nil, i.fail(ctx, err)
 		}
@@ -182,13 +182,13 @@ func firstAttempt(ctx context.Context) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, v[0])
 	if err != nil {
-		return time.Time{}, ledger.Errorf(ledger.CodeValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader)
+		return time.Time{}, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader)
 	}
 	return t, nil
 }
 
 func (i *interceptor) fail(ctx context.Context, err error) error {
-	le := ledger.AsError(err)
+	le := errcode.As(err)
 	ledgerstatus.SetPushback(ctx, le)
 	return ledgerstatus.Err(le)
 }
@@ -204,12 +204,12 @@ func (i *interceptor) replay(ctx context.Context, m *method, out guard.Outcome) 
 	want := m.output.Descriptor().FullName()
 	if got := out.Response.GetTypeUrl(); got[strings.LastIndexByte(got, '/')+1:] != string(want) {
 		i.guard.Logger().ErrorContext(ctx, "stored response of another type", "stored", got, "want", want)
-		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "internal error"))
+		return nil, i.fail(ctx, errcode.Errorf(errcode.Internal, "internal error"))
 	}
 	resp := m.output.New().Interface()
 	if err := proto.Unmarshal(out.Response.GetValue(), resp); err != nil {
 		i.guard.Logger().ErrorContext(ctx, "stored response does not parse", "error", err)
-		return nil, i.fail(ctx, ledger.Errorf(ledger.CodeInternal, "internal error"))
+		return nil, i.fail(ctx, errcode.Errorf(errcode.Internal, "internal error"))
 	}
 	return resp, nil
 }

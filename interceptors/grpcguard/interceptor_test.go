@@ -26,7 +26,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -196,7 +196,7 @@ func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	changed := request("k")
 	changed.LineItems[0].Quantity = 4
 	_, err := client.CreateInvoice(t.Context(), changed)
-	le := ledgertest.WantStatus(t, err, ledger.CodeKeyReused)
+	le := ledgertest.WantStatus(t, err, errcode.KeyReused)
 	if le.Metadata["method"] != createInvoice || le.Retryable() {
 		t.Fatalf("KEY_REUSED metadata %v retryable %v", le.Metadata, le.Retryable())
 	}
@@ -235,7 +235,7 @@ func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 		switch {
 		case errs[i] == nil:
 			won++
-		case ledgerstatus.FromError(errs[i]).Code == ledger.CodeInProgress:
+		case ledgerstatus.FromError(errs[i]).Code == errcode.InProgress:
 			inProgress++
 			if le := ledgerstatus.FromError(errs[i]); !le.Retryable() || le.RetryAfter <= 0 {
 				t.Fatalf("IN_PROGRESS without a retry-after: %v", errs[i])
@@ -321,7 +321,7 @@ func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 		t.Fatalf("the panicking attempt = %v", err)
 	}
 	_, err := client.CreateInvoice(t.Context(), request("k"))
-	ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+	ledgertest.WantStatus(t, err, errcode.InProgress)
 	time.Sleep(400 * time.Millisecond)
 	res, err := client.CreateInvoice(t.Context(), request("k"))
 	if err != nil || res.GetInvoice().GetNumber() != 2 {
@@ -350,7 +350,7 @@ func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	client := serve(t, api.client(t, down), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	var trailer metadata.MD
 	_, err = client.CreateInvoice(t.Context(), request("k"), grpc.Trailer(&trailer))
-	le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+	le := ledgertest.WantStatus(t, err, errcode.Unavailable)
 	if !le.Retryable() || le.RetryAfter <= 0 || len(trailer.Get(ledgerstatus.PushbackTrailer)) != 1 {
 		t.Fatalf("UNAVAILABLE retryable=%v retry-after=%v trailer=%v", le.Retryable(), le.RetryAfter, trailer)
 	}
@@ -375,7 +375,7 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	for range 3 {
 		time.Sleep(200 * time.Millisecond)
 		_, err := client.CreateInvoice(t.Context(), request("k"))
-		ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+		ledgertest.WantStatus(t, err, errcode.InProgress)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -392,19 +392,19 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
 	strict := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
 	_, err := strict.CreateInvoice(t.Context(), request(""))
-	ledgertest.WantStatus(t, err, ledger.CodeKeyMissing)
+	ledgertest.WantStatus(t, err, errcode.KeyMissing)
 	_, err = strict.CreateInvoice(t.Context(), request("bad key"))
-	ledgertest.WantStatus(t, err, ledger.CodeKeyInvalid)
+	ledgertest.WantStatus(t, err, errcode.KeyInvalid)
 	noTenant := request("k")
 	noTenant.Tenant = ""
 	_, err = strict.CreateInvoice(t.Context(), noTenant)
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 	old := metadata.AppendToOutgoingContext(t.Context(), grpcguard.FirstAttemptHeader, time.Now().Add(-9*24*time.Hour).Format(time.RFC3339Nano))
 	_, err = strict.CreateInvoice(old, request("k-old"))
-	ledgertest.WantStatus(t, err, ledger.CodeRetryTooLate)
+	ledgertest.WantStatus(t, err, errcode.RetryTooLate)
 	bad := metadata.AppendToOutgoingContext(t.Context(), grpcguard.FirstAttemptHeader, "yesterday")
 	_, err = strict.CreateInvoice(bad, request("k-bad"))
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 	if svc.runs.Load() != 0 {
 		t.Fatalf("the handler ran %d times on refused calls", svc.runs.Load())
 	}
@@ -412,7 +412,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	// The tenant from a header instead of the request.
 	byHeader := serve(t, api.client(t, ledgerConn(t)), svc, append(protect(grpcguard.Method{Policy: guard.Policy{}}), grpcguard.WithTenant(grpcguard.TenantFromHeader("x-tenant")))...)
 	_, err = byHeader.CreateInvoice(t.Context(), request("k-h"))
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 	hctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "globex")
 	if _, err := byHeader.CreateInvoice(hctx, request("k-h")); err != nil || svc.runs.Load() != 1 {
 		t.Fatalf("tenant from the header: %v, %d runs", err, svc.runs.Load())

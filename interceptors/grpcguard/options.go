@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/protofield"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Header names the interceptor reads and writes.
@@ -45,7 +45,7 @@ type Method struct {
 type ReconcileFunc func(ctx context.Context, req proto.Message) (proto.Message, error)
 
 // TenantFunc returns the tenant a call acts for. An error that is not a
-// *ledger.Error fails the call with VALIDATION_FAILED.
+// *errcode.Error fails the call with VALIDATION_FAILED.
 type TenantFunc func(ctx context.Context, req proto.Message) (string, error)
 
 // TenantFromField reads the tenant from a top-level string field of the
@@ -55,7 +55,7 @@ func TenantFromField(name protoreflect.Name) TenantFunc {
 		if s := protofield.String(req, name); s != "" {
 			return s, nil
 		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the request has no %s", name)
+		return "", errcode.Errorf(errcode.ValidationFailed, "the request has no %s", name)
 	}
 }
 
@@ -65,7 +65,7 @@ func TenantFromHeader(name string) TenantFunc {
 		if v := metadata.ValueFromIncomingContext(ctx, name); len(v) > 0 && v[0] != "" {
 			return v[0], nil
 		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s header", name)
+		return "", errcode.Errorf(errcode.ValidationFailed, "the call has no %s header", name)
 	}
 }
 

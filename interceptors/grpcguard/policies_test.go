@@ -20,7 +20,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -131,7 +131,7 @@ func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 			}
 			// IN_PROGRESS, retryable with a hint, before the caller's
 			// deadline: not DEADLINE_EXCEEDED.
-			if le := ledgertest.WantStatus(t, err2, ledger.CodeInProgress); !le.Retryable() || le.RetryAfter <= 0 {
+			if le := ledgertest.WantStatus(t, err2, errcode.InProgress); !le.Retryable() || le.RetryAfter <= 0 {
 				t.Fatalf("IN_PROGRESS retryable=%v retry-after=%v", le.Retryable(), le.RetryAfter)
 			}
 		})
@@ -148,7 +148,7 @@ func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
 	defer wg.Wait()
 	time.Sleep(50 * time.Millisecond)
 	_, err := client.CreateInvoice(t.Context(), request("k"))
-	le := ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+	le := ledgertest.WantStatus(t, err, errcode.InProgress)
 	// The hint is the time left on the lease, capped by the ledger (2 s).
 	if le.RetryAfter < time.Second || le.RetryAfter > 5*time.Second {
 		t.Fatalf("retry-after %v, want the lease's time left, capped", le.RetryAfter)
@@ -166,14 +166,14 @@ func resolvable(t *testing.T, api ledgerAPI) (client testpb.InvoiceServiceClient
 		}
 		return written(n, req), nil
 	}}
-	client = serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: ledger.Hold}})...)
+	client = serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: guard.Hold}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	for range 2 {
 		_, err := client.CreateInvoice(t.Context(), request("k"))
-		le := ledgertest.WantStatus(t, err, ledger.CodeOutcomeUnknown)
+		le := ledgertest.WantStatus(t, err, errcode.OutcomeUnknown)
 		if le.Retryable() || le.Metadata["attempt"] != "1" || le.Metadata["leaseExpiredAt"] == "" {
 			t.Fatalf("OUTCOME_UNKNOWN retryable=%v metadata=%v", le.Retryable(), le.Metadata)
 		}
@@ -214,7 +214,7 @@ func testHoldThenResolveApplied(t *testing.T, api ledgerAPI) {
 	}
 	// A settled record is not resolved twice.
 	_, err = ops.Resolve(t.Context(), &ledgerv1.ResolveRequest{Tenant: "acme", Key: "k", Resolution: &ledgerv1.ResolveRequest_NotApplied{NotApplied: &ledgerv1.NotApplied{}}})
-	ledgertest.WantStatus(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 }
 
 func TestHoldThenResolveNotApplied(t *testing.T) { forEachAPI(t, testHoldThenResolveNotApplied) }
@@ -322,7 +322,7 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	down = true
 	mu.Unlock()
 	_, err = client.CreateInvoice(t.Context(), request("k3"))
-	if le := ledgertest.WantStatus(t, err, ledger.CodeUnavailable); !le.Retryable() || svc.runs.Load() != 4 {
+	if le := ledgertest.WantStatus(t, err, errcode.Unavailable); !le.Retryable() || svc.runs.Load() != 4 {
 		t.Fatalf("cannot tell: retryable=%v, %d runs", le.Retryable(), svc.runs.Load())
 	}
 	mu.Lock()
@@ -346,13 +346,13 @@ func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
 	}
 	time.Sleep(400 * time.Millisecond)
 	_, err := client.CreateInvoice(t.Context(), request("k"))
-	if le := ledgertest.WantStatus(t, err, ledger.CodeKeyExpired); le.Retryable() {
+	if le := ledgertest.WantStatus(t, err, errcode.KeyExpired); le.Retryable() {
 		t.Fatal("KEY_EXPIRED is retryable")
 	}
 	changed := request("k")
 	changed.Currency = "USD"
 	_, err = client.CreateInvoice(t.Context(), changed)
-	ledgertest.WantStatus(t, err, ledger.CodeKeyReused)
+	ledgertest.WantStatus(t, err, errcode.KeyReused)
 	rec, err := ledgerv1.NewLedgerServiceClient(conn).Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 	if err != nil || rec.GetRecord().GetState() != ledgerv1.State_STATE_EXPIRED || rec.GetRecord().GetOutcome() != nil {
 		t.Fatalf("Lookup of a tombstone = %v, %v; want EXPIRED without an outcome", rec, err)

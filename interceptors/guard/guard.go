@@ -24,7 +24,7 @@
 //     leaves the lease to run out. Complete and Release run detached from
 //     the caller's context, with their own timeout and retries.
 //
-// The guard's errors are *ledger.Error values: the adapter encodes them
+// The guard's errors are *errcode.Error values: the adapter encodes them
 // in its transport (a gRPC status, an MCP tool error, an HTTP problem).
 package guard
 
@@ -50,6 +50,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -57,9 +58,9 @@ import (
 // when the ledger cannot be reached at Begin.
 const unreachableRetryAfter = time.Second
 
-// DefaultMaxWait bounds how long a duplicate waits, under the Wait
+// defaultMaxWait bounds how long a duplicate waits, under the Wait
 // policy, for the attempt in progress (besides the caller's deadline).
-const DefaultMaxWait = 10 * time.Second
+const defaultMaxWait = 10 * time.Second
 
 // Call is one call of a protected method, in the guard's terms. The
 // adapter fills Tenant, Fingerprint and FirstAttemptAt only for a call
@@ -195,7 +196,7 @@ func (g *Guard) Logger() *slog.Logger { return g.opts.log }
 
 // Do runs call under the ledger: run is called at most once, and only
 // under a claim (or, for a call without a key whose policy makes the key
-// optional, unprotected). Its errors are *ledger.Error.
+// optional, unprotected). Its errors are *errcode.Error.
 func (g *Guard) Do(ctx context.Context, call Call, run RunFunc) (Result, error) {
 	// The call's span: the ledger's calls and the run go under it. It
 	// continues the caller's trace (the adapter's context carries it).
@@ -212,14 +213,14 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 			out, err := run(ctx)
 			if err != nil {
 				g.opts.log.ErrorContext(ctx, "an unprotected call's result cannot be encoded", "method", call.Method, "error", err)
-				return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+				return Result{}, errcode.Errorf(errcode.Internal, "internal error")
 			}
 			return Result{Outcome: out}, nil
 		}
-		return Result{}, ledger.Errorf(ledger.CodeKeyMissing, "the call has no idempotency key")
+		return Result{}, errcode.Errorf(errcode.KeyMissing, "the call has no idempotency key")
 	}
 	if call.Tenant == "" {
-		return Result{}, ledger.Errorf(ledger.CodeValidationFailed, "the call names no tenant")
+		return Result{}, errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
 	}
 	req, err := call.begin()
 	if err != nil {
@@ -230,13 +231,13 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 		res, err := g.ledger.Begin(ctx, req)
 		if err != nil {
 			err = g.beginError(ctx, err)
-			if ledger.CodeOf(err) != ledger.CodeInProgress || call.Policy.OnInProgress != Wait {
+			if errcode.Of(err) != errcode.InProgress || call.Policy.OnInProgress != Wait {
 				return Result{}, err
 			}
 			if waitUntil.IsZero() {
 				waitUntil = waitBound(ctx, call.Policy.maxWait())
 			}
-			if !g.wait(ctx, call, ledger.AsError(err), waitUntil) {
+			if !g.wait(ctx, call, errcode.As(err), waitUntil) {
 				return Result{}, err
 			}
 			continue
@@ -246,7 +247,7 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 			out, err := fromWire(r.Replay.GetOutcome())
 			if err != nil {
 				g.opts.log.ErrorContext(ctx, "the ledger replayed an outcome that does not decode", "method", call.Method, "error", err)
-				return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+				return Result{}, errcode.Errorf(errcode.Internal, "internal error")
 			}
 			return Result{Outcome: out, Replayed: true, Protected: true}, nil
 		case *ledgerv1.BeginResponse_Claim:
@@ -256,7 +257,7 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 			}
 			return g.run(ctx, call, c, run)
 		}
-		return Result{}, ledger.Errorf(ledger.CodeInternal, "the ledger's answer to Begin is neither a claim nor a replay")
+		return Result{}, errcode.Errorf(errcode.Internal, "the ledger's answer to Begin is neither a claim nor a replay")
 	}
 }
 
@@ -264,7 +265,7 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 	p := call.Policy
 	if err := p.check(); err != nil {
-		return nil, ledger.Wrap(ledger.CodeInternal, err, "internal error")
+		return nil, errcode.Wrap(errcode.Internal, err, "internal error")
 	}
 	req := &ledgerv1.BeginRequest{
 		Tenant:      call.Tenant,
@@ -277,7 +278,7 @@ func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 	if !call.FirstAttemptAt.IsZero() {
 		req.FirstAttemptAt = timestamppb.New(call.FirstAttemptAt)
 	}
-	if p.OnLeaseExpiry == ledger.Hold {
+	if p.OnLeaseExpiry == Hold {
 		req.OnLeaseExpiry = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD
 	}
 	switch {
@@ -294,19 +295,19 @@ func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 // closed) and the write service's own credential problems are INTERNAL.
 func (g *Guard) beginError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return ledger.Wrap(ledger.CodeUpstreamTimeout, err, "the call ended before the ledger answered")
+		return errcode.Wrap(errcode.UpstreamTimeout, err, "the call ended before the ledger answered")
 	}
 	le := ledgerstatus.FromError(err)
-	if !ledgerstatus.IsTyped(err) || le.Code == ledger.CodeUnavailable {
+	if !ledgerstatus.IsTyped(err) || le.Code == errcode.Unavailable {
 		// Fail closed, with one answer whatever the path: the connection
 		// failed (untyped), the stream client could not reach the ledger,
 		// or the ledger could not reach its store.
 		g.opts.log.WarnContext(ctx, "idempotency ledger unreachable: failing closed", "error", err)
-		return &ledger.Error{Code: ledger.CodeUnavailable, Message: "the idempotency ledger is unreachable", RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
+		return &errcode.Error{Code: errcode.Unavailable, Message: "the idempotency ledger is unreachable", RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
 	}
-	if le.Code == ledger.CodeUnauthenticated {
+	if le.Code == errcode.Unauthenticated {
 		g.opts.log.ErrorContext(ctx, "the idempotency ledger refused this service's credentials", "error", err)
-		return ledger.Wrap(ledger.CodeInternal, err, "internal error")
+		return errcode.Wrap(errcode.Internal, err, "internal error")
 	}
 	return le
 }
@@ -374,9 +375,9 @@ func endSpan(span trace.Span, res Result, err error) {
 	result := "ran"
 	switch {
 	case err != nil:
-		le := ledger.AsError(err)
+		le := errcode.As(err)
 		result = strings.ToLower(le.Code.String())
-		if le.Code == ledger.CodeInternal || le.Code == ledger.CodeUnavailable {
+		if le.Code == errcode.Internal || le.Code == errcode.Unavailable {
 			span.SetStatus(otelcodes.Error, le.Code.String())
 		}
 	case !res.Protected:

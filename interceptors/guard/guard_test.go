@@ -17,7 +17,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -103,7 +103,7 @@ func TestOutcomeClasses(t *testing.T) {
 		}
 		before := runs.Load()
 		_, err := g.Do(t.Context(), call(key), counted(&runs, guard.Outcome{}, runErr))
-		ledgertest.WantCode(t, err, ledger.CodeInternal)
+		ledgertest.WantCode(t, err, errcode.Internal)
 		res, err := g.Do(t.Context(), call(key), counted(&runs, jsonResult("{}"), nil))
 		if err != nil || !res.Replayed || res.Outcome.Status.Code() != codes.Internal || runs.Load() != before+1 {
 			t.Fatalf("%s: retry = %+v, %v, %d runs", key, res, err, runs.Load()-before)
@@ -117,7 +117,7 @@ func TestKeyOptionalAndRefusals(t *testing.T) {
 	run := func(context.Context) (guard.Outcome, error) { runs.Add(1); return jsonResult("{}"), nil }
 	keyless := call("")
 	_, err := g.Do(t.Context(), keyless, run)
-	ledgertest.WantCode(t, err, ledger.CodeKeyMissing)
+	ledgertest.WantCode(t, err, errcode.KeyMissing)
 	keyless.Policy.KeyOptional = true
 	if res, err := g.Do(t.Context(), keyless, run); err != nil || res.Protected || runs.Load() != 1 {
 		t.Fatalf("keyless, optional = %+v, %v", res, err)
@@ -125,15 +125,15 @@ func TestKeyOptionalAndRefusals(t *testing.T) {
 	noTenant := call("k")
 	noTenant.Tenant = ""
 	_, err = g.Do(t.Context(), noTenant, run)
-	ledgertest.WantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantCode(t, err, errcode.ValidationFailed)
 	badPolicy := call("k")
 	badPolicy.Policy.Lease = -time.Second
 	_, err = g.Do(t.Context(), badPolicy, run)
-	ledgertest.WantCode(t, err, ledger.CodeInternal)
+	ledgertest.WantCode(t, err, errcode.Internal)
 	badMethod := call("k")
 	badMethod.Method = "tools/\x00"
 	_, err = g.Do(t.Context(), badMethod, run)
-	ledgertest.WantCode(t, err, ledger.CodeValidationFailed)
+	ledgertest.WantCode(t, err, errcode.ValidationFailed)
 	if runs.Load() != 1 {
 		t.Fatalf("%d runs on refused calls", runs.Load()-1)
 	}
@@ -166,7 +166,7 @@ func TestPolicyCheck(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if err := (guard.Policy{OnInProgress: guard.Reject, OnLeaseExpiry: ledger.Hold, MaxWait: time.Second}).Check(); err != nil {
+	if err := (guard.Policy{OnInProgress: guard.Reject, OnLeaseExpiry: guard.Hold, MaxWait: time.Second}).Check(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -180,25 +180,25 @@ func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
 	unknown := func(context.Context) (guard.Outcome, error) {
 		return guard.Outcome{}, fmt.Errorf("the upstream hung up after the request: %w", guard.ErrOutcomeUnknown)
 	}
-	for _, p := range []ledger.LeaseExpiry{ledger.Takeover, ledger.Hold} {
+	for _, p := range []guard.LeaseExpiry{guard.Takeover, guard.Hold} {
 		c := call("unknown-" + p.String())
 		c.Policy = guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: p, OnInProgress: guard.Reject}
 		_, err := g.Do(t.Context(), c, unknown)
-		if le := ledgertest.WantCode(t, err, ledger.CodeUnavailable); le.RetryAfter <= 0 {
+		if le := ledgertest.WantCode(t, err, errcode.Unavailable); le.RetryAfter <= 0 {
 			t.Fatalf("%s: UNAVAILABLE without a retry-after", p)
 		}
 		var runs atomic.Int64
 		_, err = g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
-		ledgertest.WantCode(t, err, ledger.CodeInProgress)
+		ledgertest.WantCode(t, err, errcode.InProgress)
 		time.Sleep(250 * time.Millisecond)
 		res, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
 		switch p {
-		case ledger.Takeover:
+		case guard.Takeover:
 			if err != nil || res.Replayed || runs.Load() != 1 {
 				t.Fatalf("TAKEOVER after the lease: %+v, %v, %d runs", res, err, runs.Load())
 			}
-		case ledger.Hold:
-			ledgertest.WantCode(t, err, ledger.CodeOutcomeUnknown)
+		case guard.Hold:
+			ledgertest.WantCode(t, err, errcode.OutcomeUnknown)
 			if runs.Load() != 0 {
 				t.Fatal("HOLD ran again")
 			}
@@ -237,10 +237,10 @@ func TestTypedDo(t *testing.T) {
 		t.Fatalf("fn ran %d times, want 1", runs.Load())
 	}
 
-	refused := &ledger.Error{Code: ledger.CodeValidationFailed, Message: "no such customer"}
+	refused := &errcode.Error{Code: errcode.ValidationFailed, Message: "no such customer"}
 	for i := range 2 {
 		_, err := guard.Do(t.Context(), g, call("typed-2"), create("inv_2", refused))
-		if le := ledger.AsError(err); le == nil || le.Code != ledger.CodeValidationFailed || le.Message != "no such customer" {
+		if le := errcode.As(err); le == nil || le.Code != errcode.ValidationFailed || le.Message != "no such customer" {
 			t.Fatalf("try %d: Do = %v, want the stored VALIDATION_FAILED", i, err)
 		}
 	}

@@ -3,8 +3,6 @@ package guard
 import (
 	"fmt"
 	"time"
-
-	"github.com/idemledger/idemledger/ledger"
 )
 
 // InProgress is what a duplicate gets while the first attempt runs.
@@ -32,6 +30,29 @@ func (p InProgress) String() string {
 	return fmt.Sprintf("InProgress(%d)", uint8(p))
 }
 
+// LeaseExpiry is what happens when an attempt's lease runs out with no
+// outcome. It is sent with Begin and stored with the record at its first
+// claim.
+type LeaseExpiry uint8
+
+const (
+	// Takeover (the default): the next attempt runs, with a higher token.
+	Takeover LeaseExpiry = iota
+	// Hold turns the record OUTCOME_UNKNOWN, and nothing runs again until
+	// someone resolves it.
+	Hold
+)
+
+func (e LeaseExpiry) String() string {
+	switch e {
+	case Takeover:
+		return "TAKEOVER"
+	case Hold:
+		return "HOLD"
+	}
+	return fmt.Sprintf("LeaseExpiry(%d)", uint8(e))
+}
+
 // Policy is how one method is protected.
 type Policy struct {
 	// Lease is how long an attempt holds the key before another may take
@@ -54,14 +75,14 @@ type Policy struct {
 	// OnInProgress is what a duplicate gets while the first attempt runs:
 	// Wait (the zero value) or Reject.
 	OnInProgress InProgress
-	// MaxWait bounds a duplicate's wait under Wait; 0 means DefaultMaxWait.
+	// MaxWait bounds a duplicate's wait under Wait; 0 means 10 s.
 	MaxWait time.Duration
 	// OnLeaseExpiry is what happens when an attempt's lease runs out with
-	// no outcome: ledger.Takeover (the next attempt runs, with a higher
-	// token) or ledger.Hold (the record turns OUTCOME_UNKNOWN until
+	// no outcome: Takeover (the next attempt runs, with a higher
+	// token) or Hold (the record turns OUTCOME_UNKNOWN until
 	// someone resolves it). It is stored with the record at its first
 	// claim.
-	OnLeaseExpiry ledger.LeaseExpiry
+	OnLeaseExpiry LeaseExpiry
 }
 
 // Check reports a policy that cannot be used.
@@ -73,7 +94,7 @@ func (p Policy) check() error {
 		return fmt.Errorf("guard: negative lease, retention or wait")
 	case p.OnInProgress > Reject:
 		return fmt.Errorf("guard: unknown in-progress policy %s", p.OnInProgress)
-	case p.OnLeaseExpiry > ledger.Hold:
+	case p.OnLeaseExpiry > Hold:
 		return fmt.Errorf("guard: unknown lease-expiry policy %s", p.OnLeaseExpiry)
 	case p.NoTombstones && p.TombstoneRetention > 0:
 		return fmt.Errorf("guard: a tombstone retention with tombstones off")
@@ -83,7 +104,7 @@ func (p Policy) check() error {
 
 func (p Policy) maxWait() time.Duration {
 	if p.MaxWait <= 0 {
-		return DefaultMaxWait
+		return defaultMaxWait
 	}
 	return p.MaxWait
 }

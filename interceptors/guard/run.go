@@ -15,6 +15,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -81,16 +82,16 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 	stop()
 	if errors.Is(err, ErrOutcomeUnknown) {
 		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)
-		return Result{}, &ledger.Error{Code: ledger.CodeUnavailable, Message: "nobody knows yet whether this call was done: retry with the same key once its lease has run out",
+		return Result{}, &errcode.Error{Code: errcode.Unavailable, Message: "nobody knows yet whether this call was done: retry with the same key once its lease has run out",
 			RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
 	}
 	if err != nil {
 		g.opts.log.ErrorContext(ctx, "the run's result cannot be stored: the record says the call ran", "method", call.Method, "key", c.Key, "error", err)
-		g.complete(ctx, c, notKept(ledger.CodeInternal, 0, g.opts.maxOutcomeBytes))
-		return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+		g.complete(ctx, c, notKept(errcode.Internal, 0, g.opts.maxOutcomeBytes))
+		return Result{}, errcode.Errorf(errcode.Internal, "internal error")
 	}
 	if errors.Is(context.Cause(rctx), errLeaseLost) && !out.isResponse() {
-		return Result{}, &ledger.Error{Code: ledger.CodeInProgress, Message: "another attempt took over this key", RetryAfter: 100 * time.Millisecond}
+		return Result{}, &errcode.Error{Code: errcode.InProgress, Message: "another attempt took over this key", RetryAfter: 100 * time.Millisecond}
 	}
 	if out.Transient {
 		_ = g.record(ctx, "release", c, func(ctx context.Context) error {
@@ -101,8 +102,8 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 	}
 	if out.Response == nil && out.Status == nil {
 		g.opts.log.ErrorContext(ctx, "the run returned an empty outcome: the record says the call ran", "method", call.Method, "key", c.Key)
-		g.complete(ctx, c, notKept(ledger.CodeInternal, 0, g.opts.maxOutcomeBytes))
-		return Result{}, ledger.Errorf(ledger.CodeInternal, "internal error")
+		g.complete(ctx, c, notKept(errcode.Internal, 0, g.opts.maxOutcomeBytes))
+		return Result{}, errcode.Errorf(errcode.Internal, "internal error")
 	}
 	g.complete(ctx, c, out.toWire())
 	return Result{Outcome: out, Protected: true}, nil
@@ -117,12 +118,12 @@ func (g *Guard) reconcile(rctx, ctx context.Context, call Call, c Claim) (res Re
 	switch {
 	case err != nil:
 		g.opts.log.WarnContext(ctx, "reconcile cannot tell whether the earlier attempt applied: the claim is left to run out", "method", call.Method, "key", c.Key, "attempt", c.Attempt, "error", err)
-		return Result{}, true, &ledger.Error{Code: ledger.CodeUnavailable, Message: "cannot tell yet whether an earlier attempt of this call applied", RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
+		return Result{}, true, &errcode.Error{Code: errcode.Unavailable, Message: "cannot tell yet whether an earlier attempt of this call applied", RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
 	case out == nil:
 		return Result{}, false, nil
 	case out.Transient || (out.Response == nil && out.Status == nil):
 		g.opts.log.ErrorContext(ctx, "reconcile returned an outcome that cannot be stored", "method", call.Method, "key", c.Key)
-		return Result{}, true, ledger.Errorf(ledger.CodeInternal, "internal error")
+		return Result{}, true, errcode.Errorf(errcode.Internal, "internal error")
 	}
 	g.opts.log.InfoContext(ctx, "reconciled: the earlier attempt applied; completing with its outcome", "method", call.Method, "key", c.Key, "attempt", c.Attempt)
 	g.complete(ctx, c, out.toWire())
@@ -142,28 +143,28 @@ func (g *Guard) complete(ctx context.Context, c Claim, out *ledgerv1.Outcome) {
 	}
 	size := proto.Size(out)
 	if size > g.opts.maxOutcomeBytes {
-		_ = send(notKept(ledger.CodeOutcomeTooLarge, size, g.opts.maxOutcomeBytes))
+		_ = send(notKept(errcode.OutcomeTooLarge, size, g.opts.maxOutcomeBytes))
 		return
 	}
 	err := send(out)
 	le := ledgerstatus.FromError(err)
-	if err == nil || le.Retryable() || le.Code == ledger.CodeLeaseLost {
+	if err == nil || le.Retryable() || le.Code == errcode.LeaseLost {
 		return
 	}
-	code := ledger.CodeInternal
-	if le.Code == ledger.CodeOutcomeTooLarge {
-		code = ledger.CodeOutcomeTooLarge
+	code := errcode.Internal
+	if le.Code == errcode.OutcomeTooLarge {
+		code = errcode.OutcomeTooLarge
 	}
 	_ = send(notKept(code, size, g.opts.maxOutcomeBytes))
 }
 
 // notKept is the outcome stored in place of one the ledger cannot keep.
-func notKept(code ledger.Code, size, limit int) *ledgerv1.Outcome {
+func notKept(code errcode.Code, size, limit int) *ledgerv1.Outcome {
 	msg := fmt.Sprintf("the call ran, but its answer (%d bytes) could not be stored, so it cannot be replayed: do not retry this intent", size)
-	if code == ledger.CodeOutcomeTooLarge {
+	if code == errcode.OutcomeTooLarge {
 		msg = fmt.Sprintf("the call ran, but its answer (%d bytes) is larger than the idempotency ledger keeps (%d bytes), so it cannot be replayed: do not retry this intent", size, limit)
 	}
-	st := ledgerstatus.Encode(&ledger.Error{Code: code, Message: msg, Metadata: map[string]string{
+	st := ledgerstatus.Encode(&errcode.Error{Code: code, Message: msg, Metadata: map[string]string{
 		"applied": "true", "sizeBytes": strconv.Itoa(size), "limitBytes": strconv.Itoa(limit),
 	}})
 	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
@@ -184,7 +185,7 @@ func (g *Guard) record(ctx context.Context, what string, c Claim, call func(cont
 		le := ledgerstatus.FromError(err)
 		if !le.Retryable() || try >= g.opts.completeTries {
 			msg := "idempotency " + what + " failed: the record stays in progress until its lease runs out"
-			if le.Code == ledger.CodeLeaseLost {
+			if le.Code == errcode.LeaseLost {
 				msg = "idempotency " + what + " fenced: another attempt took over while the handler ran"
 			}
 			g.opts.log.ErrorContext(ctx, msg, "method", c.Method, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
@@ -227,7 +228,7 @@ func (g *Guard) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, p
 			if err == nil {
 				continue
 			}
-			if ledgerstatus.FromError(err).Code == ledger.CodeLeaseLost {
+			if ledgerstatus.FromError(err).Code == errcode.LeaseLost {
 				g.opts.log.WarnContext(ctx, "lease lost while the run went on: canceling it", "method", c.Method, "key", c.Key, "token", c.Token)
 				cancel(errLeaseLost)
 				return

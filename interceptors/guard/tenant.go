@@ -3,7 +3,7 @@ package guard
 import (
 	"net/http"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // HeaderTenant returns the tenant named by the header name in h: the one
@@ -13,5 +13,5 @@ func HeaderTenant(h http.Header, name string) (string, error) {
 	if v := h.Get(name); v != "" {
 		return v, nil
 	}
-	return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s header", name)
+	return "", errcode.Errorf(errcode.ValidationFailed, "the call has no %s header", name)
 }

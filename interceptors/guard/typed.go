@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
-// JSONTypeURL names the encoding of the results Do stores: JSON.
-const JSONTypeURL = "application/json"
+// jsonTypeURL names the encoding of the results Do stores: JSON.
+const jsonTypeURL = "application/json"
 
 // Do runs fn under g for call, in process, in the caller's own types: the
 // entry point for code that is not a handler (a job, a queue consumer, a
@@ -26,9 +26,9 @@ const JSONTypeURL = "application/json"
 // fn's error is classified as a handler's (Transient): a transient one
 // releases the key, so a later Do runs fn afresh; a permanent one is
 // stored as a status and every later Do returns it, as a gRPC status
-// error (a *ledger.Error for the ledger's own codes). An error that wraps
+// error (a *errcode.Error for the ledger's own codes). An error that wraps
 // ErrOutcomeUnknown leaves the claim to run out. Do's own errors are
-// *ledger.Error, as Guard.Do's.
+// *errcode.Error, as Guard.Do's.
 func Do[T any](ctx context.Context, g *Guard, call Call, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	var live T
@@ -47,13 +47,13 @@ func Do[T any](ctx context.Context, g *Guard, call Call, fn func(ctx context.Con
 			return zero, ledgerstatus.Decode(res.Outcome.Status)
 		}
 		return zero, res.Outcome.Status.Err()
-	case res.Outcome.Response.GetTypeUrl() != JSONTypeURL:
-		return zero, ledger.Errorf(ledger.CodeInternal, "the key holds a result of another encoding (%s)", res.Outcome.Response.GetTypeUrl())
+	case res.Outcome.Response.GetTypeUrl() != jsonTypeURL:
+		return zero, errcode.Errorf(errcode.Internal, "the key holds a result of another encoding (%s)", res.Outcome.Response.GetTypeUrl())
 	}
 	var out T
 	if err := json.Unmarshal(res.Outcome.Response.GetValue(), &out); err != nil {
 		g.opts.log.ErrorContext(ctx, "a stored result does not decode", "method", call.Method, "error", err)
-		return zero, ledger.Errorf(ledger.CodeInternal, "internal error")
+		return zero, errcode.Errorf(errcode.Internal, "internal error")
 	}
 	return out, nil
 }
@@ -73,14 +73,14 @@ func typedOutcome[T any](v T, fnErr error) (Outcome, error) {
 	if err != nil {
 		return Outcome{}, fmt.Errorf("guard: encode the result: %w", err)
 	}
-	return Outcome{Response: &anypb.Any{TypeUrl: JSONTypeURL, Value: b}}, nil
+	return Outcome{Response: &anypb.Any{TypeUrl: jsonTypeURL, Value: b}}, nil
 }
 
 // errorStatus is the status an error of fn is stored as: a typed error
 // with its details, a gRPC status as it is, anything else UNKNOWN with its
 // message.
 func errorStatus(err error) *status.Status {
-	if le := (*ledger.Error)(nil); errors.As(err, &le) {
+	if le := (*errcode.Error)(nil); errors.As(err, &le) {
 		return ledgerstatus.Encode(le)
 	}
 	if st, ok := status.FromError(err); ok {

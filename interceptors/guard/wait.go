@@ -8,7 +8,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/backoff"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -43,7 +43,7 @@ func waitBound(ctx context.Context, maxWait time.Duration) time.Time {
 // wait wakes on both), or its lease run out (the wait ends then). It
 // returns false when the bound is reached or ctx ends first: the
 // duplicate then gets IN_PROGRESS. Otherwise the guard Begins again.
-func (g *Guard) wait(ctx context.Context, call Call, inProgress *ledger.Error, until time.Time) bool {
+func (g *Guard) wait(ctx context.Context, call Call, inProgress *errcode.Error, until time.Time) bool {
 	left := time.Until(until)
 	if left <= 0 || ctx.Err() != nil {
 		return false
@@ -58,7 +58,7 @@ func (g *Guard) wait(ctx context.Context, call Call, inProgress *ledger.Error, u
 		return true // the lease ran out: Begin takes over
 	}
 	_, err := g.ledger.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: call.Tenant, Key: call.Key, Wait: durationpb.New(w)})
-	if err != nil && ledgerstatus.FromError(err).Code != ledger.CodeNotFound {
+	if err != nil && ledgerstatus.FromError(err).Code != errcode.NotFound {
 		// The ledger cannot wait for us (too many waiters, a failure):
 		// Begin again after a short pause.
 		pause := min(time.Until(until), backoff.FullJitter(20*time.Millisecond, 500*time.Millisecond, 2))

@@ -47,6 +47,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Header names the middleware reads and writes.
@@ -65,8 +66,8 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 )
 
-// DefaultMethods are the methods a route covers unless it says.
-var DefaultMethods = []string{http.MethodPost, http.MethodPatch}
+// defaultMethods are the methods a route covers unless it says.
+var defaultMethods = []string{http.MethodPost, http.MethodPatch}
 
 // DefaultStoredHeaders are the response headers stored and replayed,
 // besides a route's own.
@@ -112,7 +113,7 @@ type Route struct {
 }
 
 // TenantFunc returns the tenant a request acts for. An error that is not
-// a *ledger.Error fails the request with VALIDATION_FAILED.
+// a *errcode.Error fails the request with VALIDATION_FAILED.
 type TenantFunc func(r *http.Request) (string, error)
 
 // Tenant is a TenantFunc for a service that acts for one tenant.
@@ -189,7 +190,7 @@ func New(g *guard.Guard, opts ...Option) (*Guard, error) {
 			r.Methods = []string{method}
 		}
 		if r.Methods == nil {
-			r.Methods = DefaultMethods
+			r.Methods = defaultMethods
 		}
 		for _, m := range r.Methods {
 			if err := ledger.ValidateMethod(MethodPrefix + m + " " + path); err != nil {
@@ -248,15 +249,15 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 	c.Key = key
 	if key != "" {
 		if c.Tenant, err = g.opts.tenant(r); err != nil {
-			if le := (*ledger.Error)(nil); !errors.As(err, &le) {
-				err = ledger.Errorf(ledger.CodeValidationFailed, "the request names no tenant")
+			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+				err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
 			}
 			writeProblem(w, err)
 			return
 		}
 		if v := r.Header.Get(FirstAttemptHeader); v != "" {
 			if c.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-				writeProblem(w, ledger.Errorf(ledger.CodeValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
+				writeProblem(w, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
 				return
 			}
 		}
@@ -329,7 +330,7 @@ func requestKey(r *http.Request) (string, error) {
 	if len(values) == 0 {
 		return "", nil
 	}
-	invalid := ledger.Errorf(ledger.CodeKeyInvalid, "the %s header must be one structured-field string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", KeyHeader)
+	invalid := errcode.Errorf(errcode.KeyInvalid, "the %s header must be one structured-field string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"", KeyHeader)
 	if len(values) > 1 {
 		return "", invalid
 	}
@@ -358,7 +359,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	_ = r.Body.Close()
 	if err != nil {
-		return nil, ledger.Wrap(ledger.CodeValidationFailed, err, "the request body could not be read")
+		return nil, errcode.Wrap(errcode.ValidationFailed, err, "the request body could not be read")
 	}
 	if int64(len(body)) > limit {
 		return nil, &tooLarge{limit: limit}
@@ -381,15 +382,15 @@ func requestPrint(method, contentType string, body []byte) (string, error) {
 	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
 		fp, err := fingerprint.JSON(method, body)
 		if err != nil {
-			return "", ledger.Errorf(ledger.CodeValidationFailed, "the body says it is JSON but is not: %v", err)
+			return "", errcode.Errorf(errcode.ValidationFailed, "the body says it is JSON but is not: %v", err)
 		}
 		return fp, nil
 	}
 	return fingerprint.Bytes(method, contentType, body), nil
 }
 
-// ResponseTypeURL is the type URL of a stored HTTP response.
-const ResponseTypeURL = "type.idemledger.io/http.Response"
+// responseTypeURL is the type URL of a stored HTTP response.
+const responseTypeURL = "type.idemledger.io/http.Response"
 
 // encode is a response as the guard stores it: its status, its body and
 // the route's allow-listed headers, as JSON.
@@ -409,13 +410,13 @@ func encode(rt *route, res *Response) (guard.Outcome, error) {
 
 // replay writes a stored outcome.
 func replay(w http.ResponseWriter, out guard.Outcome) {
-	if out.Response == nil || out.Response.GetTypeUrl() != ResponseTypeURL {
+	if out.Response == nil || out.Response.GetTypeUrl() != responseTypeURL {
 		writeProblem(w, storedError(out))
 		return
 	}
 	var res Response
 	if err := json.Unmarshal(out.Response.GetValue(), &res); err != nil || res.Status < 100 {
-		writeProblem(w, ledger.Errorf(ledger.CodeInternal, "the stored response does not decode"))
+		writeProblem(w, errcode.Errorf(errcode.Internal, "the stored response does not decode"))
 		return
 	}
 	for k, v := range res.Header {

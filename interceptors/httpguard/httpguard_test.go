@@ -20,7 +20,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -81,7 +81,7 @@ func newGuard(t *testing.T, client ledgerv1.LedgerServiceClient, routes ...httpg
 		httpguard.WithTenant(httpguard.Tenant("acme")),
 		httpguard.WithRoute("POST /v1/things", httpguard.Route{}),
 		httpguard.WithRoute("PUT /v1/things/{id}", httpguard.Route{Policy: guard.Policy{OnInProgress: guard.Reject}}),
-		httpguard.WithRoute("POST /v1/held", httpguard.Route{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: ledger.Hold}}),
+		httpguard.WithRoute("POST /v1/held", httpguard.Route{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnLeaseExpiry: guard.Hold}}),
 		httpguard.WithRoute("POST /v1/short", httpguard.Route{Policy: guard.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond}}),
 		httpguard.WithMaxBodyBytes(1 << 10),
 	}, routes...)...)
@@ -134,7 +134,7 @@ func post(t *testing.T, url, key, body string) answer {
 }
 
 // wantProblem checks an RFC 9457 problem with the ledger's fields.
-func wantProblem(t *testing.T, a answer, status int, code ledger.Code) httpguard.Problem {
+func wantProblem(t *testing.T, a answer, status int, code errcode.Code) httpguard.Problem {
 	t.Helper()
 	var p httpguard.Problem
 	if a.status != status || a.header.Get("Content-Type") != "application/problem+json" || json.Unmarshal([]byte(a.body), &p) != nil {
@@ -194,15 +194,15 @@ func TestStoredAndReplayed(t *testing.T) {
 func TestKeyRows(t *testing.T) {
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
-	wantProblem(t, post(t, url, "", `{}`), http.StatusBadRequest, ledger.CodeKeyMissing)
+	wantProblem(t, post(t, url, "", `{}`), http.StatusBadRequest, errcode.KeyMissing)
 	for _, bad := range []string{`"unterminated`, `1234`, `"k", "j"`, `""`, `"bad key"`} {
-		wantProblem(t, post(t, url, bad, `{}`), http.StatusBadRequest, ledger.CodeKeyInvalid)
+		wantProblem(t, post(t, url, bad, `{}`), http.StatusBadRequest, errcode.KeyInvalid)
 	}
 	post(t, url, `"k"`, `{"amount":1}`)
-	wantProblem(t, post(t, url, `"k"`, `{"amount":2}`), http.StatusUnprocessableEntity, ledger.CodeKeyReused)
+	wantProblem(t, post(t, url, `"k"`, `{"amount":2}`), http.StatusUnprocessableEntity, errcode.KeyReused)
 	// The same body under another content type is another request (b1).
-	wantProblem(t, send(t, http.MethodPost, url+"/v1/things", `"k"`, "text/plain", `{"amount":1}`), http.StatusUnprocessableEntity, ledger.CodeKeyReused)
-	wantProblem(t, post(t, url, `"k-json"`, `{"amount":`), http.StatusBadRequest, ledger.CodeValidationFailed)
+	wantProblem(t, send(t, http.MethodPost, url+"/v1/things", `"k"`, "text/plain", `{"amount":1}`), http.StatusUnprocessableEntity, errcode.KeyReused)
+	wantProblem(t, post(t, url, `"k-json"`, `{"amount":`), http.StatusBadRequest, errcode.ValidationFailed)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs on refused requests", a.runs.Load())
 	}
@@ -235,7 +235,7 @@ func TestConcurrentRows(t *testing.T) {
 	done := make(chan answer, 1)
 	go func() { done <- send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`) }()
 	time.Sleep(50 * time.Millisecond)
-	wantProblem(t, send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`), http.StatusConflict, ledger.CodeInProgress)
+	wantProblem(t, send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`), http.StatusConflict, errcode.InProgress)
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("the first PUT: %+v", first)
 	}
@@ -288,7 +288,7 @@ func TestKeyExpiredIsConflict(t *testing.T) {
 		t.Fatal(r)
 	}
 	time.Sleep(400 * time.Millisecond)
-	wantProblem(t, send(t, http.MethodPost, url+"/v1/short", `"old"`, "application/json", `{}`), http.StatusConflict, ledger.CodeKeyExpired)
+	wantProblem(t, send(t, http.MethodPost, url+"/v1/short", `"old"`, "application/json", `{}`), http.StatusConflict, errcode.KeyExpired)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs", a.runs.Load())
 	}
@@ -312,7 +312,7 @@ func TestOutcomeUnknownIsConflict(t *testing.T) {
 		t.Fatalf("the dying handler answered %d", res.StatusCode)
 	}
 	time.Sleep(300 * time.Millisecond)
-	wantProblem(t, send(t, http.MethodPost, url+"/v1/held", `"held"`, "", `{}`), http.StatusConflict, ledger.CodeOutcomeUnknown)
+	wantProblem(t, send(t, http.MethodPost, url+"/v1/held", `"held"`, "", `{}`), http.StatusConflict, errcode.OutcomeUnknown)
 	if runs.Load() != 1 {
 		t.Fatalf("%d runs under HOLD", runs.Load())
 	}
@@ -334,7 +334,7 @@ func TestLedgerUnreachable(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerv1.NewLedgerServiceClient(conn))))
-	p := wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusServiceUnavailable, ledger.CodeUnavailable)
+	p := wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusServiceUnavailable, errcode.Unavailable)
 	if p.RetryAfterMS < 1000 || a.runs.Load() != 0 {
 		t.Fatalf("%+v, %d runs", p, a.runs.Load())
 	}
@@ -377,11 +377,11 @@ func TestOutcomeUnknown(t *testing.T) {
 		w.WriteHeader(http.StatusBadGateway)
 	})))
 	url := serve(t, mux)
-	p := wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusServiceUnavailable, ledger.CodeUnavailable)
+	p := wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusServiceUnavailable, errcode.Unavailable)
 	if p.RetryAfterMS < 1000 {
 		t.Fatalf("retry after %d ms; want the lease's time left", p.RetryAfterMS)
 	}
-	wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusConflict, ledger.CodeInProgress)
+	wantProblem(t, post(t, url, `"k"`, `{}`), http.StatusConflict, errcode.InProgress)
 }
 
 // TestWaitBoundAndTooLate: a duplicate that waits past the route's
@@ -394,7 +394,7 @@ func TestWaitBoundAndTooLate(t *testing.T) {
 	done := make(chan answer, 1)
 	go func() { done <- post(t, url, `"slow"`, `{}`) }()
 	time.Sleep(50 * time.Millisecond)
-	wantProblem(t, post(t, url, `"slow"`, `{}`), http.StatusConflict, ledger.CodeInProgress)
+	wantProblem(t, post(t, url, `"slow"`, `{}`), http.StatusConflict, errcode.InProgress)
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("first: %+v", first)
 	}
@@ -410,8 +410,8 @@ func TestWaitBoundAndTooLate(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return answer{res.StatusCode, res.Header, string(b)}
 	}
-	wantProblem(t, old(time.Now().Add(-9*24*time.Hour).Format(time.RFC3339)), http.StatusConflict, ledger.CodeRetryTooLate)
-	wantProblem(t, old("yesterday"), http.StatusBadRequest, ledger.CodeValidationFailed)
+	wantProblem(t, old(time.Now().Add(-9*24*time.Hour).Format(time.RFC3339)), http.StatusConflict, errcode.RetryTooLate)
+	wantProblem(t, old("yesterday"), http.StatusBadRequest, errcode.ValidationFailed)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs", a.runs.Load())
 	}

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -27,26 +27,26 @@ type Problem struct {
 }
 
 // ProblemType is the type URI of a code's problem.
-func ProblemType(code ledger.Code) string {
+func ProblemType(code errcode.Code) string {
 	return "https://idemledger.io/problems/" + strings.ReplaceAll(strings.ToLower(code.String()), "_", "-")
 }
 
 // Status is the HTTP status of a ledger or guard error, as docs/contract.md maps them.
-func Status(le *ledger.Error) int {
+func Status(le *errcode.Error) int {
 	switch le.Code {
-	case ledger.CodeKeyMissing, ledger.CodeKeyInvalid, ledger.CodeValidationFailed:
+	case errcode.KeyMissing, errcode.KeyInvalid, errcode.ValidationFailed:
 		return http.StatusBadRequest
-	case ledger.CodeKeyReused:
+	case errcode.KeyReused:
 		return http.StatusUnprocessableEntity
-	case ledger.CodeInProgress, ledger.CodeOutcomeUnknown, ledger.CodeKeyExpired, ledger.CodeRetryTooLate:
+	case errcode.InProgress, errcode.OutcomeUnknown, errcode.KeyExpired, errcode.RetryTooLate:
 		return http.StatusConflict
-	case ledger.CodeRateLimited:
+	case errcode.RateLimited:
 		return http.StatusTooManyRequests
-	case ledger.CodeUnavailable:
+	case errcode.Unavailable:
 		return http.StatusServiceUnavailable
-	case ledger.CodeUpstreamTimeout:
+	case errcode.UpstreamTimeout:
 		return http.StatusGatewayTimeout
-	case ledger.CodeOutcomeTooLarge:
+	case errcode.OutcomeTooLarge:
 		return http.StatusConflict // the request ran; its answer was not kept
 	}
 	if le.Metadata["applied"] == "true" {
@@ -55,26 +55,26 @@ func Status(le *ledger.Error) int {
 	return http.StatusInternalServerError
 }
 
-var titles = map[ledger.Code]string{
-	ledger.CodeKeyMissing:       "Idempotency-Key is missing",
-	ledger.CodeKeyInvalid:       "Idempotency-Key is malformed",
-	ledger.CodeKeyReused:        "Idempotency-Key is already used for another request",
-	ledger.CodeInProgress:       "A request with this Idempotency-Key is being processed",
-	ledger.CodeOutcomeUnknown:   "The outcome of an earlier request with this Idempotency-Key is unknown",
-	ledger.CodeKeyExpired:       "The response of this Idempotency-Key is no longer kept",
-	ledger.CodeRetryTooLate:     "This request is too old to be retried",
-	ledger.CodeUnavailable:      "The idempotency ledger cannot be reached",
-	ledger.CodeRateLimited:      "Too many requests",
-	ledger.CodeValidationFailed: "The request cannot be guarded",
-	ledger.CodeOutcomeTooLarge:  "The response was too large to keep",
-	ledger.CodeUpstreamTimeout:  "The request ended before the idempotency ledger answered",
+var titles = map[errcode.Code]string{
+	errcode.KeyMissing:       "Idempotency-Key is missing",
+	errcode.KeyInvalid:       "Idempotency-Key is malformed",
+	errcode.KeyReused:        "Idempotency-Key is already used for another request",
+	errcode.InProgress:       "A request with this Idempotency-Key is being processed",
+	errcode.OutcomeUnknown:   "The outcome of an earlier request with this Idempotency-Key is unknown",
+	errcode.KeyExpired:       "The response of this Idempotency-Key is no longer kept",
+	errcode.RetryTooLate:     "This request is too old to be retried",
+	errcode.Unavailable:      "The idempotency ledger cannot be reached",
+	errcode.RateLimited:      "Too many requests",
+	errcode.ValidationFailed: "The request cannot be guarded",
+	errcode.OutcomeTooLarge:  "The response was too large to keep",
+	errcode.UpstreamTimeout:  "The request ended before the idempotency ledger answered",
 }
 
 // writeProblem answers err as a problem. A body over the limit is 413.
 func writeProblem(w http.ResponseWriter, err error) {
 	var big *tooLarge
 	if errors.As(err, &big) {
-		err = ledger.Errorf(ledger.CodeValidationFailed, "%s", big.Error())
+		err = errcode.Errorf(errcode.ValidationFailed, "%s", big.Error())
 	}
 	le := ledgerstatus.FromError(err)
 	p := Problem{
@@ -104,7 +104,7 @@ func storedError(out guard.Outcome) error {
 			return le
 		}
 	}
-	return ledger.Errorf(ledger.CodeInternal, "the key holds an outcome of another kind")
+	return errcode.Errorf(errcode.Internal, "the key holds an outcome of another kind")
 }
 
-func anyOf(b []byte) *anypb.Any { return &anypb.Any{TypeUrl: ResponseTypeURL, Value: b} }
+func anyOf(b []byte) *anypb.Any { return &anypb.Any{TypeUrl: responseTypeURL, Value: b} }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -80,15 +81,15 @@ func request() *testpb.CreateInvoiceRequest {
 	return &testpb.CreateInvoiceRequest{Tenant: "acme", CustomerId: "cus_1", Currency: "EUR"}
 }
 
-func typed(code ledger.Code, retryAfter time.Duration) error {
-	return ledgerstatus.Err(&ledger.Error{Code: code, Message: code.String(), RetryAfter: retryAfter})
+func typed(code errcode.Code, retryAfter time.Duration) error {
+	return ledgerstatus.Err(&errcode.Error{Code: code, Message: code.String(), RetryAfter: retryAfter})
 }
 
 // TestOneKeyAcrossRetriesAndRetryAfter: the service answers RATE_LIMITED
 // with a 150 ms retry-after twice; the interceptor retries with the same
 // key, waits at least the hint each time, and the third attempt writes.
 func TestOneKeyAcrossRetriesAndRetryAfter(t *testing.T) {
-	svc := &invoices{failures: []error{typed(ledger.CodeRateLimited, 150*time.Millisecond), typed(ledger.CodeRateLimited, 150*time.Millisecond)}}
+	svc := &invoices{failures: []error{typed(errcode.RateLimited, 150*time.Millisecond), typed(errcode.RateLimited, 150*time.Millisecond)}}
 	c := client(t, svc)
 	res, err := c.CreateInvoice(t.Context(), request())
 	if err != nil || res.GetInvoice().GetNumber() != 3 {
@@ -112,9 +113,9 @@ func TestRetriesOnlyRetryable(t *testing.T) {
 		err  error
 		runs int64
 	}{
-		"TypedPermanent":     {typed(ledger.CodeValidationFailed, 0), 1},
+		"TypedPermanent":     {typed(errcode.ValidationFailed, 0), 1},
 		"ForeignPermanent":   {status.Error(codes.InvalidArgument, "bad currency"), 1},
-		"TypedTransient":     {typed(ledger.CodeUnavailable, 0), 2},
+		"TypedTransient":     {typed(errcode.Unavailable, 0), 2},
 		"ForeignTransient":   {status.Error(codes.Unavailable, "failing over"), 2},
 		"ForeignAborted":     {status.Error(codes.Aborted, "conflict"), 2},
 		"ForeignInternal":    {status.Error(codes.Internal, "bug"), 1},
@@ -134,10 +135,10 @@ func TestRetriesOnlyRetryable(t *testing.T) {
 }
 
 func TestCapsAttempts(t *testing.T) {
-	unavailable := typed(ledger.CodeUnavailable, 0)
+	unavailable := typed(errcode.Unavailable, 0)
 	svc := &invoices{failures: []error{unavailable, unavailable, unavailable, unavailable, unavailable, unavailable, unavailable}}
 	_, err := client(t, svc).CreateInvoice(t.Context(), request())
-	if ledgerstatus.FromError(err).Code != ledger.CodeUnavailable || svc.runs.Load() != 5 {
+	if ledgerstatus.FromError(err).Code != errcode.Unavailable || svc.runs.Load() != 5 {
 		t.Fatalf("%d runs ending in %v; want 5 (the default) ending in UNAVAILABLE", svc.runs.Load(), err)
 	}
 	svc = &invoices{failures: []error{unavailable, unavailable, unavailable}}
@@ -147,7 +148,7 @@ func TestCapsAttempts(t *testing.T) {
 }
 
 func TestStopsAtTheDeadline(t *testing.T) {
-	unavailable := typed(ledger.CodeUnavailable, 0) // no hint: the backoff alone paces the retries
+	unavailable := typed(errcode.Unavailable, 0) // no hint: the backoff alone paces the retries
 	svc := &invoices{failures: slices.Repeat([]error{unavailable}, 100)}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -162,12 +163,12 @@ func TestStopsAtTheDeadline(t *testing.T) {
 // retry after 2 s, and the call has 500 ms left, the caller gets the typed
 // IN_PROGRESS at once, not DEADLINE_EXCEEDED after a useless wait.
 func TestHintPastTheDeadlineAnswersAtOnce(t *testing.T) {
-	svc := &invoices{failures: []error{typed(ledger.CodeInProgress, 2*time.Second)}}
+	svc := &invoices{failures: []error{typed(errcode.InProgress, 2*time.Second)}}
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	_, err := client(t, svc).CreateInvoice(ctx, request())
-	le := ledgertest.WantStatus(t, err, ledger.CodeInProgress)
+	le := ledgertest.WantStatus(t, err, errcode.InProgress)
 	if took := time.Since(start); took > 250*time.Millisecond || le.RetryAfter != 2*time.Second || svc.runs.Load() != 1 {
 		t.Fatalf("after %v and %d runs: %+v; want IN_PROGRESS with its 2s hint at once", took, svc.runs.Load(), le)
 	}
@@ -262,13 +263,13 @@ func TestNewKey(t *testing.T) {
 
 // TestWithMethods: a method not listed gets neither a key nor retries.
 func TestWithMethods(t *testing.T) {
-	svc := &invoices{failures: []error{typed(ledger.CodeUnavailable, 0)}}
+	svc := &invoices{failures: []error{typed(errcode.Unavailable, 0)}}
 	c := client(t, svc, idemclient.WithMethods("/some.v1.Other/Method"))
 	_, err := c.CreateInvoice(t.Context(), request())
-	if ledgerstatus.FromError(err).Code != ledger.CodeKeyMissing || svc.runs.Load() != 0 {
+	if ledgerstatus.FromError(err).Code != errcode.KeyMissing || svc.runs.Load() != 0 {
 		t.Fatalf("an unlisted method: %v after %d runs; want KEY_MISSING from the server, no key sent", err, svc.runs.Load())
 	}
-	svc = &invoices{failures: []error{typed(ledger.CodeUnavailable, 0)}}
+	svc = &invoices{failures: []error{typed(errcode.Unavailable, 0)}}
 	c = client(t, svc, idemclient.WithMethods(createInvoice))
 	if _, err := c.CreateInvoice(t.Context(), request()); err != nil || svc.runs.Load() != 2 {
 		t.Fatalf("a listed method: %v after %d runs; want a retry with a key", err, svc.runs.Load())

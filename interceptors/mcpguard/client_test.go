@@ -21,7 +21,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // faulty is an HTTP transport that counts the tools/call requests it
@@ -129,7 +129,7 @@ func TestClientDoesNotRetryWhatIsNotRetryable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantError(t, res, ledger.CodeKeyReused)
+	wantError(t, res, errcode.KeyReused)
 	if rt.calls.Load() != 2 {
 		t.Fatalf("%d sends; KEY_REUSED was retried", rt.calls.Load())
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // TestDocsShowTheAdvice: docs/mcp.md shows the line a model reads for
@@ -18,15 +18,15 @@ func TestDocsShowTheAdvice(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := strings.ReplaceAll(string(doc), "`", "")
-	for _, le := range []*ledger.Error{
-		{Code: ledger.CodeInProgress, RetryAfter: 2 * time.Second},
-		{Code: ledger.CodeUnavailable, RetryAfter: time.Second},
-		{Code: ledger.CodeKeyReused},
-		{Code: ledger.CodeKeyMissing},
-		{Code: ledger.CodeKeyInvalid},
-		{Code: ledger.CodeOutcomeUnknown},
-		{Code: ledger.CodeKeyExpired},
-		{Code: ledger.CodeRetryTooLate},
+	for _, le := range []*errcode.Error{
+		{Code: errcode.InProgress, RetryAfter: 2 * time.Second},
+		{Code: errcode.Unavailable, RetryAfter: time.Second},
+		{Code: errcode.KeyReused},
+		{Code: errcode.KeyMissing},
+		{Code: errcode.KeyInvalid},
+		{Code: errcode.OutcomeUnknown},
+		{Code: errcode.KeyExpired},
+		{Code: errcode.RetryTooLate},
 	} {
 		if !strings.Contains(text, mcpguard.Advice(le)) {
 			t.Errorf("docs/mcp.md lacks the %s line %q", le.Code, mcpguard.Advice(le))

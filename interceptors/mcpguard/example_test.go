@@ -5,25 +5,25 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // The line a model reads in the error result of each code (docs/mcp.md
 // shows the same).
 func ExampleAdvice() {
-	for _, le := range []*ledger.Error{
-		{Code: ledger.CodeInProgress, RetryAfter: 2 * time.Second},
-		{Code: ledger.CodeUnavailable, RetryAfter: time.Second},
-		{Code: ledger.CodeRateLimited, RetryAfter: 1500 * time.Millisecond},
-		{Code: ledger.CodeKeyReused},
-		{Code: ledger.CodeKeyMissing},
-		{Code: ledger.CodeKeyInvalid},
-		{Code: ledger.CodeOutcomeUnknown},
-		{Code: ledger.CodeKeyExpired},
-		{Code: ledger.CodeRetryTooLate},
-		{Code: ledger.CodeValidationFailed, Message: "the arguments are not JSON"},
-		{Code: ledger.CodeUpstreamTimeout, Message: "the call ended before the ledger answered"},
-		{Code: ledger.CodeInternal, Message: "internal error"},
+	for _, le := range []*errcode.Error{
+		{Code: errcode.InProgress, RetryAfter: 2 * time.Second},
+		{Code: errcode.Unavailable, RetryAfter: time.Second},
+		{Code: errcode.RateLimited, RetryAfter: 1500 * time.Millisecond},
+		{Code: errcode.KeyReused},
+		{Code: errcode.KeyMissing},
+		{Code: errcode.KeyInvalid},
+		{Code: errcode.OutcomeUnknown},
+		{Code: errcode.KeyExpired},
+		{Code: errcode.RetryTooLate},
+		{Code: errcode.ValidationFailed, Message: "the arguments are not JSON"},
+		{Code: errcode.UpstreamTimeout, Message: "the call ended before the ledger answered"},
+		{Code: errcode.Internal, Message: "internal error"},
 	} {
 		fmt.Printf("%s: %s\n", le.Code, mcpguard.Advice(le))
 	}

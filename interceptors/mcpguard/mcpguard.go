@@ -41,6 +41,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // The _meta keys and the default argument the adapter reads and writes.
@@ -87,7 +88,7 @@ type Tool struct {
 func NewTool(p guard.Policy) Tool { return Tool{Policy: p, KeyArgument: DefaultKeyArgument} }
 
 // TenantFunc returns the tenant a tools/call acts for. An error that is
-// not a *ledger.Error fails the call with VALIDATION_FAILED.
+// not a *errcode.Error fails the call with VALIDATION_FAILED.
 type TenantFunc func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
 
 // Tenant is a TenantFunc for a server that acts for one tenant.
@@ -124,7 +125,7 @@ func TenantFromToken(name string) TenantFunc {
 				return s, nil
 			}
 		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call's token names no tenant")
+		return "", errcode.Errorf(errcode.ValidationFailed, "the call's token names no tenant")
 	}
 }
 
@@ -136,7 +137,7 @@ func TenantFromArgument(name string) TenantFunc {
 		if json.Unmarshal(req.Params.Arguments, &args) == nil && json.Unmarshal(args[name], &s) == nil && s != "" {
 			return s, nil
 		}
-		return "", ledger.Errorf(ledger.CodeValidationFailed, "the call has no %s argument", name)
+		return "", errcode.Errorf(errcode.ValidationFailed, "the call has no %s argument", name)
 	}
 }
 
@@ -224,8 +225,8 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 	if key != "" {
 		tenant, err := g.opts.tenant(ctx, req)
 		if err != nil {
-			if le := (*ledger.Error)(nil); !errors.As(err, &le) {
-				err = ledger.Errorf(ledger.CodeValidationFailed, "the call names no tenant")
+			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
 			}
 			return errorResult(t, err), nil
 		}
@@ -235,7 +236,7 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 		}
 		fp, err := fingerprint.JSON(method, req.Params.Arguments, skip...)
 		if err != nil {
-			return errorResult(t, ledger.Errorf(ledger.CodeValidationFailed, "the arguments are not JSON: %v", err)), nil
+			return errorResult(t, errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)), nil
 		}
 		c.Tenant, c.Fingerprint = tenant, fp
 	}
@@ -281,7 +282,7 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 			if raw, ok := args[t.KeyArgument]; ok && string(raw) != "null" {
 				var key string
 				if json.Unmarshal(raw, &key) != nil {
-					return "", ledger.Errorf(ledger.CodeKeyInvalid, "the %s argument is not a string", t.KeyArgument)
+					return "", errcode.Errorf(errcode.KeyInvalid, "the %s argument is not a string", t.KeyArgument)
 				}
 				if key != "" {
 					return key, nil
@@ -295,7 +296,7 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	case string:
 		return v, nil
 	}
-	return "", ledger.Errorf(ledger.CodeKeyInvalid, "_meta[%q] is not a string", KeyMeta)
+	return "", errcode.Errorf(errcode.KeyInvalid, "_meta[%q] is not a string", KeyMeta)
 }
 
 // withClaim is req with the claim in its _meta, for the handler.

@@ -25,7 +25,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -180,7 +180,7 @@ func withoutReplayed(t *testing.T, r *mcp.CallToolResult) string {
 	return string(b)
 }
 
-func wantError(t *testing.T, r *mcp.CallToolResult, code ledger.Code) mcpguard.ErrorInfo {
+func wantError(t *testing.T, r *mcp.CallToolResult, code errcode.Code) mcpguard.ErrorInfo {
 	t.Helper()
 	info, ok := mcpguard.ErrorFromResult(r)
 	if !r.IsError || !ok || info.Code != code.String() {
@@ -234,17 +234,17 @@ func TestErrorsAreToolResults(t *testing.T) {
 	call(t, cs, "k", args)
 
 	changed := map[string]any{"customer": "cus_1", "amount_cents": 4300}
-	info := wantError(t, call(t, cs, "k", changed), ledger.CodeKeyReused)
+	info := wantError(t, call(t, cs, "k", changed), errcode.KeyReused)
 	if info.Retryable {
 		t.Fatal("KEY_REUSED is retryable")
 	}
-	wantError(t, call(t, cs, "", args), ledger.CodeKeyMissing)
-	wantError(t, call(t, cs, "bad key", args), ledger.CodeKeyInvalid)
+	wantError(t, call(t, cs, "", args), errcode.KeyMissing)
+	wantError(t, call(t, cs, "bad key", args), errcode.KeyInvalid)
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: args, Meta: mcp.Meta{mcpguard.KeyMeta: 42}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantError(t, res, ledger.CodeKeyInvalid)
+	wantError(t, res, errcode.KeyInvalid)
 	if ts.runs.Load() != 1 {
 		t.Fatalf("refused calls ran: %d runs", ts.runs.Load())
 	}
@@ -353,7 +353,7 @@ func TestLedgerDownFailsClosed(t *testing.T) {
 	ts := &tools{}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerv1.NewLedgerServiceClient(conn))), http.DefaultTransport)
 	res := call(t, cs, "k", map[string]any{"customer": "c", "amount_cents": 1})
-	if info := wantError(t, res, ledger.CodeUnavailable); !info.Retryable || info.RetryAfterMS < 1000 {
+	if info := wantError(t, res, errcode.Unavailable); !info.Retryable || info.RetryAfterMS < 1000 {
 		t.Fatalf("UNAVAILABLE: %+v", info)
 	}
 	if ts.runs.Load() != 0 {

@@ -11,15 +11,15 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
 // The type URLs of the outcomes the adapter stores: a CallToolResult's
 // JSON, or a JSON-RPC error's.
 const (
-	ResultTypeURL = "type.idemledger.io/mcp.CallToolResult"
-	ErrorTypeURL  = "type.idemledger.io/jsonrpc.Error"
+	resultTypeURL = "type.idemledger.io/mcp.CallToolResult"
+	errorTypeURL  = "type.idemledger.io/jsonrpc.Error"
 )
 
 // outcome is a handler's answer as the guard stores it.
@@ -32,7 +32,7 @@ func outcome(t Tool, res mcp.Result, err error) (guard.Outcome, error) {
 		if merr != nil {
 			return guard.Outcome{}, merr
 		}
-		return guard.Outcome{Response: &anypb.Any{TypeUrl: ErrorTypeURL, Value: b}, Transient: guard.Transient(err)}, nil
+		return guard.Outcome{Response: &anypb.Any{TypeUrl: errorTypeURL, Value: b}, Transient: guard.Transient(err)}, nil
 	}
 	r, ok := res.(*mcp.CallToolResult)
 	if !ok || r == nil {
@@ -53,13 +53,13 @@ func outcome(t Tool, res mcp.Result, err error) (guard.Outcome, error) {
 	return out, nil
 }
 
-// resultOutcome is a result's JSON under ResultTypeURL.
+// resultOutcome is a result's JSON under resultTypeURL.
 func resultOutcome(r *mcp.CallToolResult) (guard.Outcome, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return guard.Outcome{}, fmt.Errorf("mcpguard: the result does not encode: %w", err)
 	}
-	return guard.Outcome{Response: &anypb.Any{TypeUrl: ResultTypeURL, Value: b}}, nil
+	return guard.Outcome{Response: &anypb.Any{TypeUrl: resultTypeURL, Value: b}}, nil
 }
 
 // wireError is the JSON-RPC error the SDK sends for err.
@@ -81,16 +81,16 @@ func fromOutcome(t Tool, out guard.Outcome, replayed bool) (mcp.Result, error) {
 		return errorResult(t, ledgerstatus.Decode(out.Status)), nil
 	}
 	switch out.Response.GetTypeUrl() {
-	case ResultTypeURL:
+	case resultTypeURL:
 		return decodeResult(out.Response.GetValue(), replayed)
-	case ErrorTypeURL:
+	case errorTypeURL:
 		var w jsonrpc.Error
 		if json.Unmarshal(out.Response.GetValue(), &w) != nil {
-			return errorResult(t, ledger.Errorf(ledger.CodeInternal, "the stored error does not decode")), nil //nolint:nilerr // the tool result is the answer
+			return errorResult(t, errcode.Errorf(errcode.Internal, "the stored error does not decode")), nil //nolint:nilerr // the tool result is the answer
 		}
 		return nil, &w
 	}
-	return errorResult(t, ledger.Errorf(ledger.CodeInternal, "the key holds an outcome of another kind (%s)", out.Response.GetTypeUrl())), nil
+	return errorResult(t, errcode.Errorf(errcode.Internal, "the key holds an outcome of another kind (%s)", out.Response.GetTypeUrl())), nil
 }
 
 // decodeResult is a stored result, its structuredContent kept as the
@@ -142,29 +142,29 @@ func errorResult(t Tool, err error) *mcp.CallToolResult {
 
 // Advice is the one line a model reads for a ledger or guard error: what
 // happened, and whether and when to retry.
-func Advice(le *ledger.Error) string {
+func Advice(le *errcode.Error) string {
 	switch le.Code {
-	case ledger.CodeKeyReused:
+	case errcode.KeyReused:
 		return "this idempotency key was used for a different request: do not retry with it; a new intent needs a new key"
-	case ledger.CodeKeyMissing:
+	case errcode.KeyMissing:
 		return fmt.Sprintf("this tool needs an idempotency key: mint one per intent, send it as _meta[%q] (or the tool's key argument), and reuse it on every retry", KeyMeta)
-	case ledger.CodeKeyInvalid:
+	case errcode.KeyInvalid:
 		return "the idempotency key is not 1 to 255 printable ASCII characters: mint a valid one for this intent"
-	case ledger.CodeOutcomeUnknown:
+	case errcode.OutcomeUnknown:
 		return "an earlier attempt of this call may have done it, and nobody knows: it will not run again until an operator resolves it; do not retry"
-	case ledger.CodeKeyExpired:
+	case errcode.KeyExpired:
 		return "this call already ran, and its answer is no longer kept: do not retry it"
-	case ledger.CodeRetryTooLate:
+	case errcode.RetryTooLate:
 		return "this intent is too old to retry safely: do not retry it; check whether it happened"
-	case ledger.CodeInProgress:
+	case errcode.InProgress:
 		return "another attempt of this call is still running: retry with the same key after " + delay(le.RetryAfter)
-	case ledger.CodeUnavailable:
+	case errcode.Unavailable:
 		return "the idempotency ledger cannot be reached: retry with the same key after " + delay(le.RetryAfter)
-	case ledger.CodeRateLimited:
+	case errcode.RateLimited:
 		return "too many calls: retry with the same key after " + delay(le.RetryAfter)
-	case ledger.CodeValidationFailed:
+	case errcode.ValidationFailed:
 		return "the call cannot be guarded (" + oneLine(le.Message) + "): fix the call, then send it with the same key"
-	case ledger.CodeOutcomeTooLarge, ledger.CodeInternal:
+	case errcode.OutcomeTooLarge, errcode.Internal:
 		if le.Metadata["applied"] == "true" {
 			return oneLine(le.Message)
 		}

@@ -21,6 +21,7 @@ var writeServicePackages = []string{
 	"github.com/idemledger/idemledger/interceptors/idemclient",
 	"github.com/idemledger/idemledger/interceptors/grpcguard",
 	"github.com/idemledger/idemledger/ledger",
+	"github.com/idemledger/idemledger/ledger/errcode",
 	"github.com/idemledger/idemledger/ledger/ledgerclient",
 	"github.com/idemledger/idemledger/ledger/ledgerstatus",
 }

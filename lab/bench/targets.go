@@ -16,6 +16,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
@@ -125,7 +126,7 @@ func (l *Ledger) Hot() Op {
 		key := fmt.Sprintf("%s-h-%d", l.Prefix, (int64(c)+n)%HotKeys)
 		res, err := l.Client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: l.Tenant, Key: key, Fingerprint: fingerprint, Method: method})
 		if err != nil {
-			if le := ledgerstatus.FromError(err); le.Code == ledger.CodeInProgress {
+			if le := ledgerstatus.FromError(err); le.Code == errcode.InProgress {
 				return nil
 			}
 			return err

@@ -42,7 +42,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/lab/faultproxy"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -318,7 +318,7 @@ func (w *world) startService(ledgerConn *grpc.ClientConn) (string, error) {
 		func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 			if w.storm.Load() {
 				atomic.AddInt64(&w.rep.RateLimited, 1)
-				return nil, ledgerstatus.Err(&ledger.Error{Code: ledger.CodeRateLimited, Message: "429: slow down", RetryAfter: 50 * time.Millisecond})
+				return nil, ledgerstatus.Err(&errcode.Error{Code: errcode.RateLimited, Message: "429: slow down", RetryAfter: 50 * time.Millisecond})
 			}
 			res, err := next(ctx, req)
 			if err == nil && w.rng.chance(0.03) {

@@ -27,6 +27,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
@@ -171,7 +172,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 		func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
 			if draws(cfg.RateLimited) {
 				atomic.AddInt64(&rep.RateLimited, 1)
-				return nil, ledgerstatus.Err(&ledger.Error{Code: ledger.CodeRateLimited, Message: "429: slow down", RetryAfter: 20 * time.Millisecond})
+				return nil, ledgerstatus.Err(&errcode.Error{Code: errcode.RateLimited, Message: "429: slow down", RetryAfter: 20 * time.Millisecond})
 			}
 			return next(ctx, req)
 		},

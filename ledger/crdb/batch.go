@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Batching (Config.Batching) coalesces concurrent Claims and Completes:
@@ -387,7 +388,7 @@ func (s *Store) runOps(ctx context.Context, region string, calls []*call[op, opR
 	for _, c := range claims {
 		r, ok := gotClaims[scopeID(c.p.claim.p.Scope)]
 		if !ok {
-			c.done <- result[opResult]{err: ledger.Errorf(ledger.CodeInternal, "internal error")}
+			c.done <- result[opResult]{err: errcode.Errorf(errcode.Internal, "internal error")}
 			continue
 		}
 		c.done <- result[opResult]{r: opResult{claim: r.claimResult(c.p.claim.nonce)}}

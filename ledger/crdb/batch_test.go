@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -172,7 +173,7 @@ func TestMixedBatch(t *testing.T) {
 		t.Errorf("complete = %+v, %v; want completed with inv_held", res.r.rec, res.err)
 	}
 	res := <-stale.done
-	ledgertest.WantCode(t, res.err, ledger.CodeLeaseLost)
+	ledgertest.WantCode(t, res.err, errcode.LeaseLost)
 
 	if rec, err := s.Get(ctx, testScope("other")); err != nil || rec.State != ledger.StateInProgress || rec.Token != other.Record.Token {
 		t.Errorf("after a stale complete the record is %+v, %v; want it unchanged", rec, err)

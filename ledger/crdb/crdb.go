@@ -37,6 +37,7 @@ import (
 
 	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Dialect is the database engine behind a pool.
@@ -333,7 +334,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return ledger.Wrap(ledger.CodeUnavailable, fmt.Errorf("crdb: ping: %w", err), "the ledger's database is unavailable")
+		return errcode.Wrap(errcode.Unavailable, fmt.Errorf("crdb: ping: %w", err), "the ledger's database is unavailable")
 	}
 	return nil
 }
@@ -446,7 +447,7 @@ func completeAnswer(r row, updated bool, p ledger.CompleteParams) (ledger.Record
 		if r.rec.Outcome.Equal(p.Outcome) {
 			return r.rec, nil
 		}
-		return ledger.Record{}, ledger.Errorf(ledger.CodeLeaseLost, "the record is already completed with another outcome")
+		return ledger.Record{}, errcode.Errorf(errcode.LeaseLost, "the record is already completed with another outcome")
 	}
 	return ledger.Record{}, leaseLost(p.Token)
 }
@@ -507,7 +508,7 @@ func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Rec
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	case err != nil:
 		return ledger.Record{}, s.classify("resolve", err)
 	case !updated:
@@ -524,14 +525,14 @@ func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Rec
 func (s *Store) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
 	r, err := s.get(ctx, sc)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	}
 	if err != nil {
 		return ledger.Record{}, s.classify("get", err)
 	}
 	rec, ok := r.rec.AsOf(r.now)
 	if !ok {
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	}
 	return rec, nil
 }
@@ -579,8 +580,8 @@ func (s *Store) get(ctx context.Context, sc ledger.Scope) (row, error) {
 	return r, err
 }
 
-func leaseLost(token uint64) *ledger.Error {
-	return ledger.Errorf(ledger.CodeLeaseLost, "token %d does not hold the key", token)
+func leaseLost(token uint64) *errcode.Error {
+	return errcode.Errorf(errcode.LeaseLost, "token %d does not hold the key", token)
 }
 
 // retry runs fn until it succeeds, fails with an error that is not a
@@ -645,25 +646,25 @@ func sqlState(err error) string {
 // caller, by SQLSTATE: an exact code first, then its class (its first two
 // characters). A state in neither, and any other error from the
 // database, is INTERNAL: a bug or a schema problem, not worth retrying.
-var sqlStates = map[string]ledger.Code{
-	"40001": ledger.CodeContention,      // serialization_failure, past the retries
-	"40P01": ledger.CodeContention,      // deadlock_detected
-	"CR000": ledger.CodeContention,      // CockroachDB: restart the transaction
-	"55P03": ledger.CodeContention,      // lock_not_available: lock_timeout ran out
-	"40003": ledger.CodeUnavailable,     // statement_completion_unknown, unresolved
-	"57014": ledger.CodeUpstreamTimeout, // query_canceled: statement_timeout, pg_cancel_backend
-	"25006": ledger.CodeUnavailable,     // read_only_sql_transaction: a standby, or a read-only database
-	"40":    ledger.CodeContention,      // transaction_rollback
-	"08":    ledger.CodeUnavailable,     // connection_exception
-	"53":    ledger.CodeUnavailable,     // insufficient_resources: disk full, out of memory, too many connections
-	"57":    ledger.CodeUnavailable,     // operator_intervention: shutdown, crash, cannot connect now
-	"58":    ledger.CodeUnavailable,     // system_error: I/O error
-	"XX":    ledger.CodeInternal,        // internal_error, data_corrupted
+var sqlStates = map[string]errcode.Code{
+	"40001": errcode.Contention,      // serialization_failure, past the retries
+	"40P01": errcode.Contention,      // deadlock_detected
+	"CR000": errcode.Contention,      // CockroachDB: restart the transaction
+	"55P03": errcode.Contention,      // lock_not_available: lock_timeout ran out
+	"40003": errcode.Unavailable,     // statement_completion_unknown, unresolved
+	"57014": errcode.UpstreamTimeout, // query_canceled: statement_timeout, pg_cancel_backend
+	"25006": errcode.Unavailable,     // read_only_sql_transaction: a standby, or a read-only database
+	"40":    errcode.Contention,      // transaction_rollback
+	"08":    errcode.Unavailable,     // connection_exception
+	"53":    errcode.Unavailable,     // insufficient_resources: disk full, out of memory, too many connections
+	"57":    errcode.Unavailable,     // operator_intervention: shutdown, crash, cannot connect now
+	"58":    errcode.Unavailable,     // system_error: I/O error
+	"XX":    errcode.Internal,        // internal_error, data_corrupted
 }
 
 // classifyState returns what sqlStates says of state, and whether it says
 // anything.
-func classifyState(state string) (ledger.Code, bool) {
+func classifyState(state string) (errcode.Code, bool) {
 	if c, ok := sqlStates[state]; ok {
 		return c, true
 	}
@@ -681,7 +682,7 @@ func classifyState(state string) (ledger.Code, bool) {
 // (ledger.Unavailable, ledger.TimedOut). The cause is kept for logs and
 // never shown to callers.
 func (s *Store) classify(op string, err error) error {
-	var le *ledger.Error
+	var le *errcode.Error
 	if errors.As(err, &le) {
 		return err
 	}
@@ -690,18 +691,18 @@ func (s *Store) classify(op string, err error) error {
 	code, known := classifyState(sqlState(err))
 	switch {
 	case errors.As(err, &maxed):
-		code, known = ledger.CodeContention, true
+		code, known = errcode.Contention, true
 	case !known && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)):
-		code, known = ledger.CodeUpstreamTimeout, true
+		code, known = errcode.UpstreamTimeout, true
 	case !known && isUnreachable(err):
-		code, known = ledger.CodeUnavailable, true
+		code, known = errcode.Unavailable, true
 	}
 	switch {
-	case !known || code == ledger.CodeInternal:
-		return ledger.Wrap(ledger.CodeInternal, err, "internal error")
-	case code == ledger.CodeContention:
-		return &ledger.Error{Code: ledger.CodeContention, Message: "the ledger's store is contended; retry", RetryAfter: s.cfg.RetryCap, Err: err}
-	case code == ledger.CodeUpstreamTimeout:
+	case !known || code == errcode.Internal:
+		return errcode.Wrap(errcode.Internal, err, "internal error")
+	case code == errcode.Contention:
+		return &errcode.Error{Code: errcode.Contention, Message: "the ledger's store is contended; retry", RetryAfter: s.cfg.RetryCap, Err: err}
+	case code == errcode.UpstreamTimeout:
 		return ledger.TimedOut(err)
 	}
 	return ledger.Unavailable(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -114,7 +115,7 @@ func TestDatabaseClock(t *testing.T) {
 		t.Fatalf("lease ends %s after the call began; the database clock is off", d)
 	}
 	_, err = l.Begin(t.Context(), req)
-	ledgertest.WantCode(t, err, ledger.CodeInProgress)
+	ledgertest.WantCode(t, err, errcode.InProgress)
 	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("inv")); err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func TestDatabaseClock(t *testing.T) {
 func TestPingNeedsTheSchema(t *testing.T) {
 	url := crdbtest.NewDatabase(t)
 	s := openURL(t, url, crdb.Config{}, false)
-	if err := s.Ping(t.Context()); ledger.CodeOf(err) != ledger.CodeUnavailable {
+	if err := s.Ping(t.Context()); errcode.Of(err) != errcode.Unavailable {
 		t.Fatalf("Ping before Migrate = %v, want UNAVAILABLE", err)
 	}
 	if _, err := s.Migrate(t.Context()); err != nil {
@@ -190,7 +191,7 @@ func twoInstancesRace(t *testing.T, batching bool) {
 							}
 						case err == nil && res.Replay != nil:
 							replays.Add(1)
-						case ledger.CodeOf(err) == ledger.CodeInProgress:
+						case errcode.Of(err) == errcode.InProgress:
 							inProgress.Add(1)
 						default:
 							errs.Add(1)
@@ -340,7 +341,7 @@ func TestMigratesVersion1(t *testing.T) {
 	// A version-1 row has no tombstone: past its retention it is gone, and
 	// the sweeper deletes it.
 	clock.Advance(25 * time.Hour)
-	if _, err := l.Lookup(t.Context(), scope("done"), 0); ledger.CodeOf(err) != ledger.CodeNotFound {
+	if _, err := l.Lookup(t.Context(), scope("done"), 0); errcode.Of(err) != errcode.NotFound {
 		t.Fatalf("a version-1 record past its retention: %v, want NOT_FOUND", err)
 	}
 	if _, err := s.Sweep(t.Context(), 100); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/lincheck"
 )
@@ -135,7 +136,7 @@ func TestFollowerReadsNeverClaim(t *testing.T) {
 	stats(2, 4)
 
 	// Another fingerprint: the leaseholder refuses it.
-	if _, err := begin("running", "q"); ledger.CodeOf(err) != ledger.CodeKeyReused {
+	if _, err := begin("running", "q"); errcode.Of(err) != errcode.KeyReused {
 		t.Fatalf("another fingerprint: %v, want KEY_REUSED", err)
 	}
 	stats(2, 5)

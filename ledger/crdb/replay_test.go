@@ -11,6 +11,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -69,7 +70,7 @@ func TestReplayIsOneStatement(t *testing.T) {
 	other.Fingerprint = ledgertest.Fingerprint("other")
 	before = statements.n.Load()
 	_, err = l.Begin(t.Context(), other)
-	ledgertest.WantCode(t, err, ledger.CodeKeyReused)
+	ledgertest.WantCode(t, err, errcode.KeyReused)
 	if n := statements.n.Load() - before; n != 1 {
 		t.Fatalf("KEY_REUSED took %d statements, want 1", n)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -90,7 +91,7 @@ func TestRetriesRunOutAsContention(t *testing.T) {
 	l := ledger.New(s, ledger.Config{})
 	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
 	_, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
-	if le := ledgertest.WantCode(t, err, ledger.CodeContention); !le.Retryable() {
+	if le := ledgertest.WantCode(t, err, errcode.Contention); !le.Retryable() {
 		t.Fatal("CONTENTION must be retryable")
 	}
 	var used int64
@@ -145,39 +146,39 @@ func TestClassify(t *testing.T) {
 	tests := []struct {
 		name       string
 		err        error
-		want       ledger.Code
+		want       errcode.Code
 		retryAfter time.Duration
 	}{
-		{"SerializationFailure", pg("40001"), ledger.CodeContention, s.cfg.RetryCap},
-		{"Deadlock", pg("40P01"), ledger.CodeContention, s.cfg.RetryCap},
-		{"CockroachRestart", pg("CR000"), ledger.CodeContention, s.cfg.RetryCap},
-		{"LockTimeout", pg("55P03"), ledger.CodeContention, s.cfg.RetryCap},
-		{"OtherRollback", pg("40002"), ledger.CodeContention, s.cfg.RetryCap},
-		{"AmbiguousCommit", pg("40003"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"StatementTimeout", pg("57014"), ledger.CodeUpstreamTimeout, 0},
-		{"ReadOnly", pg("25006"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"ConnectionFailure", pg("08006"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"DiskFull", pg("53100"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"OutOfMemory", pg("53200"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"TooManyConnections", pg("53300"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"ConfigurationLimit", pg("53400"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"AdminShutdown", pg("57P01"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"CannotConnectNow", pg("57P03"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"IOError", pg("58030"), ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"InternalError", pg("XX000"), ledger.CodeInternal, 0},
-		{"DataCorrupted", pg("XX001"), ledger.CodeInternal, 0},
-		{"UndefinedTable", pg("42P01"), ledger.CodeInternal, 0},
-		{"UniqueViolation", pg("23505"), ledger.CodeInternal, 0},
-		{"RetriesRanOut", &crdbgo.MaxRetriesExceededError{}, ledger.CodeContention, s.cfg.RetryCap},
-		{"Deadline", context.DeadlineExceeded, ledger.CodeUpstreamTimeout, 0},
-		{"Canceled", context.Canceled, ledger.CodeUpstreamTimeout, 0},
-		{"ClosedPool", puddle.ErrClosedPool, ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"BrokenConnection", io.ErrUnexpectedEOF, ledger.CodeUnavailable, ledger.StoreRetryAfter},
-		{"NoRows", pgx.ErrNoRows, ledger.CodeInternal, 0},
+		{"SerializationFailure", pg("40001"), errcode.Contention, s.cfg.RetryCap},
+		{"Deadlock", pg("40P01"), errcode.Contention, s.cfg.RetryCap},
+		{"CockroachRestart", pg("CR000"), errcode.Contention, s.cfg.RetryCap},
+		{"LockTimeout", pg("55P03"), errcode.Contention, s.cfg.RetryCap},
+		{"OtherRollback", pg("40002"), errcode.Contention, s.cfg.RetryCap},
+		{"AmbiguousCommit", pg("40003"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"StatementTimeout", pg("57014"), errcode.UpstreamTimeout, 0},
+		{"ReadOnly", pg("25006"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"ConnectionFailure", pg("08006"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"DiskFull", pg("53100"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"OutOfMemory", pg("53200"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"TooManyConnections", pg("53300"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"ConfigurationLimit", pg("53400"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"AdminShutdown", pg("57P01"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"CannotConnectNow", pg("57P03"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"IOError", pg("58030"), errcode.Unavailable, ledger.StoreRetryAfter},
+		{"InternalError", pg("XX000"), errcode.Internal, 0},
+		{"DataCorrupted", pg("XX001"), errcode.Internal, 0},
+		{"UndefinedTable", pg("42P01"), errcode.Internal, 0},
+		{"UniqueViolation", pg("23505"), errcode.Internal, 0},
+		{"RetriesRanOut", &crdbgo.MaxRetriesExceededError{}, errcode.Contention, s.cfg.RetryCap},
+		{"Deadline", context.DeadlineExceeded, errcode.UpstreamTimeout, 0},
+		{"Canceled", context.Canceled, errcode.UpstreamTimeout, 0},
+		{"ClosedPool", puddle.ErrClosedPool, errcode.Unavailable, ledger.StoreRetryAfter},
+		{"BrokenConnection", io.ErrUnexpectedEOF, errcode.Unavailable, ledger.StoreRetryAfter},
+		{"NoRows", pgx.ErrNoRows, errcode.Internal, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			le := ledger.AsError(s.classify("x", tt.err))
+			le := errcode.As(s.classify("x", tt.err))
 			if le.Code != tt.want || le.RetryAfter != tt.retryAfter || le.Retryable() != tt.want.Retryable() {
 				t.Fatalf("classify = %s (retryable %v, retry-after %s), want %s (retry-after %s)", le.Code, le.Retryable(), le.RetryAfter, tt.want, tt.retryAfter)
 			}
@@ -223,7 +224,7 @@ func TestCanceledStatementIsRetryable(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	err = <-done
-	if le := ledger.AsError(err); le.Code != ledger.CodeUpstreamTimeout || !le.Retryable() {
+	if le := errcode.As(err); le.Code != errcode.UpstreamTimeout || !le.Retryable() {
 		t.Fatalf("a canceled claim = %v; want a retryable UPSTREAM_TIMEOUT", err)
 	}
 	_ = lock.Rollback(t.Context())
@@ -298,8 +299,8 @@ func TestMixedBatchFailures(t *testing.T) {
 			rec, getErr := s.Get(ctx, testScope("held"))
 
 			if tc.failures > 1 {
-				ledgertest.WantCode(t, claimed.err, ledger.CodeContention)
-				ledgertest.WantCode(t, completed.err, ledger.CodeContention)
+				ledgertest.WantCode(t, claimed.err, errcode.Contention)
+				ledgertest.WantCode(t, completed.err, errcode.Contention)
 				if n := rowCount(t, s); n != 1 || getErr != nil || rec.State != ledger.StateInProgress {
 					t.Fatalf("%d rows, held = %+v, %v; want only held, in progress", n, rec, getErr)
 				}
@@ -350,10 +351,10 @@ func TestStoreCallsAreBounded(t *testing.T) {
 	for name, tt := range map[string]struct {
 		cfg    Config
 		ledger ledger.Config
-		want   ledger.Code
+		want   errcode.Code
 	}{
-		"LedgerBound":     {Config{StatementTimeout: -1, LockTimeout: -1}, ledger.Config{StoreTimeout: time.Second}, ledger.CodeUpstreamTimeout},
-		"DatabaseLockOut": {Config{LockTimeout: 500 * time.Millisecond}, ledger.Config{StoreTimeout: time.Minute}, ledger.CodeContention},
+		"LedgerBound":     {Config{StatementTimeout: -1, LockTimeout: -1}, ledger.Config{StoreTimeout: time.Second}, errcode.UpstreamTimeout},
+		"DatabaseLockOut": {Config{LockTimeout: 500 * time.Millisecond}, ledger.Config{StoreTimeout: time.Minute}, errcode.Contention},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, err := Open(t.Context(), url, tt.cfg)
@@ -364,7 +365,7 @@ func TestStoreCallsAreBounded(t *testing.T) {
 			start := time.Now()
 			_, err = ledger.New(s, tt.ledger).Begin(context.Background(), req(name))
 			took := time.Since(start)
-			if le := ledger.AsError(err); le.Code != tt.want || !le.Retryable() || took > 5*time.Second {
+			if le := errcode.As(err); le.Code != tt.want || !le.Retryable() || took > 5*time.Second {
 				t.Fatalf("a Begin on a locked table: %v after %v; want a retryable %s within the bound", err, took, tt.want)
 			}
 		})

@@ -49,7 +49,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/streamcall"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -186,7 +186,7 @@ func answer[R any](res *ledgerv1.StreamResponse, err error, get func(*ledgerv1.S
 	if r := get(res); r != nil {
 		return r, nil
 	}
-	return nil, ledgerstatus.Err(ledger.Errorf(ledger.CodeInternal, "the ledger answered another call's kind"))
+	return nil, ledgerstatus.Err(errcode.Errorf(errcode.Internal, "the ledger answered another call's kind"))
 }
 
 // notRunAttempts bounds the streams a call is sent on when streams end
@@ -433,7 +433,7 @@ func (s *session) end(err error) {
 }
 
 func unavailable(msg string) error {
-	return ledgerstatus.Err(&ledger.Error{Code: ledger.CodeUnavailable, Message: msg, RetryAfter: 100 * time.Millisecond})
+	return ledgerstatus.Err(&errcode.Error{Code: errcode.Unavailable, Message: msg, RetryAfter: 100 * time.Millisecond})
 }
 
 // tracer makes the spans of the calls on a Stream.

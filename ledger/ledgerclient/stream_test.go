@@ -17,6 +17,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -182,7 +183,7 @@ func TestServerRestart(t *testing.T) {
 	c := dial(t, addr)
 	errc := waiting(t, c)
 	gs.Stop()
-	if le := ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable); !le.Retryable() {
+	if le := ledgertest.WantStatus(t, <-errc, errcode.Unavailable); !le.Retryable() {
 		t.Fatal("UNAVAILABLE must be retryable")
 	}
 
@@ -217,7 +218,7 @@ func TestClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ledgertest.WantStatus(t, <-errc, ledger.CodeUnavailable)
+	ledgertest.WantStatus(t, <-errc, errcode.Unavailable)
 	_, err := c.Begin(t.Context(), begin("later"))
-	ledgertest.WantStatus(t, err, ledger.CodeUnavailable)
+	ledgertest.WantStatus(t, err, errcode.Unavailable)
 }

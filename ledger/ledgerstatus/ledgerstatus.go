@@ -24,7 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Domain is the ErrorInfo domain of the ledger's errors: the service's name.
@@ -38,12 +38,12 @@ const PushbackTrailer = "grpc-retry-pushback-ms"
 // broken server cannot park a client for days.
 const maxRetryAfter = time.Hour
 
-// Encode returns the status for err: nil for nil; for an *ledger.Error in
+// Encode returns the status for err: nil for nil; for an *errcode.Error in
 // the chain, its code, safe message and details; for any other error,
 // ledger.CodeOf's code with a generic message, so internals never reach
 // callers.
 func Encode(err error) *status.Status {
-	le := ledger.AsError(err)
+	le := errcode.As(err)
 	if le == nil {
 		return nil
 	}
@@ -51,7 +51,7 @@ func Encode(err error) *status.Status {
 	if msg == "" {
 		msg = le.Code.String()
 	}
-	st := status.New(le.Code.GRPCCode(), msg)
+	st := status.New(GRPCCode(le.Code), msg)
 	retryable := le.Code.Retryable()
 	info := &errdetails.ErrorInfo{
 		Reason:   le.Code.String(),
@@ -91,7 +91,7 @@ func Err(err error) error {
 // the retry-after in milliseconds when the error is retryable, "-1" when
 // it is not.
 func Pushback(err error) string {
-	le := ledger.AsError(err)
+	le := errcode.As(err)
 	if le == nil || !le.Code.Retryable() {
 		return "-1"
 	}
@@ -108,14 +108,14 @@ func SetPushback(ctx context.Context, err error) {
 }
 
 // FromError decodes an error returned by a gRPC call: nil for nil, a
-// *ledger.Error in err's chain as it is, the typed error for a status, and
+// *errcode.Error in err's chain as it is, the typed error for a status, and
 // ledger.AsError's classification for any other error (a context error is
 // UPSTREAM_TIMEOUT).
-func FromError(err error) *ledger.Error {
+func FromError(err error) *errcode.Error {
 	if err == nil {
 		return nil
 	}
-	if le := (*ledger.Error)(nil); errors.As(err, &le) && le.Code.Known() {
+	if le := (*errcode.Error)(nil); errors.As(err, &le) && le.Code.Known() {
 		return le
 	}
 	if st, ok := status.FromError(err); ok {
@@ -123,7 +123,7 @@ func FromError(err error) *ledger.Error {
 			return le
 		}
 	}
-	return ledger.AsError(err)
+	return errcode.As(err)
 }
 
 // IsTyped reports whether err is a status that carries an
@@ -146,16 +146,16 @@ func IsTyped(err error) bool {
 // It prefers the ErrorDetail, then an ErrorInfo of Domain, then falls back
 // on the gRPC code (see fallback). Unparseable details are skipped; it never
 // panics.
-func Decode(st *status.Status) *ledger.Error {
+func Decode(st *status.Status) *errcode.Error {
 	if st == nil || st.Code() == codes.OK {
 		return nil
 	}
-	le := &ledger.Error{Code: fallback(st), Message: st.Message()}
+	le := &errcode.Error{Code: fallback(st), Message: st.Message()}
 	var fromDetail, fromInfo bool
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *ledgerv1.ErrorDetail:
-			if c := ledger.Code(d.GetCode()); c.Known() && !fromDetail {
+			if c := errcode.Code(d.GetCode()); c.Known() && !fromDetail {
 				fromDetail = true
 				le.Code = c
 				le.Metadata = copyMap(d.GetMetadata())
@@ -196,34 +196,34 @@ func clampDelay(d *durationpb.Duration) time.Duration {
 // a message over a size limit (RESOURCE_EXHAUSTED, "message larger than
 // max", on either side) is OUTCOME_TOO_LARGE: sending it again cannot
 // succeed, and only an outcome makes a ledger call that large.
-func fallback(st *status.Status) ledger.Code {
+func fallback(st *status.Status) errcode.Code {
 	switch st.Code() {
 	case codes.ResourceExhausted:
 		if strings.Contains(st.Message(), "message larger than max") {
-			return ledger.CodeOutcomeTooLarge
+			return errcode.OutcomeTooLarge
 		}
-		return ledger.CodeRateLimited
+		return errcode.RateLimited
 	case codes.Unavailable:
-		return ledger.CodeUnavailable
+		return errcode.Unavailable
 	case codes.DeadlineExceeded, codes.Canceled:
-		return ledger.CodeUpstreamTimeout
+		return errcode.UpstreamTimeout
 	case codes.Aborted:
-		return ledger.CodeContention
+		return errcode.Contention
 	case codes.InvalidArgument, codes.OutOfRange:
-		return ledger.CodeValidationFailed
+		return errcode.ValidationFailed
 	case codes.NotFound:
-		return ledger.CodeNotFound
+		return errcode.NotFound
 	case codes.Unauthenticated:
-		return ledger.CodeUnauthenticated
+		return errcode.Unauthenticated
 	case codes.PermissionDenied:
-		return ledger.CodePermissionDenied
+		return errcode.PermissionDenied
 	}
-	return ledger.CodeInternal
+	return errcode.Internal
 }
 
-var byName = func() map[string]ledger.Code {
-	m := make(map[string]ledger.Code)
-	for _, c := range ledger.Codes() {
+var byName = func() map[string]errcode.Code {
+	m := make(map[string]errcode.Code)
+	for _, c := range errcode.Codes() {
 		m[c.String()] = c
 	}
 	return m

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -55,8 +55,8 @@ var specTable = []struct {
 }
 
 func TestTableMatchesSpec(t *testing.T) {
-	codesByName := map[string]ledger.Code{}
-	for _, c := range ledger.Codes() {
+	codesByName := map[string]errcode.Code{}
+	for _, c := range errcode.Codes() {
 		codesByName[c.String()] = c
 	}
 	if len(codesByName) != len(specTable) {
@@ -68,8 +68,8 @@ func TestTableMatchesSpec(t *testing.T) {
 			t.Errorf("contract code %s is missing", row.name)
 			continue
 		}
-		if c.GRPCCode() != row.grpc || c.Retryable() != row.retryable {
-			t.Errorf("%s: gRPC %s retryable %v, the contract says %s %v", row.name, c.GRPCCode(), c.Retryable(), row.grpc, row.retryable)
+		if ledgerstatus.GRPCCode(c) != row.grpc || c.Retryable() != row.retryable {
+			t.Errorf("%s: gRPC %s retryable %v, the contract says %s %v", row.name, ledgerstatus.GRPCCode(c), c.Retryable(), row.grpc, row.retryable)
 		}
 		if got := ledgerv1.ErrorCode(c).String(); got != "ERROR_CODE_"+row.name {
 			t.Errorf("%s travels as wire enum %s", row.name, got)
@@ -94,25 +94,25 @@ func dialFailer(t *testing.T, errs map[string]error) *grpc.ClientConn {
 
 func TestRoundTripEveryCode(t *testing.T) {
 	errs := map[string]error{}
-	for _, c := range ledger.Codes() {
-		e := &ledger.Error{Code: c, Message: "message of " + c.String(), Metadata: map[string]string{"method": "/a.B/C"}}
+	for _, c := range errcode.Codes() {
+		e := &errcode.Error{Code: c, Message: "message of " + c.String(), Metadata: map[string]string{"method": "/a.B/C"}}
 		if c.Retryable() {
 			e.RetryAfter = 1500 * time.Millisecond
 		}
 		errs["/test.Fail/"+c.String()] = e
 	}
 	conn := dialFailer(t, errs)
-	for _, c := range ledger.Codes() {
+	for _, c := range errcode.Codes() {
 		t.Run(c.String(), func(t *testing.T) {
 			var trailer metadata.MD
 			err := conn.Invoke(t.Context(), "/test.Fail/"+c.String(), &emptypb.Empty{}, &emptypb.Empty{}, grpc.Trailer(&trailer))
 			st := status.Convert(err)
-			if st.Code() != c.GRPCCode() {
-				t.Fatalf("gRPC code = %s, want %s", st.Code(), c.GRPCCode())
+			if st.Code() != ledgerstatus.GRPCCode(c) {
+				t.Fatalf("gRPC code = %s, want %s", st.Code(), ledgerstatus.GRPCCode(c))
 			}
 			got := ledgerstatus.FromError(err)
-			want := ledger.AsError(errs["/test.Fail/"+c.String()])
-			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(ledger.Error{}, "Err")); d != "" {
+			want := errcode.As(errs["/test.Fail/"+c.String()])
+			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(errcode.Error{}, "Err")); d != "" {
 				t.Fatalf("decoded (-want +got):\n%s", d)
 			}
 			var info *errdetails.ErrorInfo
@@ -152,7 +152,7 @@ func TestForeignErrorsLeakNothing(t *testing.T) {
 	if st.Code() != codes.Internal || st.Message() != "internal error" {
 		t.Fatalf("foreign error encoded as %s %q", st.Code(), st.Message())
 	}
-	wrapped := ledger.Wrap(ledger.CodeUnavailable, errors.New("password=hunter2"), "the store is unavailable")
+	wrapped := errcode.Wrap(errcode.Unavailable, errors.New("password=hunter2"), "the store is unavailable")
 	if st := ledgerstatus.Encode(wrapped); st.Message() != "the store is unavailable" {
 		t.Fatalf("message = %q leaks the cause", st.Message())
 	}
@@ -166,19 +166,19 @@ func TestDecodeForeignStatuses(t *testing.T) {
 	tests := []struct {
 		name string
 		st   *spb.Status
-		want ledger.Code
+		want errcode.Code
 		wait time.Duration
 	}{
-		{"Unavailable", &spb.Status{Code: int32(codes.Unavailable)}, ledger.CodeUnavailable, 0},
-		{"ResourceExhaustedWithRetryInfo", withDetail(codes.ResourceExhausted, &errdetails.RetryInfo{RetryDelay: durationpb.New(3 * time.Second)}), ledger.CodeRateLimited, 3 * time.Second},
-		{"AbortedIsContention", &spb.Status{Code: int32(codes.Aborted)}, ledger.CodeContention, 0},
-		{"FailedPreconditionIsInternal", &spb.Status{Code: int32(codes.FailedPrecondition)}, ledger.CodeInternal, 0},
-		{"OtherDomainIgnored", &spb.Status{Code: int32(codes.Unknown), Details: []*anypb.Any{garbage}}, ledger.CodeInternal, 0},
-		{"UndecodableDetail", &spb.Status{Code: int32(codes.Unavailable), Details: []*anypb.Any{{TypeUrl: "type.googleapis.com/idemledger.v1.ErrorDetail", Value: []byte{0xff}}}}, ledger.CodeUnavailable, 0},
-		{"UnknownWireCode", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: 999}), ledger.CodeContention, 0},
-		{"HugeRetryAfterClamped", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: ledgerv1.ErrorCode_ERROR_CODE_IN_PROGRESS, RetryAfter: durationpb.New(1000 * time.Hour)}), ledger.CodeInProgress, time.Hour},
-		{"NegativeRetryAfter", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: ledgerv1.ErrorCode_ERROR_CODE_IN_PROGRESS, RetryAfter: durationpb.New(-time.Hour)}), ledger.CodeInProgress, 0},
-		{"ErrorInfoOnly", withDetail(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: "LEASE_LOST", Domain: ledgerstatus.Domain}), ledger.CodeLeaseLost, 0},
+		{"Unavailable", &spb.Status{Code: int32(codes.Unavailable)}, errcode.Unavailable, 0},
+		{"ResourceExhaustedWithRetryInfo", withDetail(codes.ResourceExhausted, &errdetails.RetryInfo{RetryDelay: durationpb.New(3 * time.Second)}), errcode.RateLimited, 3 * time.Second},
+		{"AbortedIsContention", &spb.Status{Code: int32(codes.Aborted)}, errcode.Contention, 0},
+		{"FailedPreconditionIsInternal", &spb.Status{Code: int32(codes.FailedPrecondition)}, errcode.Internal, 0},
+		{"OtherDomainIgnored", &spb.Status{Code: int32(codes.Unknown), Details: []*anypb.Any{garbage}}, errcode.Internal, 0},
+		{"UndecodableDetail", &spb.Status{Code: int32(codes.Unavailable), Details: []*anypb.Any{{TypeUrl: "type.googleapis.com/idemledger.v1.ErrorDetail", Value: []byte{0xff}}}}, errcode.Unavailable, 0},
+		{"UnknownWireCode", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: 999}), errcode.Contention, 0},
+		{"HugeRetryAfterClamped", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: ledgerv1.ErrorCode_ERROR_CODE_IN_PROGRESS, RetryAfter: durationpb.New(1000 * time.Hour)}), errcode.InProgress, time.Hour},
+		{"NegativeRetryAfter", withDetail(codes.Aborted, &ledgerv1.ErrorDetail{Code: ledgerv1.ErrorCode_ERROR_CODE_IN_PROGRESS, RetryAfter: durationpb.New(-time.Hour)}), errcode.InProgress, 0},
+		{"ErrorInfoOnly", withDetail(codes.FailedPrecondition, &errdetails.ErrorInfo{Reason: "LEASE_LOST", Domain: ledgerstatus.Domain}), errcode.LeaseLost, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,8 +202,8 @@ func withDetail(c codes.Code, m proto.Message) *spb.Status {
 }
 
 func FuzzDecode(f *testing.F) {
-	for _, c := range ledger.Codes() {
-		b, _ := proto.Marshal(ledgerstatus.Encode(&ledger.Error{Code: c, RetryAfter: time.Second}).Proto())
+	for _, c := range errcode.Codes() {
+		b, _ := proto.Marshal(ledgerstatus.Encode(&errcode.Error{Code: c, RetryAfter: time.Second}).Proto())
 		f.Add(b)
 	}
 	f.Add([]byte{0x08, 0x0e, 0x1a, 0x03, 0x0a, 0x01, 0x78})
@@ -235,7 +235,7 @@ func TestIsTyped(t *testing.T) {
 		want bool
 	}{
 		"Nil":        {nil, false},
-		"Typed":      {ledgerstatus.Err(ledger.Errorf(ledger.CodeKeyReused, "x")), true},
+		"Typed":      {ledgerstatus.Err(errcode.Errorf(errcode.KeyReused, "x")), true},
 		"Foreign":    {status.Error(codes.Unavailable, "connection refused"), false},
 		"NotAStatus": {errors.New("plain"), false},
 	} {

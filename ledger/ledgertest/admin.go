@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // The rules of the admin surface: List and Purge (ledger.AdminStore).
@@ -131,7 +132,7 @@ func ruleList(t *testing.T, suite Suite) {
 		{Namespace: e.ns, PageSize: 10, After: ledger.Scope{Namespace: "another", Tenant: "t", Key: "k"}},
 	} {
 		_, err := e.ledger.List(t.Context(), bad)
-		want(t, err, ledger.CodeValidationFailed)
+		want(t, err, errcode.ValidationFailed)
 	}
 }
 
@@ -147,7 +148,7 @@ func rulePurge(t *testing.T, suite Suite) {
 	if err != nil || res.Purged != 1 {
 		t.Fatalf("purge a completed record: %+v, %v", res, err)
 	}
-	if _, err := e.ledger.Get(t.Context(), key("t1", "fresh")); ledger.CodeOf(err) != ledger.CodeNotFound {
+	if _, err := e.ledger.Get(t.Context(), key("t1", "fresh")); errcode.Of(err) != errcode.NotFound {
 		t.Fatalf("after its purge: %v", err)
 	}
 	if res, err := e.ledger.Purge(t.Context(), key("t1", "no-such-key"), 0); err != nil || res.Purged != 0 {
@@ -155,7 +156,7 @@ func rulePurge(t *testing.T, suite Suite) {
 	}
 	for _, k := range []string{"held", "unknown"} {
 		_, err := e.ledger.Purge(t.Context(), key("t1", k), 0)
-		want(t, err, ledger.CodeValidationFailed)
+		want(t, err, errcode.ValidationFailed)
 		if rec, err := e.ledger.Get(t.Context(), key("t1", k)); err != nil || rec.State != world[key("t1", k)] {
 			t.Fatalf("a refused purge changed %s: %+v, %v", k, rec, err)
 		}
@@ -199,7 +200,7 @@ func rulePurge(t *testing.T, suite Suite) {
 		t.Fatalf("a purged key claimed again: %+v", c)
 	}
 	_, err = e.ledger.Purge(t.Context(), ledger.Scope{Namespace: e.ns, Tenant: "t2"}, ledger.MaxPurgeSize+1)
-	want(t, err, ledger.CodeValidationFailed)
+	want(t, err, errcode.ValidationFailed)
 }
 
 func mapsEqual(a, b map[ledger.Scope]ledger.State) bool {

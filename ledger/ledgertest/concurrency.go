@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 func raceOneWinnerOf64(t *testing.T, suite Suite) {
@@ -23,7 +24,7 @@ func raceOneWinnerOf64(t *testing.T, suite Suite) {
 			switch {
 			case err == nil && res.Claim != nil:
 				claims.Add(1)
-			case ledger.CodeOf(err) == ledger.CodeInProgress:
+			case errcode.Of(err) == errcode.InProgress:
 				inProgress.Add(1)
 			default:
 				other.Add(1)
@@ -66,7 +67,7 @@ func raceStaleAndFreshCompleteRace(t *testing.T, suite Suite) {
 	}
 	wg.Wait()
 	for i := range keys {
-		_ = WantCode(t, errs[i][0], ledger.CodeLeaseLost)
+		_ = WantCode(t, errs[i][0], errcode.LeaseLost)
 		if errs[i][1] != nil {
 			t.Fatalf("key %d: fresh Complete: %v", i, errs[i][1])
 		}
@@ -101,7 +102,7 @@ func raceManyKeysInParallel(t *testing.T, suite Suite) {
 					if d := diffOutcome(Response(key), res.Replay.Outcome); d != "" {
 						t.Errorf("replay of %s (-want +got):\n%s", key, d)
 					}
-				case ledger.CodeOf(err) == ledger.CodeInProgress:
+				case errcode.Of(err) == errcode.InProgress:
 					inProgress.Add(1)
 				default:
 					t.Errorf("Begin(%s): %v", key, err)

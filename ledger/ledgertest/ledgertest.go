@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -195,9 +196,9 @@ func randomHex(n int) string {
 }
 
 // WantCode fails the test unless err carries code.
-func WantCode(t testing.TB, err error, code ledger.Code) *ledger.Error {
+func WantCode(t testing.TB, err error, code errcode.Code) *errcode.Error {
 	t.Helper()
-	var le *ledger.Error
+	var le *errcode.Error
 	if !errors.As(err, &le) || le.Code != code {
 		t.Fatalf("error = %v, want code %s", err, code)
 	}
@@ -205,7 +206,7 @@ func WantCode(t testing.TB, err error, code ledger.Code) *ledger.Error {
 }
 
 // want fails t unless err carries code.
-func want(t testing.TB, err error, code ledger.Code) {
+func want(t testing.TB, err error, code errcode.Code) {
 	t.Helper()
 	_ = WantCode(t, err, code)
 }
@@ -213,7 +214,7 @@ func want(t testing.TB, err error, code ledger.Code) {
 // WantStatus fails t unless err is a typed status (ledgerstatus) with
 // code: what a caller of the ledger or of a protected method must get. It
 // returns the decoded error.
-func WantStatus(t testing.TB, err error, code ledger.Code) *ledger.Error {
+func WantStatus(t testing.TB, err error, code errcode.Code) *errcode.Error {
 	t.Helper()
 	le := ledgerstatus.FromError(err)
 	if le == nil || le.Code != code || !ledgerstatus.IsTyped(err) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 func ruleClaimAbsent(t *testing.T, suite Suite) {
@@ -63,20 +64,20 @@ func ruleKeyReused(t *testing.T, suite Suite) {
 	e := newEnv(t, suite, ledger.Config{})
 	c := e.mustClaim("k", "p")
 	_, err := e.begin("k", "another payload")
-	if le := WantCode(t, err, ledger.CodeKeyReused); le.Metadata["method"] != Method {
+	if le := WantCode(t, err, errcode.KeyReused); le.Metadata["method"] != Method {
 		t.Fatalf("metadata = %v, want method %s", le.Metadata, Method)
 	}
 	if _, err := e.ledger.Complete(t.Context(), e.scope("k"), c.Token, Response("x")); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.begin("k", "another payload")
-	_ = WantCode(t, err, ledger.CodeKeyReused)
+	_ = WantCode(t, err, errcode.KeyReused)
 	// An expired lease is no takeover for another payload.
 	e2 := newEnv(t, suite, ledger.Config{})
 	e2.mustClaim("k", "p")
 	e2.clock.Advance(time.Hour)
 	_, err = e2.begin("k", "another payload")
-	_ = WantCode(t, err, ledger.CodeKeyReused)
+	_ = WantCode(t, err, errcode.KeyReused)
 }
 
 func ruleInProgressRetryAfter(t *testing.T, suite Suite) {
@@ -87,7 +88,7 @@ func ruleInProgressRetryAfter(t *testing.T, suite Suite) {
 	}
 	e.clock.Advance(700 * time.Millisecond)
 	_, err := e.ledger.Begin(t.Context(), req)
-	if le := WantCode(t, err, ledger.CodeInProgress); le.RetryAfter != 300*time.Millisecond {
+	if le := WantCode(t, err, errcode.InProgress); le.RetryAfter != 300*time.Millisecond {
 		t.Fatalf("retry after = %s, want 300ms (time left on the lease)", le.RetryAfter)
 	}
 	// A long lease is capped.
@@ -96,7 +97,7 @@ func ruleInProgressRetryAfter(t *testing.T, suite Suite) {
 		t.Fatal(err)
 	}
 	_, err = e.ledger.Begin(t.Context(), req)
-	if le := WantCode(t, err, ledger.CodeInProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
+	if le := WantCode(t, err, errcode.InProgress); le.RetryAfter != ledger.DefaultMaxRetryAfter {
 		t.Fatalf("retry after = %s, want the cap %s", le.RetryAfter, ledger.DefaultMaxRetryAfter)
 	}
 }
@@ -106,7 +107,7 @@ func ruleTakeoverFencesTheOldToken(t *testing.T, suite Suite) {
 	old := e.mustClaim("k", "p")
 	e.clock.Advance(ledger.DefaultLease - time.Microsecond)
 	_, err := e.begin("k", "p")
-	want(t, err, ledger.CodeInProgress)
+	want(t, err, errcode.InProgress)
 	e.clock.Advance(time.Microsecond)
 	c := e.mustClaim("k", "p")
 	if c.Token != old.Token+1 || c.Attempt != 2 || !c.LeaseExpiresAt.Equal(e.clock.Now().Add(ledger.DefaultLease)) {
@@ -114,10 +115,10 @@ func ruleTakeoverFencesTheOldToken(t *testing.T, suite Suite) {
 	}
 	s := e.scope("k")
 	_, err = e.ledger.Extend(t.Context(), s, old.Token, 0)
-	want(t, err, ledger.CodeLeaseLost)
-	want(t, e.ledger.Release(t.Context(), s, old.Token), ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
+	want(t, e.ledger.Release(t.Context(), s, old.Token), errcode.LeaseLost)
 	_, err = e.ledger.Complete(t.Context(), s, old.Token, Response("old"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 	if _, err := e.ledger.Complete(t.Context(), s, c.Token, Response("new")); err != nil {
 		t.Fatal(err)
 	}
@@ -153,12 +154,12 @@ func ruleCompleteRepeated(t *testing.T, suite Suite) {
 		t.Fatalf("repeated Complete moved completed_at from %s to %s", first.CompletedAt, again.CompletedAt)
 	}
 	_, err = e.ledger.Complete(t.Context(), s, c.Token, Response("b"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 	_, err = e.ledger.Complete(t.Context(), s, c.Token+1, Response("a"))
-	want(t, err, ledger.CodeLeaseLost)
-	want(t, e.ledger.Release(t.Context(), s, c.Token), ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
+	want(t, e.ledger.Release(t.Context(), s, c.Token), errcode.LeaseLost)
 	_, err = e.ledger.Extend(t.Context(), s, c.Token, 0)
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 	res, err := e.begin("k", "p")
 	if err != nil || res.Replay == nil {
 		t.Fatalf("Begin = %+v, %v", res, err)
@@ -172,12 +173,12 @@ func ruleAbsentKeyIsLeaseLost(t *testing.T, suite Suite) {
 	e := newEnv(t, suite, ledger.Config{})
 	s := e.scope("nobody")
 	_, err := e.ledger.Complete(t.Context(), s, 1, Response("x"))
-	want(t, err, ledger.CodeLeaseLost)
-	want(t, e.ledger.Release(t.Context(), s, 1), ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
+	want(t, e.ledger.Release(t.Context(), s, 1), errcode.LeaseLost)
 	_, err = e.ledger.Extend(t.Context(), s, 1, 0)
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 	_, err = e.ledger.Lookup(t.Context(), s, 0)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 }
 
 func ruleRelease(t *testing.T, suite Suite) {
@@ -191,18 +192,18 @@ func ruleRelease(t *testing.T, suite Suite) {
 		t.Fatalf("the same Release repeated: %v", err)
 	}
 	_, err := e.ledger.Lookup(t.Context(), s, 0)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	_, err = e.ledger.Complete(t.Context(), s, c.Token, Response("x"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 	// The key is absent again: even another payload may claim it, with a
 	// higher token, so the released holder stays fenced.
 	next := e.mustClaim("k", "another payload")
 	if next.Token <= c.Token || next.Attempt != 1 {
 		t.Fatalf("claim after release = %+v, want a token above %d and attempt 1", next, c.Token)
 	}
-	want(t, e.ledger.Release(t.Context(), s, c.Token), ledger.CodeLeaseLost)
+	want(t, e.ledger.Release(t.Context(), s, c.Token), errcode.LeaseLost)
 	_, err = e.ledger.Complete(t.Context(), s, c.Token, Response("x"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 }
 
 func ruleExtend(t *testing.T, suite Suite) {
@@ -219,7 +220,7 @@ func ruleExtend(t *testing.T, suite Suite) {
 	}
 	e.clock.Advance(30 * time.Second) // past the first lease, inside the extended one
 	_, err = e.begin("k", "p")
-	want(t, err, ledger.CodeInProgress)
+	want(t, err, errcode.InProgress)
 	e.clock.Advance(31 * time.Second)
 	if c2 := e.mustClaim("k", "p"); c2.Token != c.Token+1 {
 		t.Fatalf("takeover token = %d, want %d", c2.Token, c.Token+1)
@@ -240,7 +241,7 @@ func ruleExtend(t *testing.T, suite Suite) {
 	}
 	e.clock.Advance(50 * time.Second)
 	_, err = e.ledger.Begin(t.Context(), req)
-	want(t, err, ledger.CodeInProgress)
+	want(t, err, errcode.InProgress)
 }
 
 // noTombstones is a ledger configuration whose records keep no tombstone:
@@ -264,7 +265,7 @@ func ruleRetentionExpiry(t *testing.T, suite Suite) {
 	}
 	e.clock.Advance(time.Microsecond)
 	_, err = e.ledger.Lookup(t.Context(), s, 0)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	req.Fingerprint = Fingerprint("another payload")
 	again, err := e.ledger.Begin(t.Context(), req)
 	if err != nil || again.Claim == nil {
@@ -281,12 +282,12 @@ func ruleRetryTooLate(t *testing.T, suite Suite) {
 	req := ledger.BeginRequest{Scope: s, Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour,
 		FirstAttemptAt: Start.Add(-time.Hour - time.Second)}
 	_, err := e.ledger.Begin(t.Context(), req)
-	want(t, err, ledger.CodeRetryTooLate)
+	want(t, err, errcode.RetryTooLate)
 	_, err = e.ledger.Lookup(t.Context(), s, 0)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	// The refusal leaves no trace: no token to release, and the next
 	// claim is the first.
-	want(t, e.ledger.Release(t.Context(), s, 1), ledger.CodeLeaseLost)
+	want(t, e.ledger.Release(t.Context(), s, 1), errcode.LeaseLost)
 	req.FirstAttemptAt = Start.Add(-time.Hour + time.Second)
 	res, err := e.ledger.Begin(t.Context(), req)
 	if err != nil || res.Claim == nil || res.Claim.Token != 1 || res.Claim.Attempt != 1 {
@@ -351,7 +352,7 @@ func ruleLookupWait(t *testing.T, suite Suite) {
 	})
 	_, err = e.ledger.Lookup(t.Context(), e.scope("k2"), 10*time.Second)
 	wg.Wait()
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 }
 
 func ruleScopesAreIsolated(t *testing.T, suite Suite) {
@@ -364,10 +365,10 @@ func ruleScopesAreIsolated(t *testing.T, suite Suite) {
 	}
 	foreign := ledger.Scope{Namespace: e.ns + "-other", Tenant: "tenant-1", Key: "k"}
 	_, err = e.ledger.Lookup(t.Context(), foreign, 0)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	_, err = e.ledger.Complete(t.Context(), foreign, a.Token, Response("x"))
-	want(t, err, ledger.CodeLeaseLost)
-	want(t, e.ledger.Release(t.Context(), foreign, a.Token), ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
+	want(t, e.ledger.Release(t.Context(), foreign, a.Token), errcode.LeaseLost)
 	if rec, err := e.ledger.Lookup(t.Context(), e.scope("k"), 0); err != nil || rec.State != ledger.StateInProgress {
 		t.Fatalf("the first scope's record = %v, %v; want it untouched", rec.State, err)
 	}
@@ -396,7 +397,7 @@ func ruleCanceledCall(t *testing.T, suite Suite) {
 		"Extend":   func() error { _, err := e.ledger.Extend(ctx, s, c.Token, 0); return err },
 		"Lookup":   func() error { _, err := e.ledger.Lookup(ctx, s, 0); return err },
 	} {
-		if le := WantCode(t, call(), ledger.CodeUpstreamTimeout); !le.Retryable() {
+		if le := WantCode(t, call(), errcode.UpstreamTimeout); !le.Retryable() {
 			t.Fatalf("%s: UPSTREAM_TIMEOUT must be retryable", name)
 		}
 	}
@@ -404,7 +405,7 @@ func ruleCanceledCall(t *testing.T, suite Suite) {
 	if err != nil || after.State != before.State || after.Token != before.Token || !after.LeaseExpiresAt.Equal(before.LeaseExpiresAt) {
 		t.Fatalf("the record after canceled calls = %+v, %v; want %+v", after, err, before)
 	}
-	if _, err := e.ledger.Lookup(t.Context(), e.scope("other"), 0); ledger.CodeOf(err) != ledger.CodeNotFound {
+	if _, err := e.ledger.Lookup(t.Context(), e.scope("other"), 0); errcode.Of(err) != errcode.NotFound {
 		t.Fatalf("a canceled Begin left a record: %v", err)
 	}
 }

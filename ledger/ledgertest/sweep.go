@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Sweeper is a store that deletes the records past their retention: Sweep
@@ -158,7 +159,7 @@ func ruleSweepTombstones(t *testing.T, suite Suite) {
 		t.Fatalf("after a sweep past the retention: %+v, %v, %d records; want one tombstone without its outcome", rec, err, count())
 	}
 	_, err = l.Begin(t.Context(), req)
-	want(t, err, ledger.CodeKeyExpired)
+	want(t, err, errcode.KeyExpired)
 	clock.Advance(time.Hour)
 	sweepAll()
 	if n := count(); n != 0 {

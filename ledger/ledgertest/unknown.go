@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // The rules of tombstones, the HOLD policy and OUTCOME_UNKNOWN, and
@@ -29,7 +30,7 @@ func (e *env) mustBegin(req ledger.BeginRequest) *ledger.Claim {
 func (e *env) lookupState(key string) ledger.State {
 	e.t.Helper()
 	rec, err := e.ledger.Lookup(e.t.Context(), e.scope(key), 0)
-	if ledger.CodeOf(err) == ledger.CodeNotFound {
+	if errcode.Of(err) == errcode.NotFound {
 		return ledger.StateAbsent
 	}
 	if err != nil {
@@ -57,21 +58,21 @@ func ruleTombstone(t *testing.T, suite Suite) {
 		t.Fatalf("Lookup of a tombstone = %+v, %v; want EXPIRED, no outcome, forgotten a week after the retention", rec, err)
 	}
 	_, err = e.ledger.Begin(t.Context(), req)
-	if le := WantCode(t, err, ledger.CodeKeyExpired); le.Retryable() || le.Metadata["completedAt"] == "" {
+	if le := WantCode(t, err, errcode.KeyExpired); le.Retryable() || le.Metadata["completedAt"] == "" {
 		t.Fatalf("KEY_EXPIRED %+v: want permanent, with completedAt", le)
 	}
 	other := req
 	other.Fingerprint = Fingerprint("another payload")
 	_, err = e.ledger.Begin(t.Context(), other)
-	want(t, err, ledger.CodeKeyReused)
+	want(t, err, errcode.KeyReused)
 	// A late retry whose first attempt is older than the retention but not
 	// the tombstone window is KEY_EXPIRED, not RETRY_TOO_LATE.
 	late := req
 	late.FirstAttemptAt = e.clock.Now().Add(-2 * time.Hour)
 	_, err = e.ledger.Begin(t.Context(), late)
-	want(t, err, ledger.CodeKeyExpired)
+	want(t, err, errcode.KeyExpired)
 	_, err = e.ledger.Complete(t.Context(), e.scope("k"), c.Token, Response("inv"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 
 	e.clock.Advance(week)
 	if st := e.lookupState("k"); st != ledger.StateAbsent {
@@ -85,7 +86,7 @@ func ruleTombstone(t *testing.T, suite Suite) {
 	tooLate := ledger.BeginRequest{Scope: e.scope("late"), Fingerprint: Fingerprint("p"), Method: Method, Retention: time.Hour,
 		FirstAttemptAt: e.clock.Now().Add(-time.Hour - week - time.Second)}
 	_, err = e.ledger.Begin(t.Context(), tooLate)
-	want(t, err, ledger.CodeRetryTooLate)
+	want(t, err, errcode.RetryTooLate)
 }
 
 // ruleNoTombstones: a tombstone retention of 0 keeps none; a released key
@@ -122,11 +123,11 @@ func ruleHold(t *testing.T, suite Suite) {
 	c := e.mustBegin(e.hold("k"))
 	e.clock.Advance(5 * time.Second)
 	_, err := e.ledger.Begin(t.Context(), e.hold("k"))
-	want(t, err, ledger.CodeInProgress)
+	want(t, err, errcode.InProgress)
 	e.clock.Advance(5 * time.Second)
 	for range 2 {
 		_, err = e.ledger.Begin(t.Context(), e.hold("k"))
-		le := WantCode(t, err, ledger.CodeOutcomeUnknown)
+		le := WantCode(t, err, errcode.OutcomeUnknown)
 		if le.Retryable() || le.Metadata["attempt"] != "1" || le.Metadata["leaseExpiredAt"] == "" {
 			t.Fatalf("OUTCOME_UNKNOWN %+v: want permanent, with the attempt and when its lease expired", le)
 		}
@@ -134,7 +135,7 @@ func ruleHold(t *testing.T, suite Suite) {
 	other := e.hold("k")
 	other.Fingerprint = Fingerprint("another payload")
 	_, err = e.ledger.Begin(t.Context(), other)
-	want(t, err, ledger.CodeKeyReused)
+	want(t, err, errcode.KeyReused)
 	if st := e.lookupState("k"); st != ledger.StateUnknown {
 		t.Fatalf("Lookup = %s, want OUTCOME_UNKNOWN", st)
 	}
@@ -142,11 +143,11 @@ func ruleHold(t *testing.T, suite Suite) {
 	takeover := e.hold("k")
 	takeover.OnLeaseExpiry = ledger.Takeover
 	_, err = e.ledger.Begin(t.Context(), takeover)
-	want(t, err, ledger.CodeOutcomeUnknown)
+	want(t, err, errcode.OutcomeUnknown)
 	// Past the retention, still unknown: nothing runs again by itself.
 	e.clock.Advance(2 * time.Hour)
 	_, err = e.ledger.Begin(t.Context(), e.hold("k"))
-	want(t, err, ledger.CodeOutcomeUnknown)
+	want(t, err, errcode.OutcomeUnknown)
 
 	// The holder comes back: an Extend gives it a live lease again, and
 	// its Complete settles the record.
@@ -194,7 +195,7 @@ func ruleResolve(t *testing.T, suite Suite) {
 		t.Fatalf("the holder's Complete with the resolved outcome: %v", err)
 	}
 	_, err = e.ledger.Complete(t.Context(), e.scope("applied"), applied.Token, Response("other"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 
 	if _, err := e.ledger.Resolve(t.Context(), e.scope("not-applied"), nil); err != nil {
 		t.Fatalf("Resolve(not applied): %v", err)
@@ -208,7 +209,7 @@ func ruleResolve(t *testing.T, suite Suite) {
 	}
 	// The old holder is fenced.
 	_, err = e.ledger.Complete(t.Context(), e.scope("not-applied"), notApplied.Token, Response("stale"))
-	want(t, err, ledger.CodeLeaseLost)
+	want(t, err, errcode.LeaseLost)
 
 	if _, err := e.ledger.Resolve(t.Context(), e.scope("takeover"), ErrorStatus("declined")); err != nil {
 		t.Fatalf("Resolve of an expired TAKEOVER lease: %v", err)
@@ -231,23 +232,23 @@ func ruleResolveRefusals(t *testing.T, suite Suite) {
 		t.Fatal(err)
 	}
 	_, err := e.ledger.Resolve(t.Context(), e.scope("live"), nil)
-	if le := WantCode(t, err, ledger.CodeInProgress); le.RetryAfter <= 0 {
+	if le := WantCode(t, err, errcode.InProgress); le.RetryAfter <= 0 {
 		t.Fatalf("%+v: want a retry-after", le)
 	}
 	_, err = e.ledger.Resolve(t.Context(), e.scope("done"), Response("y"))
-	want(t, err, ledger.CodeValidationFailed)
+	want(t, err, errcode.ValidationFailed)
 	_, err = e.ledger.Resolve(t.Context(), e.scope("nothing"), nil)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	e.clock.Advance(11 * time.Second) // the HOLD lease ran out: unknown
 	foreign := e.scope("live")
 	foreign.Namespace += "-other"
 	_, err = e.ledger.Resolve(t.Context(), foreign, nil)
-	want(t, err, ledger.CodeNotFound)
+	want(t, err, errcode.NotFound)
 	if st := e.lookupState("live"); st != ledger.StateUnknown {
 		t.Fatalf("after the refusals: %s, want OUTCOME_UNKNOWN", st)
 	}
 	e.clock.Advance(25 * time.Hour) // the completed record is a tombstone
 	_, err = e.ledger.Resolve(t.Context(), e.scope("done"), nil)
-	want(t, err, ledger.CodeValidationFailed)
+	want(t, err, errcode.ValidationFailed)
 	_ = live
 }

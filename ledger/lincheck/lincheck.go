@@ -23,6 +23,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -102,12 +103,12 @@ type linInput struct {
 
 // linOutput is what the operation answered.
 type linOutput struct {
-	Unknown bool        // failed without a rule's answer: it may or may not have happened
-	Code    ledger.Code // a rule's error, or 0
-	Token   uint64      // Begin: the claim's token
-	Attempt uint32      // Begin claim or replay, Lookup
-	Claimed bool        // Begin: a claim (else a replay, when Code is 0)
-	Outcome int         // Begin replay, Lookup: the stored outcome
+	Unknown bool         // failed without a rule's answer: it may or may not have happened
+	Code    errcode.Code // a rule's error, or 0
+	Token   uint64       // Begin: the claim's token
+	Attempt uint32       // Begin claim or replay, Lookup
+	Claimed bool         // Begin: a claim (else a replay, when Code is 0)
+	Outcome int          // Begin replay, Lookup: the stored outcome
 	State   ledger.State
 	Fp      int
 }
@@ -162,12 +163,12 @@ func linApply(s linState, in linInput) (linState, linOutput) {
 	now := in.Now
 	v := s.view(now)
 	holder := s.Exists && s.Token == in.Token && (v == ledger.StateInProgress || v == ledger.StateUnknown)
-	lost := linOutput{Code: ledger.CodeLeaseLost}
+	lost := linOutput{Code: errcode.LeaseLost}
 	switch in.Kind {
 	case opBegin:
 		switch {
 		case v == ledger.StateAbsent && in.TooLate:
-			return s, linOutput{Code: ledger.CodeRetryTooLate}
+			return s, linOutput{Code: errcode.RetryTooLate}
 		case v == ledger.StateAbsent:
 			token := uint64(1)
 			if s.Exists {
@@ -179,15 +180,15 @@ func linApply(s linState, in linInput) (linState, linOutput) {
 				LeaseEnd: lease, Expires: expires, Forget: expires + linTombstone.Microseconds()}
 			return n, linOutput{Claimed: true, Token: token, Attempt: 1}
 		case s.Fp != in.Fp:
-			return s, linOutput{Code: ledger.CodeKeyReused}
+			return s, linOutput{Code: errcode.KeyReused}
 		case v == ledger.StateCompleted:
 			return s, linOutput{Outcome: s.Outcome, Attempt: s.Attempt}
 		case v == ledger.StateExpired:
-			return s, linOutput{Code: ledger.CodeKeyExpired}
+			return s, linOutput{Code: errcode.KeyExpired}
 		case v == ledger.StateUnknown:
-			return s, linOutput{Code: ledger.CodeOutcomeUnknown}
+			return s, linOutput{Code: errcode.OutcomeUnknown}
 		case now < s.LeaseEnd:
-			return s, linOutput{Code: ledger.CodeInProgress}
+			return s, linOutput{Code: errcode.InProgress}
 		}
 		n := s
 		n.Token++
@@ -224,11 +225,11 @@ func linApply(s linState, in linInput) (linState, linOutput) {
 	case opResolve:
 		switch {
 		case v == ledger.StateAbsent:
-			return s, linOutput{Code: ledger.CodeNotFound}
+			return s, linOutput{Code: errcode.NotFound}
 		case v == ledger.StateCompleted || v == ledger.StateExpired:
-			return s, linOutput{Code: ledger.CodeValidationFailed}
+			return s, linOutput{Code: errcode.ValidationFailed}
 		case v == ledger.StateInProgress && now < s.LeaseEnd:
-			return s, linOutput{Code: ledger.CodeInProgress}
+			return s, linOutput{Code: errcode.InProgress}
 		}
 		n := s
 		if in.Outcome == 0 {
@@ -240,7 +241,7 @@ func linApply(s linState, in linInput) (linState, linOutput) {
 	}
 	switch v {
 	case ledger.StateAbsent:
-		return s, linOutput{Code: ledger.CodeNotFound}
+		return s, linOutput{Code: errcode.NotFound}
 	case ledger.StateCompleted:
 		return s, linOutput{State: v, Attempt: s.Attempt, Fp: s.Fp, Outcome: s.Outcome}
 	}
@@ -420,11 +421,11 @@ func linCall(l *ledger.Ledger, ns string, in linInput, now time.Time) linOutput 
 	if err == nil {
 		return linOutput{}
 	}
-	var le *ledger.Error
+	var le *errcode.Error
 	if errors.As(err, &le) {
 		switch le.Code {
-		case ledger.CodeInProgress, ledger.CodeKeyReused, ledger.CodeRetryTooLate, ledger.CodeLeaseLost, ledger.CodeNotFound,
-			ledger.CodeKeyExpired, ledger.CodeOutcomeUnknown, ledger.CodeValidationFailed:
+		case errcode.InProgress, errcode.KeyReused, errcode.RetryTooLate, errcode.LeaseLost, errcode.NotFound,
+			errcode.KeyExpired, errcode.OutcomeUnknown, errcode.ValidationFailed:
 			return linOutput{Code: le.Code}
 		}
 	}

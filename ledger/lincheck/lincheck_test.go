@@ -10,6 +10,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/lincheck"
 	"github.com/idemledger/idemledger/ledger/memory"
 )
@@ -114,7 +115,7 @@ func (s *checkThenInsert) Get(_ context.Context, sc ledger.Scope) (ledger.Record
 	defer s.mu.Unlock()
 	r, ok := s.get(sc).AsOf(s.now())
 	if !ok {
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record")
 	}
 	return r, nil
 }

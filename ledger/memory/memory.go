@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
 // Config configures a Store. The zero value works.
@@ -135,7 +136,7 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	defer s.mu.Unlock()
 	rec, ok := s.records[scope].AsOf(s.now())
 	if !ok {
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	}
 	return copyOf(rec), nil
 }

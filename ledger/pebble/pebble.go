@@ -30,6 +30,7 @@ import (
 	pebbledb "github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
@@ -337,7 +338,7 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	}
 	view, ok := rec.AsOf(s.cfg.Now())
 	if !ok {
-		return ledger.Record{}, ledger.Errorf(ledger.CodeNotFound, "no record for this key")
+		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	}
 	return view, nil
 }
@@ -495,7 +496,7 @@ func (s *Store) classify(op string, err error) error {
 	err = fmt.Errorf("pebble: %s: %w", op, err)
 	switch {
 	case errors.Is(err, recordkv.ErrCorrupt):
-		return ledger.Wrap(ledger.CodeInternal, err, "the ledger could not read a record")
+		return errcode.Wrap(errcode.Internal, err, "the ledger could not read a record")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ledger.TimedOut(err)
 	default:

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/lincheck"
 	"github.com/idemledger/idemledger/ledger/pebble"
@@ -93,7 +94,7 @@ func TestRecordsSurviveReopen(t *testing.T) {
 		t.Fatalf("released after reopen: %+v, want a claim with the next token", res)
 	}
 	_, err = l.Begin(t.Context(), ledger.BeginRequest{Scope: scope("running"), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
-	ledgertest.WantCode(t, err, ledger.CodeInProgress)
+	ledgertest.WantCode(t, err, errcode.InProgress)
 }
 
 // TestRefusesALostStore: a directory whose marker names a ledger whose
@@ -161,8 +162,8 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	_ = s.Close()
 	l := ledger.New(s, ledger.Config{})
 	_, err = l.Begin(t.Context(), ledger.BeginRequest{Scope: scope("k"), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
-	ledgertest.WantCode(t, err, ledger.CodeUnavailable)
-	ledgertest.WantCode(t, s.Ping(t.Context()), ledger.CodeUnavailable)
+	ledgertest.WantCode(t, err, errcode.Unavailable)
+	ledgertest.WantCode(t, s.Ping(t.Context()), errcode.Unavailable)
 	if _, err := s.Sweep(t.Context(), 10); err == nil {
 		t.Fatal("Sweep on a closed store passed")
 	}

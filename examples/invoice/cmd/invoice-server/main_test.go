@@ -16,6 +16,7 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -83,7 +84,7 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: 1, UnitAmountMicros: 1}}})
 	// The ledger refused the service (UNAUTHENTICATED); its caller is told
 	// INTERNAL: the fault is the service's, not the caller's.
-	if code := ledgerstatus.FromError(err).Code; code != ledger.CodeInternal {
+	if code := ledgerstatus.FromError(err).Code; code != errcode.Internal {
 		t.Fatalf("a write service with a wrong ledger token: %v, want INTERNAL", err)
 	}
 }
