@@ -7,23 +7,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// AdminStore is what a Store offers operators besides the transitions:
-// listing the records of a namespace, and erasing them. Every store of
-// this repository implements it.
-type AdminStore interface {
-	// List returns the stored rows of p's namespace (and tenant, when
-	// set) after p.After, in order of tenant and key, at most p.Limit of
-	// them, each as it reads at the store's clock (Record.AsOf; rows that
-	// read as absent are left out but counted in Scanned). It reads at
-	// most p.Limit rows.
-	List(ctx context.Context, p ListParams) (ListPage, error)
-	// Purge erases the records p names (one key, or up to p.Limit records
-	// of a tenant), except those that read as in progress or unknown: an
-	// attempt may still complete them.
-	Purge(ctx context.Context, p PurgeParams) (PurgeResult, error)
-}
-
-// ListParams are the inputs of AdminStore.List.
+// ListParams are the inputs of Store.List.
 type ListParams struct {
 	Namespace string
 	Tenant    string // "" lists every tenant of the namespace
@@ -33,7 +17,7 @@ type ListParams struct {
 	Limit int
 }
 
-// ListPage is a page of AdminStore.List.
+// ListPage is a page of Store.List.
 type ListPage struct {
 	Records []Record // the live records read, as of Now
 	// Scanned counts the rows read; Last is the last of them, where the
@@ -44,14 +28,14 @@ type ListPage struct {
 	Now     time.Time
 }
 
-// PurgeParams are the inputs of AdminStore.Purge.
+// PurgeParams are the inputs of Store.Purge.
 type PurgeParams struct {
 	// Scope names one record, or with Key "" every record of the tenant.
 	Scope Scope
 	Limit int // the most records a tenant purge erases
 }
 
-// PurgeResult is the answer of AdminStore.Purge.
+// PurgeResult is the answer of Store.Purge.
 type PurgeResult struct {
 	Purged int
 	// Skipped counts the records of the key or tenant that an attempt
@@ -102,10 +86,6 @@ type ListResult struct {
 // reads at most ten store pages of req.PageSize rows, so a page that
 // filters by state may come back short, or empty, with More set.
 func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) {
-	as, ok := l.store.(AdminStore)
-	if !ok {
-		return ListResult{}, errcode.Errorf(errcode.Internal, "the store cannot list records")
-	}
 	if err := ValidateScope(Scope{Namespace: req.Namespace, Tenant: orX(req.Tenant), Key: "x"}, l.cfg.MaxKeyBytes); err != nil {
 		return ListResult{}, err
 	}
@@ -121,7 +101,7 @@ func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) 
 	res := ListResult{Next: req.After}
 	for range listScanPages {
 		ctx, cancel := l.bound(ctx)
-		page, err := as.List(ctx, ListParams{Namespace: req.Namespace, Tenant: req.Tenant, After: res.Next, Limit: req.PageSize})
+		page, err := l.store.List(ctx, ListParams{Namespace: req.Namespace, Tenant: req.Tenant, After: res.Next, Limit: req.PageSize})
 		cancel()
 		if err != nil {
 			return ListResult{}, err
@@ -161,10 +141,6 @@ func (l *Ledger) Get(ctx context.Context, s Scope) (Record, error) {
 // erased: a key purge refuses it (IN_PROGRESS, or VALIDATION_FAILED for an
 // unknown outcome: resolve it first), a tenant purge skips it.
 func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, error) {
-	as, ok := l.store.(AdminStore)
-	if !ok {
-		return PurgeResult{}, errcode.Errorf(errcode.Internal, "the store cannot purge records")
-	}
 	key := s.Key
 	s.Key = orX(s.Key)
 	if err := ValidateScope(s, l.cfg.MaxKeyBytes); err != nil {
@@ -179,7 +155,7 @@ func (l *Ledger) Purge(ctx context.Context, s Scope, limit int) (PurgeResult, er
 	}
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	res, err := as.Purge(ctx, PurgeParams{Scope: s, Limit: limit})
+	res, err := l.store.Purge(ctx, PurgeParams{Scope: s, Limit: limit})
 	if err != nil {
 		return res, err
 	}
@@ -194,10 +170,4 @@ func orX(s string) string {
 		return "x"
 	}
 	return s
-}
-
-// Census is a store that counts its live records by the state they read
-// in now: the operators' records-by-state gauge. It reads every record.
-type Census interface {
-	CountByState(ctx context.Context) (map[State]int, error)
 }

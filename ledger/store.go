@@ -34,6 +34,25 @@ type Store interface {
 	// Get returns the record of the scope as of now (Record.AsOf), or
 	// NOT_FOUND.
 	Get(ctx context.Context, s Scope) (Record, error)
+	// GetMany returns the live record of each scope, in order, and a zero
+	// Record (StateAbsent) for a scope without one, in one read: the
+	// Lookup waiters' shared poller uses it, so that the store's read
+	// rate does not grow with the number of waiters.
+	GetMany(ctx context.Context, scopes []Scope) ([]Record, error)
+
+	// List returns the stored rows of p's namespace (and tenant, when
+	// set) after p.After, in order of tenant and key, at most p.Limit of
+	// them, each as it reads at the store's clock (Record.AsOf; rows that
+	// read as absent are left out but counted in Scanned). It reads at
+	// most p.Limit rows. AdminService lists through it.
+	List(ctx context.Context, p ListParams) (ListPage, error)
+	// Purge erases the records p names (one key, or up to p.Limit records
+	// of a tenant), except those that read as in progress or unknown: an
+	// attempt may still complete them.
+	Purge(ctx context.Context, p PurgeParams) (PurgeResult, error)
+	// CountByState counts the live records by the state they read in
+	// now: the operators' records-by-state gauge. It reads every record.
+	CountByState(ctx context.Context) (map[State]int, error)
 }
 
 // ClaimParams are the inputs of Store.Claim, validated and with defaults

@@ -8,15 +8,6 @@ import (
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// ManyGetter is a Store that reads many scopes in one call: the live
-// record of each scope, in order, and a zero Record (StateAbsent) for a
-// scope without one. The Lookup waiters' shared poller uses it, so that
-// the store's read rate does not grow with the number of waiters; a Store
-// without it is read one scope at a time.
-type ManyGetter interface {
-	GetMany(ctx context.Context, scopes []Scope) ([]Record, error)
-}
-
 // Defaults of the waiters (Config).
 const (
 	DefaultMaxWaiters   = 10000
@@ -245,22 +236,11 @@ func (l *Ledger) poll() {
 	}
 }
 
-// getMany reads scopes with the store's GetMany, or one at a time.
+// getMany reads scopes with the store's GetMany, bounded by StoreTimeout.
 func (l *Ledger) getMany(scopes []Scope) ([]Record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.StoreTimeout)
 	defer cancel()
-	if mg, ok := l.store.(ManyGetter); ok {
-		return mg.GetMany(ctx, scopes)
-	}
-	recs := make([]Record, len(scopes))
-	for i, s := range scopes {
-		rec, err := l.store.Get(ctx, s)
-		if err != nil && errcode.Of(err) != errcode.NotFound {
-			return nil, err
-		}
-		recs[i] = rec
-	}
-	return recs, nil
+	return l.store.GetMany(ctx, scopes)
 }
 
 // Waiters returns how many Lookups wait now.

@@ -170,3 +170,17 @@ func (downStore) Get(context.Context, ledger.Scope) (ledger.Record, error) {
 func (downStore) Resolve(context.Context, ledger.ResolveParams) (ledger.Record, error) {
 	return ledger.Record{}, errDown
 }
+
+func (downStore) GetMany(context.Context, []ledger.Scope) ([]ledger.Record, error) {
+	return nil, errDown
+}
+
+func (downStore) List(context.Context, ledger.ListParams) (ledger.ListPage, error) {
+	return ledger.ListPage{}, errDown
+}
+
+func (downStore) Purge(context.Context, ledger.PurgeParams) (ledger.PurgeResult, error) {
+	return ledger.PurgeResult{}, errDown
+}
+
+func (downStore) CountByState(context.Context) (map[ledger.State]int, error) { return nil, errDown }

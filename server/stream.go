@@ -48,134 +48,179 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
 	ctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
-
-	reqs := make(chan *ledgerv1.StreamRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case reqs <- req:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	var sendMu sync.Mutex
-	send := func(res *ledgerv1.StreamResponse) {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		// A failed Send breaks the stream; Recv reports it.
-		_ = stream.Send(res)
-	}
-	done := make(chan uint64, MaxStreamCalls)
-	inFlight := map[uint64]context.CancelFunc{}
-	// answered waits until every call started is answered.
-	answered := func() {
-		for len(inFlight) > 0 {
-			delete(inFlight, <-done)
-		}
-	}
-
-	drainC := s.drain
-	var ageC, graceC <-chan time.Time
-	if s.streamMaxAge > 0 {
-		t := time.NewTimer(s.streamMaxAge)
-		defer t.Stop()
-		ageC = t.C
-	}
-	var grace *time.Timer
-	defer func() {
-		if grace != nil {
-			grace.Stop()
-		}
-	}()
-	startDrain := func() {
-		drainC, ageC = nil, nil
-		send(&ledgerv1.StreamResponse{Result: &ledgerv1.StreamResponse_Drain{Drain: &ledgerv1.Drain{}}})
-		grace = time.NewTimer(DrainGrace)
-		graceC = grace.C
-	}
+	st := &callStream{s: s, stream: stream, done: make(chan uint64, MaxStreamCalls), inFlight: map[uint64]context.CancelFunc{}}
+	reqs, recvErr := st.receive(ctx)
+	drain := st.drainSignals()
+	defer drain.stop()
 	for {
-		var in chan *ledgerv1.StreamRequest
-		if len(inFlight) < MaxStreamCalls {
-			in = reqs
+		var in <-chan *ledgerv1.StreamRequest
+		if len(st.inFlight) < MaxStreamCalls {
+			in = reqs // past the bound, read nothing until a call ends
 		}
 		select {
 		case req := <-in:
-			switch {
-			case req.GetCancel() != nil:
-				if cancel, ok := inFlight[req.GetId()]; ok {
-					cancel()
-				}
-			case hasBadUTF8(req):
-				// Codec let it through: answer it typed, as its unary call.
-				bad := takeBadUTF8(req)
-				if _, err := s.principal(ctx); err != nil {
-					bad = err
-				}
-				send(streamError(req.GetId(), bad))
-			case inFlight[req.GetId()] != nil:
-				send(streamError(req.GetId(), errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", req.GetId())))
-			default:
-				callCtx, cancel, err := callContext(ctx, req)
-				if err != nil {
-					send(streamError(req.GetId(), err))
-					continue
-				}
-				inFlight[req.GetId()] = cancel
-				answer := func(res *ledgerv1.StreamResponse) {
-					cancel()
-					send(res)
-					done <- req.GetId()
-				}
-				if lookup := req.GetLookup(); lookup != nil {
-					// A Lookup may wait: it holds no goroutine while it does.
-					go s.lookup(callCtx, lookup, func(res *ledgerv1.LookupResponse, err error) {
-						if err != nil {
-							answer(&ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}})
-							return
-						}
-						answer(&ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Lookup{Lookup: res}})
-					})
-					continue
-				}
-				go func() { answer(s.streamCall(callCtx, req)) }()
-			}
-		case id := <-done:
-			delete(inFlight, id)
+			st.start(ctx, req)
+		case id := <-st.done:
+			delete(st.inFlight, id)
 		case err := <-recvErr:
 			if !errors.Is(err, io.EOF) {
 				cancelAll() // the stream is broken: nobody hears the answers
 			}
-			answered()
+			st.answered()
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
 		case <-ctx.Done():
-			// The stream ended under us (its client went away) while
-			// the reader was held back by a full queue: nobody hears
-			// the answers, so end the calls and free the stream now.
+			// The stream ended under us (its client went away) while the
+			// reader was held back by a full queue: nobody hears the
+			// answers, so end the calls and free the stream now.
 			cancelAll()
-			answered()
+			st.answered()
 			return ctx.Err()
-		case <-drainC:
-			startDrain()
-		case <-ageC:
-			startDrain()
-		case <-graceC:
+		case <-drain.drain:
+			st.sendDrain(drain)
+		case <-drain.age:
+			st.sendDrain(drain)
+		case <-drain.grace:
 			// The client did not close its side: start nothing more. The
 			// calls it sends from now on get no answer, and its client
 			// knows them not run when the stream ends with OK.
-			answered()
+			st.answered()
 			return nil
 		}
+	}
+}
+
+// callStream is one Stream as Stream serves it: the calls in flight, by
+// id, and the one writer of the answers. Only Stream's loop touches
+// inFlight.
+type callStream struct {
+	s        *Server
+	stream   ledgerv1.LedgerService_StreamServer
+	sendMu   sync.Mutex
+	done     chan uint64 // ids of the calls answered
+	inFlight map[uint64]context.CancelFunc
+}
+
+// receive reads the calls into reqs until the stream ends, and then says
+// why on recvErr; it stops early when ctx ends.
+func (st *callStream) receive(ctx context.Context) (reqs <-chan *ledgerv1.StreamRequest, recvErr <-chan error) {
+	in, errs := make(chan *ledgerv1.StreamRequest), make(chan error, 1)
+	go func() {
+		for {
+			req, err := st.stream.Recv()
+			if err != nil {
+				errs <- err
+				return
+			}
+			select {
+			case in <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return in, errs
+}
+
+// send writes one answer. A failed Send breaks the stream; Recv reports
+// it.
+func (st *callStream) send(res *ledgerv1.StreamResponse) {
+	st.sendMu.Lock()
+	defer st.sendMu.Unlock()
+	_ = st.stream.Send(res)
+}
+
+// sendDrain sends the drain notice and starts its grace period.
+func (st *callStream) sendDrain(d *drainSignals) {
+	st.send(&ledgerv1.StreamResponse{Result: &ledgerv1.StreamResponse_Drain{Drain: &ledgerv1.Drain{}}})
+	d.noticeSent()
+}
+
+// answered waits until every call started is answered.
+func (st *callStream) answered() {
+	for len(st.inFlight) > 0 {
+		delete(st.inFlight, <-st.done)
+	}
+}
+
+// start starts one call under ctx, the stream's, or answers at once a
+// cancel, a duplicate id, a call the codec let through with bad UTF-8, or
+// a bad timeout.
+func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
+	id := req.GetId()
+	switch {
+	case req.GetCancel() != nil:
+		if cancel, ok := st.inFlight[id]; ok {
+			cancel()
+		}
+		return
+	case hasBadUTF8(req):
+		// Codec let it through: answer it typed, as its unary call.
+		bad := takeBadUTF8(req)
+		if _, err := st.s.principal(ctx); err != nil {
+			bad = err
+		}
+		st.send(streamError(id, bad))
+		return
+	case st.inFlight[id] != nil:
+		st.send(streamError(id, errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)))
+		return
+	}
+	callCtx, cancel, err := callContext(ctx, req)
+	if err != nil {
+		st.send(streamError(id, err))
+		return
+	}
+	st.inFlight[id] = cancel
+	answer := func(res *ledgerv1.StreamResponse) {
+		cancel()
+		st.send(res)
+		st.done <- id
+	}
+	if lookup := req.GetLookup(); lookup != nil {
+		// A Lookup may wait: it holds no goroutine while it does.
+		go st.s.lookup(callCtx, lookup, func(res *ledgerv1.LookupResponse, err error) {
+			if err != nil {
+				answer(&ledgerv1.StreamResponse{Id: id, Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}})
+				return
+			}
+			answer(&ledgerv1.StreamResponse{Id: id, Result: &ledgerv1.StreamResponse_Lookup{Lookup: res}})
+		})
+		return
+	}
+	go func() { answer(st.s.streamCall(callCtx, req)) }()
+}
+
+// drainSignals are what ends a stream gently: the server's drain or the
+// stream's age ask for the drain notice; DrainGrace after it, the stream
+// ends. A channel is nil once it has done its part.
+type drainSignals struct {
+	drain  <-chan struct{}
+	age    <-chan time.Time
+	grace  <-chan time.Time
+	timers []*time.Timer
+}
+
+func (st *callStream) drainSignals() *drainSignals {
+	d := &drainSignals{drain: st.s.drain}
+	if st.s.streamMaxAge > 0 {
+		t := time.NewTimer(st.s.streamMaxAge)
+		d.timers, d.age = append(d.timers, t), t.C
+	}
+	return d
+}
+
+// noticeSent starts the grace period: the notice is not asked for again.
+func (d *drainSignals) noticeSent() {
+	t := time.NewTimer(DrainGrace)
+	d.drain, d.age, d.grace, d.timers = nil, nil, t.C, append(d.timers, t)
+}
+
+func (d *drainSignals) stop() {
+	for _, t := range d.timers {
+		t.Stop()
 	}
 }
 

@@ -14,14 +14,10 @@ import (
 )
 
 // store is what ledgerd needs of a store beyond ledger.Store: both of
-// its stores (pebble and crdb) also read many scopes at once, list and
-// purge for operators, count their records, answer a ping and sweep in
-// Run. The compiler checks it (below), so lateStore asserts nothing.
+// its stores (pebble and crdb) also answer a ping and sweep in Run. The
+// compiler checks it (below).
 type store interface {
 	ledger.Store
-	ledger.ManyGetter
-	ledger.AdminStore
-	ledger.Census
 	Ping(ctx context.Context) error
 	Run(ctx context.Context, onError func(error)) error
 }

@@ -6,8 +6,6 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-var _ ledger.AdminStore = (*Store)(nil)
-
 // The admin statements. Every one reads through the primary key
 // (namespace, tenant, idem_key), so a page costs the rows it returns, and
 // a purge the rows it deletes. A row is erasable unless it reads as in
@@ -38,7 +36,7 @@ LIMIT $4 RETURNING ` + liveAfterPurge
 WHERE namespace = $2 AND tenant = $3 AND NOT ` + erasable + ` LIMIT 10001) AS held`
 )
 
-// List implements ledger.AdminStore, in order of tenant and key.
+// List implements ledger.Store, in order of tenant and key.
 func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
 	var page ledger.ListPage
 	err := s.retry(ctx, func(ctx context.Context) error {
@@ -79,7 +77,7 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 	return page, nil
 }
 
-// Purge implements ledger.AdminStore: one statement erases, another
+// Purge implements ledger.Store: one statement erases, another
 // counts what it had to leave.
 func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
 	var res ledger.PurgeResult
@@ -123,8 +121,6 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	return res, nil
 }
 
-var _ ledger.Census = (*Store)(nil)
-
 // censusSQL counts the rows by the state they read in now (Record.View).
 // It reads the whole table: ledgerd runs it every --census-interval.
 const censusSQL = `SELECT v, count(*) FROM (
@@ -137,7 +133,7 @@ const censusSQL = `SELECT v, count(*) FROM (
 	FROM idempotency_records, (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n) AS c
 ) AS views WHERE v <> 0 GROUP BY v`
 
-// CountByState implements ledger.Census.
+// CountByState implements ledger.Store.
 func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
 	counts := map[ledger.State]int{}
 	err := s.retry(ctx, func(ctx context.Context) error {

@@ -172,10 +172,7 @@ type Store struct {
 	batchRan    func(region string, calls []ledger.Scope) // tests: sees each batch's region and scopes
 }
 
-var (
-	_ ledger.Store      = (*Store)(nil)
-	_ ledger.ManyGetter = (*Store)(nil)
-)
+var _ ledger.Store = (*Store)(nil)
 
 // Open connects to the database at url (a PostgreSQL or CockroachDB
 // connection string), makes SERIALIZABLE the default isolation of every
@@ -537,7 +534,7 @@ func (s *Store) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error)
 	return rec, nil
 }
 
-// GetMany implements ledger.ManyGetter in one statement.
+// GetMany implements ledger.Store in one statement.
 func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
 	ns, tenants, keys := make([]string, len(scopes)), make([]string, len(scopes)), make([]string, len(scopes))
 	at := make(map[ledger.Scope]int, len(scopes))

@@ -8,7 +8,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// The rules of the admin surface: List and Purge (ledger.AdminStore).
+// The rules of the admin surface: List and Purge (Store.List, Store.Purge).
 
 // adminWorld fills the env's namespace with records in every state, over
 // two tenants, and a record of the same keys in another namespace. It
@@ -215,7 +215,7 @@ func mapsEqual(a, b map[ledger.Scope]ledger.State) bool {
 	return true
 }
 
-// CountsByState checks a store's census (ledger.Census) on a fresh store
+// CountsByState checks a store's census (Store.CountByState) on a fresh store
 // that newStore makes with the given clock: every live record counted once,
 // in the state it reads in now.
 func CountsByState(t *testing.T, newStore func(now func() time.Time) ledger.Store) {
@@ -227,11 +227,7 @@ func CountsByState(t *testing.T, newStore func(now func() time.Time) ledger.Stor
 	for _, st := range world {
 		want[st]++
 	}
-	census, ok := e.ledger.Store().(ledger.Census)
-	if !ok {
-		t.Fatal("the store is not a Census")
-	}
-	got, err := census.CountByState(t.Context())
+	got, err := e.ledger.Store().CountByState(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,3 +85,23 @@ func (r *Reopening) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger
 func (r *Reopening) Get(ctx context.Context, sc ledger.Scope) (ledger.Record, error) {
 	return r.store().Get(ctx, sc)
 }
+
+// GetMany implements ledger.Store on the store open now.
+func (r *Reopening) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
+	return r.store().GetMany(ctx, scopes)
+}
+
+// List implements ledger.Store on the store open now.
+func (r *Reopening) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	return r.store().List(ctx, p)
+}
+
+// Purge implements ledger.Store on the store open now.
+func (r *Reopening) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
+	return r.store().Purge(ctx, p)
+}
+
+// CountByState implements ledger.Store on the store open now.
+func (r *Reopening) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+	return r.store().CountByState(ctx)
+}

@@ -8,14 +8,12 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-var _ ledger.AdminStore = (*Store)(nil)
-
 // scopeOrder orders scopes by tenant, then key.
 func scopeOrder(a, b ledger.Scope) int {
 	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Key, b.Key))
 }
 
-// List implements ledger.AdminStore, in order of tenant and key.
+// List implements ledger.Store, in order of tenant and key.
 func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.ListPage{}, ledger.TimedOut(err)
@@ -44,7 +42,7 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 	return page, nil
 }
 
-// Purge implements ledger.AdminStore.
+// Purge implements ledger.Store.
 func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.PurgeResult{}, ledger.TimedOut(err)
@@ -87,9 +85,7 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	return res, nil
 }
 
-var _ ledger.Census = (*Store)(nil)
-
-// CountByState implements ledger.Census.
+// CountByState implements ledger.Store.
 func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, ledger.TimedOut(err)

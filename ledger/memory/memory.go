@@ -31,10 +31,7 @@ type Store struct {
 	records map[ledger.Scope]*ledger.Record
 }
 
-var (
-	_ ledger.Store      = (*Store)(nil)
-	_ ledger.ManyGetter = (*Store)(nil)
-)
+var _ ledger.Store = (*Store)(nil)
 
 // New returns an empty Store.
 func New(cfg Config) *Store {
@@ -141,7 +138,7 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	return copyOf(rec), nil
 }
 
-// GetMany implements ledger.ManyGetter: the live record of each scope, a
+// GetMany implements ledger.Store: the live record of each scope, a
 // zero Record where there is none.
 func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
 	if err := ctx.Err(); err != nil {

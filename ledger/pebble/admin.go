@@ -13,11 +13,6 @@ import (
 	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
-var (
-	_ ledger.AdminStore = (*Store)(nil)
-	_ ledger.Census     = (*Store)(nil)
-)
-
 // prefix is the key prefix of a namespace's records, or of a tenant's.
 func prefix(namespace, tenant string) []byte {
 	b := binary.AppendUvarint(bytes.Clone(recordPrefix), uint64(len(namespace)))
@@ -54,7 +49,7 @@ func decodeAt(it *pebbledb.Iterator) (ledger.Record, error) {
 	return recordkv.Decode(scope, v)
 }
 
-// List implements ledger.AdminStore: the records under the namespace's
+// List implements ledger.Store: the records under the namespace's
 // (or tenant's) prefix, in key order, from one consistent view.
 func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
 	if err := ctx.Err(); err != nil {
@@ -99,7 +94,7 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 	return page, nil
 }
 
-// Purge implements ledger.AdminStore. Each record is erased under its
+// Purge implements ledger.Store. Each record is erased under its
 // scope's lock; the erasures are made durable together at the end.
 func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
 	if err := ctx.Err(); err != nil {
@@ -172,7 +167,7 @@ func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.Purg
 	})
 }
 
-// CountByState implements ledger.Census, from one consistent view.
+// CountByState implements ledger.Store, from one consistent view.
 func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.classify("census", err)

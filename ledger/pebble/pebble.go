@@ -110,10 +110,7 @@ type Store struct {
 	closed bool
 }
 
-var (
-	_ ledger.Store      = (*Store)(nil)
-	_ ledger.ManyGetter = (*Store)(nil)
-)
+var _ ledger.Store = (*Store)(nil)
 
 // errClosed is what calls on a closed Store meet.
 var errClosed = errors.New("pebble: store closed")
@@ -343,7 +340,7 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	return view, nil
 }
 
-// GetMany implements ledger.ManyGetter from one snapshot.
+// GetMany implements ledger.Store from one snapshot.
 func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.classify("get", err)
