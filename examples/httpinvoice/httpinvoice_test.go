@@ -16,6 +16,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -23,12 +24,22 @@ import (
 // memory store.
 func serve(t *testing.T, api *httpinvoice.API) string {
 	t.Helper()
+	url, _ := serveClocked(t, api)
+	return url
+}
+
+// serveClocked is serve with a ledger that keeps time by a clock of the
+// test's own, started at the wall clock's now: leases run out when the
+// test advances it.
+func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock) {
+	t.Helper()
+	clock := ledgertest.NewClock(time.Now())
 	store, err := invoicedb.OpenStore("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	api.Store, api.Tenant = store, httpguard.TenantFromHeader("X-Tenant")
-	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("invoices"))).Dial(t)))
+	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("invoices", clock.Now))).Dial(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +49,7 @@ func serve(t *testing.T, api *httpinvoice.API) string {
 	}
 	srv := httptest.NewServer(api.Handler(g))
 	t.Cleanup(srv.Close)
-	return srv.URL
+	return srv.URL, clock
 }
 
 type answer struct {
@@ -121,6 +132,8 @@ func TestDraftScenarios(t *testing.T) {
 		}
 	})
 	t.Run("ParallelDuplicates", func(t *testing.T) {
+		// The write takes 100 ms of real time: the duplicates arrive, and
+		// wait, while it runs.
 		api := &httpinvoice.API{BeforeWrite: func(*http.Request) int { time.Sleep(100 * time.Millisecond); return 0 }}
 		url := serve(t, api)
 		answers := make([]answer, 8)
@@ -164,11 +177,11 @@ func TestDraftScenarios(t *testing.T) {
 				panic(http.ErrAbortHandler) // the process dies after its commit
 			}
 		}}
-		url := serve(t, api)
+		url, clock := serveClocked(t, api)
 		if a, err := create(t, url, "k-1", invoice); err == nil {
 			t.Fatalf("the crashing request answered %+v", a)
 		}
-		time.Sleep(300 * time.Millisecond) // its lease runs out
+		clock.Advance(300 * time.Millisecond) // its lease runs out
 		a := mustCreate(t, url, "k-1", invoice)
 		got := api.Store.Rows()
 		if a.status != http.StatusCreated || len(got) != 1 || !strings.Contains(a.body, got[0].Invoice.ID) || a.header.Get("Idempotency-Replayed") != "true" {

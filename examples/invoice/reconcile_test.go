@@ -15,6 +15,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -41,7 +42,8 @@ func TestReconcileAfterACrash(t *testing.T) {
 			if reconcile {
 				policy.Reconcile = svc.Reconcile
 			}
-			client := invoiceClient(t, svc, policy)
+			clock := ledgertest.NewClock(time.Now())
+			client := invoiceClient(t, svc, policy, clock.Now)
 			req := &invoicev1.CreateInvoiceRequest{
 				RequestId: "k-1", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
 				LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: 3, UnitAmountMicros: 14_000_000}},
@@ -49,7 +51,7 @@ func TestReconcileAfterACrash(t *testing.T) {
 			if _, err := client.CreateInvoice(t.Context(), req); status.Code(err) != codes.Internal {
 				t.Fatalf("the crashing attempt = %v", err)
 			}
-			time.Sleep(300 * time.Millisecond) // its lease runs out
+			clock.Advance(300 * time.Millisecond) // its lease runs out
 			res, err := client.CreateInvoice(t.Context(), req)
 			if err != nil {
 				t.Fatal(err)
@@ -73,10 +75,11 @@ func TestReconcileAfterACrash(t *testing.T) {
 }
 
 // invoiceClient serves svc behind the interceptor with policy on
-// CreateInvoice, against a LedgerService on the memory store.
-func invoiceClient(t *testing.T, svc *invoice.Service, policy grpcguard.Method) invoicev1.InvoiceServiceClient {
+// CreateInvoice, against a LedgerService on the memory store whose clock
+// is now.
+func invoiceClient(t *testing.T, svc *invoice.Service, policy grpcguard.Method, now func() time.Time) invoicev1.InvoiceServiceClient {
 	t.Helper()
-	ledgerConn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
+	ledgerConn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("billing", now))).Dial(t)
 	g, err := guard.New(ledgerv1.NewLedgerServiceClient(ledgerConn))
 	if err != nil {
 		t.Fatal(err)

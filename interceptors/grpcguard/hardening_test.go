@@ -49,7 +49,8 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 				auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 					return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
 				})
-				srv := server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{MaxOutcomeBytes: limit}), server.Config{Auth: auth})
+				clock := ledgertest.NewClock(time.Now())
+				srv := server.New(ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{MaxOutcomeBytes: limit}), server.Config{Auth: auth})
 				conn := servertest.NewServer(t, servertest.Ledger(srv), grpc.MaxRecvMsgSize(2*limit)).Dial(t)
 				svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 					res := written(n, req)
@@ -62,7 +63,7 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 				if err != nil || len(res.GetInvoice().GetCustomerId()) != tt.memo {
 					t.Fatalf("the first attempt: %v; want its real answer", err)
 				}
-				time.Sleep(300 * time.Millisecond) // past the lease
+				clock.Advance(300 * time.Millisecond) // past the lease
 				if tt.memo == 1<<10 {
 					again, err := client.CreateInvoice(t.Context(), request("big"))
 					if err != nil || again.GetInvoice().GetId() != res.GetInvoice().GetId() || svc.runs.Load() != 1 {

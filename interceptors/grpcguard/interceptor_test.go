@@ -43,10 +43,23 @@ type invoices struct {
 	testpb.UnimplementedInvoiceServiceServer
 	runs   atomic.Int64
 	create func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error)
+
+	startOnce, closeOnce sync.Once
+	started              chan struct{} // closed when the first run starts (firstRun)
+}
+
+// firstRun is closed once the handler's first run has started: the
+// first attempt holds its claim.
+func (s *invoices) firstRun() <-chan struct{} {
+	s.startOnce.Do(func() { s.started = make(chan struct{}) })
+	return s.started
 }
 
 func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 	n := s.runs.Add(1)
+	if n == 1 {
+		s.closeOnce.Do(func() { s.firstRun(); close(s.started) })
+	}
 	if s.create != nil {
 		return s.create(ctx, n, req)
 	}
@@ -63,6 +76,14 @@ func written(n int64, req *testpb.CreateInvoiceRequest) *testpb.CreateInvoiceRes
 // ledgerConn is a real LedgerService over bufconn, on the memory store.
 func ledgerConn(t *testing.T) *grpc.ClientConn {
 	return servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("billing"))).Dial(t)
+}
+
+// clockedLedger is ledgerConn on a clock of the test's own, started at the
+// wall clock's now: leases and retention run out when the test advances
+// it.
+func clockedLedger(t *testing.T) (*grpc.ClientConn, *ledgertest.Clock) {
+	clock := ledgertest.NewClock(time.Now())
+	return servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("billing", clock.Now))).Dial(t), clock
 }
 
 // ledgerAPI is how the interceptor calls the ledger: unary calls, or calls
@@ -213,20 +234,21 @@ func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 		<-release
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
+	// Under REJECT the 49 duplicates are answered IN_PROGRESS at once.
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Reject}})...)
 	var wg sync.WaitGroup
 	results := make([]*testpb.CreateInvoiceResponse, 50)
 	errs := make([]error, 50)
-	var answered atomic.Int64
+	answered := make(chan struct{}, 50)
 	for i := range 50 {
 		wg.Go(func() {
 			results[i], errs[i] = client.CreateInvoice(t.Context(), request("same"))
-			answered.Add(1)
+			answered <- struct{}{}
 		})
 	}
 	// 49 answer IN_PROGRESS while the winner's handler is held.
-	for answered.Load() < 49 {
-		time.Sleep(time.Millisecond)
+	for range 49 {
+		<-answered
 	}
 	close(release)
 	wg.Wait()
@@ -316,13 +338,14 @@ func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 		}
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 300 * time.Millisecond, OnInProgress: guard.Reject}})...)
+	conn, clock := clockedLedger(t)
+	client := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 300 * time.Millisecond, OnInProgress: guard.Reject}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the panicking attempt = %v", err)
 	}
 	_, err := client.CreateInvoice(t.Context(), request("k"))
 	ledgertest.WantStatus(t, err, errcode.InProgress)
-	time.Sleep(400 * time.Millisecond)
+	clock.Advance(400 * time.Millisecond)
 	res, err := client.CreateInvoice(t.Context(), request("k"))
 	if err != nil || res.GetInvoice().GetNumber() != 2 {
 		t.Fatalf("the attempt after the lease ran out = %v, %v", res, err)
@@ -365,7 +388,9 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	started := make(chan struct{})
 	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		close(started)
-		time.Sleep(700 * time.Millisecond) // well past the 200 ms lease
+		// Well past the 200 ms lease. The guard extends leases on the wall
+		// clock: this test is about that, so it runs in real time.
+		time.Sleep(700 * time.Millisecond)
 		return written(n, req), nil
 	}}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnInProgress: guard.Reject}})...)
@@ -373,7 +398,7 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	go func() { _, err := client.CreateInvoice(t.Context(), request("k")); done <- err }()
 	<-started
 	for range 3 {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // a lease's length, in real time (above)
 		_, err := client.CreateInvoice(t.Context(), request("k"))
 		ledgertest.WantStatus(t, err, errcode.InProgress)
 	}

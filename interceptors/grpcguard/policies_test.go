@@ -32,6 +32,8 @@ import (
 // (transient) on the runs that fail says.
 func slow(d time.Duration, fail func(n int64) bool) func(context.Context, int64, *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 	return func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
+		// The write takes d of real time: WAIT's cases are about a
+		// duplicate that arrives, and waits, while it runs.
 		time.Sleep(d)
 		if fail != nil && fail(n) {
 			return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
@@ -47,14 +49,14 @@ type answers struct {
 	header           metadata.MD // the duplicate's
 }
 
-// duplicate calls CreateInvoice with req and, once that call has started,
-// again with ctx.
-func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceClient, req *testpb.CreateInvoiceRequest) answers {
+// duplicate calls CreateInvoice with req and, once svc's handler runs it
+// (the first attempt holds the claim), again with ctx.
+func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceClient, svc *invoices, req *testpb.CreateInvoiceRequest) answers {
 	t.Helper()
 	var a answers
 	var wg sync.WaitGroup
 	wg.Go(func() { a.first, a.firstErr = client.CreateInvoice(t.Context(), req) })
-	time.Sleep(50 * time.Millisecond)
+	<-svc.firstRun()
 	a.dup, a.dupErr = client.CreateInvoice(ctx, req, grpc.Header(&a.header))
 	wg.Wait()
 	return a
@@ -68,7 +70,7 @@ func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplay
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, nil)}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{})...)
-	a := duplicate(t.Context(), t, client, request("k"))
+	a := duplicate(t.Context(), t, client, svc, request("k"))
 	first, dup, err1, err2, header := a.first, a.dup, a.firstErr, a.dupErr, a.header
 	if err1 != nil || err2 != nil {
 		t.Fatalf("first: %v; duplicate: %v", err1, err2)
@@ -91,7 +93,7 @@ func TestWaitClaimsWhenTheFirstReleases(t *testing.T) {
 func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, func(n int64) bool { return n == 1 })}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
-	a := duplicate(t.Context(), t, client, request("k"))
+	a := duplicate(t.Context(), t, client, svc, request("k"))
 	dup, err1, err2, header := a.dup, a.firstErr, a.dupErr, a.header
 	if status.Code(err1) != codes.Unavailable {
 		t.Fatalf("first = %v, want its handler's UNAVAILABLE", err1)
@@ -104,7 +106,6 @@ func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
 func TestWaitIsBounded(t *testing.T) { forEachAPI(t, testWaitIsBounded) }
 
 func testWaitIsBounded(t *testing.T, api ledgerAPI) {
-	svc := &invoices{create: slow(time.Second, nil)}
 	for name, tt := range map[string]struct {
 		policy grpcguard.Method
 		ctx    func() (context.Context, context.CancelFunc)
@@ -121,10 +122,11 @@ func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
+			svc := &invoices{create: slow(time.Second, nil)}
 			client := serve(t, api.client(t, ledgerConn(t)), svc, protect(tt.policy)...)
 			ctx, cancel := tt.ctx()
 			defer cancel()
-			a := duplicate(ctx, t, client, request("k"))
+			a := duplicate(ctx, t, client, svc, request("k"))
 			err1, err2 := a.firstErr, a.dupErr
 			if err1 != nil {
 				t.Fatal(err1)
@@ -146,7 +148,7 @@ func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = client.CreateInvoice(t.Context(), request("k")) })
 	defer wg.Wait()
-	time.Sleep(50 * time.Millisecond)
+	<-svc.firstRun()
 	_, err := client.CreateInvoice(t.Context(), request("k"))
 	le := ledgertest.WantStatus(t, err, errcode.InProgress)
 	// The hint is the time left on the lease, capped by the ledger (2 s).
@@ -159,7 +161,7 @@ func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
 // write: its record turns OUTCOME_UNKNOWN when the lease runs out.
 func resolvable(t *testing.T, api ledgerAPI) (client testpb.InvoiceServiceClient, ops ledgerv1.LedgerServiceClient, svc *invoices) {
 	t.Helper()
-	conn := ledgerConn(t)
+	conn, clock := clockedLedger(t)
 	svc = &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 		if n == 1 {
 			panic("the process dies after the provider charged the card")
@@ -170,7 +172,7 @@ func resolvable(t *testing.T, api ledgerAPI) (client testpb.InvoiceServiceClient
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
 	for range 2 {
 		_, err := client.CreateInvoice(t.Context(), request("k"))
 		le := ledgertest.WantStatus(t, err, errcode.OutcomeUnknown)
@@ -279,14 +281,15 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 		return nil, nil
 	}
 	policy := grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}, Reconcile: reconcile}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(policy)...)
+	conn, clock := clockedLedger(t)
+	client := serve(t, api.client(t, conn), svc, protect(policy)...)
 
 	// Applied: the retry is answered from the service's own row, and the
 	// handler does not run again; no fence was needed.
 	if _, err := client.CreateInvoice(t.Context(), request("k")); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
 	var header metadata.MD
 	res, err := client.CreateInvoice(t.Context(), request("k"), grpc.Header(&header))
 	if err != nil {
@@ -306,7 +309,7 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	if _, err := client.CreateInvoice(t.Context(), unwritten); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
 	res, err = client.CreateInvoice(t.Context(), unwritten)
 	if err != nil || res.GetInvoice().GetNumber() != 3 || svc.runs.Load() != 3 {
 		t.Fatalf("not applied: %v, %v, %d runs; want the handler to run", res, err, svc.runs.Load())
@@ -317,7 +320,7 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	if _, err := client.CreateInvoice(t.Context(), request("k3")); status.Code(err) != codes.Internal {
 		t.Fatalf("the crashing attempt = %v", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
 	mu.Lock()
 	down = true
 	mu.Unlock()
@@ -328,7 +331,7 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	mu.Lock()
 	down = false
 	mu.Unlock()
-	time.Sleep(300 * time.Millisecond) // the claim left to run out
+	clock.Advance(300 * time.Millisecond) // the claim left to run out
 	res, err = client.CreateInvoice(t.Context(), request("k3"))
 	if err != nil || !proto.Equal(res, db.get("k3")) || svc.runs.Load() != 4 {
 		t.Fatalf("after the database came back: %v, %v, %d runs", res, err, svc.runs.Load())
@@ -338,13 +341,13 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 func TestTombstoneIsKeyExpired(t *testing.T) { forEachAPI(t, testTombstoneIsKeyExpired) }
 
 func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
-	conn := ledgerConn(t)
+	conn, clock := clockedLedger(t)
 	svc := &invoices{}
 	client := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 100 * time.Millisecond, Retention: 300 * time.Millisecond}})...)
 	if _, err := client.CreateInvoice(t.Context(), request("k")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	clock.Advance(400 * time.Millisecond)
 	_, err := client.CreateInvoice(t.Context(), request("k"))
 	if le := ledgertest.WantStatus(t, err, errcode.KeyExpired); le.Retryable() {
 		t.Fatal("KEY_EXPIRED is retryable")
@@ -366,7 +369,7 @@ func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
 	if _, err := off.CreateInvoice(t.Context(), request("k-off")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	clock.Advance(400 * time.Millisecond)
 	if res, err := off.CreateInvoice(t.Context(), request("k-off")); err != nil || svc.runs.Load() != 3 {
 		t.Fatalf("without tombstones: %v, %v, %d runs", res, err, svc.runs.Load())
 	}

@@ -28,12 +28,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // the memory store) over gRPC.
 func newGuard(t *testing.T) *guard.Guard {
 	t.Helper()
-	conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("tools"))).Dial(t)
+	g, _ := clockedGuard(t)
+	return g
+}
+
+// clockedGuard is newGuard whose ledger keeps time by a clock of the
+// test's own, started at the wall clock's now: leases run out when the
+// test advances it.
+func clockedGuard(t *testing.T) (*guard.Guard, *ledgertest.Clock) {
+	t.Helper()
+	clock := ledgertest.NewClock(time.Now())
+	conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("tools", clock.Now))).Dial(t)
 	g, err := guard.New(ledgerv1.NewLedgerServiceClient(conn))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g
+	return g, clock
 }
 
 // jsonResult is an outcome of a transport that is not gRPC: JSON bytes.
@@ -176,7 +186,7 @@ func TestPolicyCheck(t *testing.T) {
 // UNAVAILABLE, a retry within the lease IN_PROGRESS, and one after it a
 // takeover (TAKEOVER) or OUTCOME_UNKNOWN (HOLD).
 func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
-	g := newGuard(t)
+	g, clock := clockedGuard(t)
 	unknown := func(context.Context) (guard.Outcome, error) {
 		return guard.Outcome{}, fmt.Errorf("the upstream hung up after the request: %w", guard.ErrOutcomeUnknown)
 	}
@@ -190,7 +200,7 @@ func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
 		var runs atomic.Int64
 		_, err = g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
 		ledgertest.WantCode(t, err, errcode.InProgress)
-		time.Sleep(250 * time.Millisecond)
+		clock.Advance(250 * time.Millisecond)
 		res, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
 		switch p {
 		case guard.Takeover:

@@ -21,6 +21,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -34,12 +35,20 @@ type api struct {
 	runs   atomic.Int64
 	status func(n int64) int
 	delay  time.Duration
+	// started, when set, hears of each run as it starts: its attempt holds
+	// the claim.
+	started chan struct{}
 }
 
 func (a *api) handler(t *testing.T, g *httpguard.Guard) http.Handler {
 	mux := http.NewServeMux()
 	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := a.runs.Add(1)
+		if a.started != nil {
+			a.started <- struct{}{}
+		}
+		// The write takes delay of real time: a duplicate arrives, and
+		// waits, while it runs.
 		time.Sleep(a.delay)
 		body, _ := io.ReadAll(r.Body)
 		c, _ := guard.ClaimFromContext(r.Context())
@@ -63,6 +72,16 @@ func (a *api) handler(t *testing.T, g *httpguard.Guard) http.Handler {
 func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
 	t.Helper()
 	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("api"))).Dial(t))
+}
+
+// clockedLedgerClient is ledgerClient on a clock of the test's own,
+// started at the wall clock's now: leases and retention run out when the
+// test advances it.
+func clockedLedgerClient(t *testing.T) (ledgerv1.LedgerServiceClient, *ledgertest.Clock) {
+	t.Helper()
+	clock := ledgertest.NewClock(time.Now())
+	conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("api", clock.Now))).Dial(t)
+	return ledgerv1.NewLedgerServiceClient(conn), clock
 }
 
 // coreGuard is the guard the adapter runs on, over client.
@@ -216,7 +235,7 @@ func TestKeyRows(t *testing.T) {
 // TestConcurrentRows: a duplicate while the first runs waits and gets the
 // first response (WAIT, the default), or 409 with Retry-After (REJECT).
 func TestConcurrentRows(t *testing.T) {
-	a := &api{delay: 200 * time.Millisecond}
+	a := &api{delay: 200 * time.Millisecond, started: make(chan struct{}, 8)}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	answers := make([]answer, 6)
 	var wg sync.WaitGroup
@@ -232,9 +251,10 @@ func TestConcurrentRows(t *testing.T) {
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs", a.runs.Load())
 	}
+	<-a.started // the parallel duplicates' one run
 	done := make(chan answer, 1)
 	go func() { done <- send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`) }()
-	time.Sleep(50 * time.Millisecond)
+	<-a.started
 	wantProblem(t, send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`), http.StatusConflict, errcode.InProgress)
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("the first PUT: %+v", first)
@@ -283,11 +303,12 @@ func TestReleasedStatuses(t *testing.T) {
 // gone, and the key answers 409 KEY_EXPIRED, not a second run.
 func TestKeyExpiredIsConflict(t *testing.T) {
 	a := &api{}
-	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
+	ledger, clock := clockedLedgerClient(t)
+	url := serve(t, a.handler(t, newGuard(t, ledger)))
 	if r := send(t, http.MethodPost, url+"/v1/short", `"old"`, "application/json", `{}`); r.status != http.StatusCreated {
 		t.Fatal(r)
 	}
-	time.Sleep(400 * time.Millisecond)
+	clock.Advance(400 * time.Millisecond)
 	wantProblem(t, send(t, http.MethodPost, url+"/v1/short", `"old"`, "application/json", `{}`), http.StatusConflict, errcode.KeyExpired)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs", a.runs.Load())
@@ -298,7 +319,8 @@ func TestKeyExpiredIsConflict(t *testing.T) {
 // claim answers 409 OUTCOME_UNKNOWN after the lease, and runs nothing.
 func TestOutcomeUnknownIsConflict(t *testing.T) {
 	var runs atomic.Int64
-	g := newGuard(t, ledgerClient(t))
+	ledger, clock := clockedLedgerClient(t)
+	g := newGuard(t, ledger)
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/held", g.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		runs.Add(1)
@@ -311,7 +333,7 @@ func TestOutcomeUnknownIsConflict(t *testing.T) {
 		_ = res.Body.Close()
 		t.Fatalf("the dying handler answered %d", res.StatusCode)
 	}
-	time.Sleep(300 * time.Millisecond)
+	clock.Advance(300 * time.Millisecond)
 	wantProblem(t, send(t, http.MethodPost, url+"/v1/held", `"held"`, "", `{}`), http.StatusConflict, errcode.OutcomeUnknown)
 	if runs.Load() != 1 {
 		t.Fatalf("%d runs under HOLD", runs.Load())
@@ -389,11 +411,11 @@ func TestOutcomeUnknown(t *testing.T) {
 // than the ledger's windows gets 409 RETRY_TOO_LATE, and a malformed one
 // 400.
 func TestWaitBoundAndTooLate(t *testing.T) {
-	a := &api{delay: 500 * time.Millisecond}
+	a := &api{delay: 500 * time.Millisecond, started: make(chan struct{}, 1)}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{MaxWait: 100 * time.Millisecond}}))))
 	done := make(chan answer, 1)
 	go func() { done <- post(t, url, `"slow"`, `{}`) }()
-	time.Sleep(50 * time.Millisecond)
+	<-a.started
 	wantProblem(t, post(t, url, `"slow"`, `{}`), http.StatusConflict, errcode.InProgress)
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("first: %+v", first)

@@ -11,6 +11,7 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -72,8 +73,15 @@ func Ledger(srv ledgerv1.LedgerServiceServer) func(*grpc.Server) {
 // real clock) whose every caller is namespace with every tenant: the ledger
 // that tests of write services and interceptors talk to.
 func MemoryLedger(namespace string) ledgerv1.LedgerServiceServer {
+	return MemoryLedgerAt(namespace, nil)
+}
+
+// MemoryLedgerAt is MemoryLedger on a memory store whose clock is now
+// (the wall clock when nil): a test moves leases and retention along by
+// moving its clock, instead of sleeping.
+func MemoryLedgerAt(namespace string, now func() time.Time) ledgerv1.LedgerServiceServer {
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: namespace, Tenants: []string{"*"}}, nil
 	})
-	return server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth})
+	return server.New(ledger.New(memory.New(memory.Config{Now: now}), ledger.Config{}), server.Config{Auth: auth})
 }
