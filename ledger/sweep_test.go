@@ -22,7 +22,7 @@ func TestSweepBacklogPaces(t *testing.T) {
 		return func(context.Context, int) (int, error) {
 			calls++
 			start := time.Now()
-			time.Sleep(took)
+			time.Sleep(took) // a sweep of known real duration: the pacing is computed from it
 			busy += time.Since(start)
 			switch {
 			case calls <= full:

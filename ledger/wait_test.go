@@ -48,7 +48,7 @@ func waitOn(t *testing.T, l *ledger.Ledger, ns string, n int) ([]ledger.Scope, c
 			answers <- err
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); l.Waiters() < base+n; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); l.Waiters() < base+n; time.Sleep(time.Millisecond) { // poll until every waiter is registered
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d waiters waiting", l.Waiters(), n)
 		}
@@ -70,13 +70,13 @@ func TestWaitersDoNotPollEach(t *testing.T) {
 		// the measure starts.
 		for settle := time.Now().Add(10 * time.Second); time.Now().Before(settle); {
 			r := s.reads.Load()
-			time.Sleep(100 * time.Millisecond)
-			if s.reads.Load()-r <= 4 { // two polls' worth
+			time.Sleep(100 * time.Millisecond) // the poller runs on the wall clock: let its reads settle
+			if s.reads.Load()-r <= 4 {         // two polls' worth
 				break
 			}
 		}
 		before := s.reads.Load()
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // count the poller's reads over a second of real time: the subject of the test
 		reads := s.reads.Load() - before
 		for _, sc := range scopes { // end the waits: a release wakes its waiter
 			rec, err := l.Lookup(t.Context(), sc, 0)

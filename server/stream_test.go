@@ -181,8 +181,9 @@ func TestStreamProtocol(t *testing.T) {
 	}
 
 	// A cancel ends a call in flight.
+	// The server starts a call before it reads the next message, so the
+	// cancel finds call 5 in flight.
 	send(waitFor(5, nil))
-	time.Sleep(20 * time.Millisecond)
 	send(&ledgerv1.StreamRequest{Id: 5, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
 	wantStreamCode(t, recv(), 5, errcode.UpstreamTimeout)
 
@@ -261,7 +262,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
 		errc <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // let the Lookup reach the server; one that does not is refused UNAVAILABLE too
 	srv.Stop()
 	select {
 	case err := <-errc:
@@ -359,7 +360,7 @@ func TestDeadStreamIsFreed(t *testing.T) {
 	}
 	cancel() // the client dies
 	_ = conn.Close()
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning() || l.Waiters() > 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning() || l.Waiters() > 0; time.Sleep(20 * time.Millisecond) { // poll until the streams' goroutines are gone
 		if time.Now().After(deadline) {
 			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v, %d Lookups waiting: the dead stream was kept",
 				runtime.NumGoroutine(), baseline, streamsRunning(), l.Waiters())

@@ -77,13 +77,13 @@ func BenchmarkLookupWaiters(b *testing.B) {
 						}
 					}
 				}
-				for deadline := time.Now().Add(time.Minute); l.Waiters() < n; time.Sleep(10 * time.Millisecond) {
+				for deadline := time.Now().Add(time.Minute); l.Waiters() < n; time.Sleep(10 * time.Millisecond) { // poll until every waiter is registered
 					if time.Now().After(deadline) {
 						b.Fatalf("%d of %d waiting", l.Waiters(), n)
 					}
 				}
 				reads := st.reads.Load()
-				time.Sleep(time.Second)
+				time.Sleep(time.Second) // count the store's reads over a second of real time: what the benchmark reports
 				b.ReportMetric(float64(st.reads.Load()-reads), "store-reads/s")
 				used := inUse() - before
 				b.ReportMetric(float64(used)/float64(n), "bytes/waiter")

@@ -28,18 +28,26 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // ledgerAddr starts a LedgerService on the memory store on loopback.
 func ledgerAddr(t testing.TB) string {
 	t.Helper()
+	return ledgerAddrAt(t, nil)
+}
+
+// ledgerAddrAt is ledgerAddr on a ledger whose clock is now: a test moves
+// leases along by moving its clock.
+func ledgerAddrAt(t testing.TB, now func() time.Time) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("tools"))
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedgerAt("tools", now))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return lis.Addr().String()
@@ -236,7 +244,8 @@ func TestProxyGuardsTheNamedTools(t *testing.T) {
 func TestProxyUnknownOutcome(t *testing.T) {
 	up := &goUpstream{}
 	up.hangUp.Store(true)
-	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{
+	clock := ledgertest.NewClock(time.Now())
+	endpoint, _ := proxy(t, config(ledgerAddrAt(t, clock.Now), byURL(up.serve(t)), policyConfig{
 		Lease: duration(300 * time.Millisecond), OnLeaseExpiry: "hold", OnInProgress: "reject",
 	}))
 	cs := connect(t, endpoint, http.DefaultTransport)
@@ -244,7 +253,7 @@ func TestProxyUnknownOutcome(t *testing.T) {
 	if info, ok := mcpguard.ErrorFromResult(res); !ok || info.Code != "UNAVAILABLE" || !info.Retryable {
 		t.Fatalf("a cut upstream call: %s", bare(t, res))
 	}
-	time.Sleep(400 * time.Millisecond)
+	clock.Advance(400 * time.Millisecond)
 	res = create(t.Context(), t, cs, "k")
 	if info, ok := mcpguard.ErrorFromResult(res); !ok || info.Code != "OUTCOME_UNKNOWN" || info.Retryable {
 		t.Fatalf("after the lease, under HOLD: %s", bare(t, res))
@@ -404,8 +413,16 @@ func TestRefusesBadConfiguration(t *testing.T) {
 func TestDrainFinishesCallsInFlight(t *testing.T) {
 	up := &goUpstream{}
 	forward := proxyTo(up.serve(t))
+	calling := make(chan struct{}, 1) // the tools/call reached the upstream
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"tools/call"`)) {
+				calling <- struct{}{}
+			}
+			// The upstream's write takes 300 ms of real time: the drain
+			// waits for it.
 			time.Sleep(300 * time.Millisecond)
 		}
 		forward.ServeHTTP(w, r)
@@ -424,7 +441,7 @@ func TestDrainFinishesCallsInFlight(t *testing.T) {
 	cs := connect(t, "http://"+l.Addr().String()+"/mcp", http.DefaultTransport)
 	answered := make(chan *mcp.CallToolResult, 1)
 	go func() { answered <- create(context.Background(), t, cs, "k") }()
-	time.Sleep(100 * time.Millisecond)
+	<-calling
 	cancel()
 	if res := <-answered; res.IsError {
 		t.Fatalf("the call in flight: %s", bare(t, res))

@@ -50,7 +50,7 @@ func TestReadinessNeedsAWrite(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	waitFor := func(want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
 		t.Helper()
-		for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) {
+		for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) { // the health watch runs on its own goroutine: poll its answer
 			res, err := h.Check(t.Context(), &healthpb.HealthCheckRequest{})
 			if err == nil && res.GetStatus() == want {
 				return

@@ -171,6 +171,6 @@ func TestStoreMetrics(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("metrics lack %s:\n%s", missing, m)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // metrics are scraped from another process: poll until they show
 	}
 }

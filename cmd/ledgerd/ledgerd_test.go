@@ -446,7 +446,7 @@ func TestTombstoneRetentionFlag(t *testing.T) {
 			if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: invoice}); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(1100 * time.Millisecond)
+			time.Sleep(1100 * time.Millisecond) // ledgerd (another process) keeps the wall clock: the 1 s retention must pass
 			res, err = client.Begin(t.Context(), req)
 			if tt.want == 0 {
 				if err != nil || res.GetClaim() == nil {
@@ -695,7 +695,7 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); strings.Count(p.logs(), want) == before; time.Sleep(10 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); strings.Count(p.logs(), want) == before; time.Sleep(10 * time.Millisecond) { // poll the other process's log
 			if time.Now().After(deadline) {
 				t.Fatalf("no %q in the log after SIGHUP:\n%s", want, p.logs())
 			}
@@ -762,7 +762,7 @@ func TestReadinessFollowsWrites(t *testing.T) {
 	}
 	waitFor := func(want int) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ready() != want; time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(20 * time.Second); ready() != want; time.Sleep(100 * time.Millisecond) { // poll the other process's readiness
 			if time.Now().After(deadline) {
 				t.Fatalf("/readyz did not turn %d within 20s", want)
 			}
@@ -806,7 +806,7 @@ func TestPreAuthenticationBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = raw.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // give ledgerd (another process) time to accept the raw connection: nothing it says shows that
 	// A third connection waits: its call runs out of time.
 	third, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -859,7 +859,7 @@ func TestLogsDoNotAmplify(t *testing.T) {
 		}
 		_, err = ledgerv1.NewLedgerServiceClient(conn).Begin(t.Context(), begin("once"))
 		ledgertest.WantStatus(t, err, errcode.Unavailable)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the assertion is that no more lines come: give the other process's log time to show them
 		var lines []string
 		for _, line := range strings.Split(p.logs(), "\n") {
 			if strings.Contains(line, `"grpc.method":"Begin"`) || strings.Contains(line, "ledger call failed") {
@@ -881,7 +881,7 @@ func TestLogsDoNotAmplify(t *testing.T) {
 			_, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"})
 			ledgertest.WantStatus(t, err, errcode.Unauthenticated)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the assertion is that no more lines come: give the other process's log time to show them
 		n := 0
 		for _, line := range strings.Split(p.logs(), "\n") {
 			if strings.Contains(line, `"Unauthenticated"`) || strings.Contains(line, "code = Unauthenticated") || strings.Contains(line, "refused for their credentials") {

@@ -100,7 +100,7 @@ func TestSpanTree(t *testing.T) {
 				if missing(wants, paths) == nil {
 					break
 				}
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(10 * time.Millisecond) // spans end on the servers' goroutines: poll until they are all recorded
 			}
 			for _, want := range missing(wants, paths) {
 				t.Errorf("no span at\n  %s\nspans:\n  %s", want, strings.Join(paths, "\n  "))

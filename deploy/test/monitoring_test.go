@@ -240,7 +240,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 		if res, err = client.Begin(ctx, req); err != nil && ctx.Err() != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll the other process until it answers
 	}
 	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 9, Message: "declined"}}}
 	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
@@ -256,7 +256,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 		if regexp.MustCompile(`(?m)^idemledger_records\{`).Match(body) || ctx.Err() != nil {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // poll the other process until it answers
 	}
 	exported = map[string]string{}
 	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+) (\S+)$`).FindAllStringSubmatch(string(body), -1) {

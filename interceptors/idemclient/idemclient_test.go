@@ -56,7 +56,7 @@ func (s *invoices) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceR
 	if int(n) <= len(s.failures) {
 		return nil, s.failures[n-1]
 	}
-	time.Sleep(s.hold)
+	time.Sleep(s.hold) // the handler holds its call for real: the client's deadline and retries are the subject
 	return &testpb.CreateInvoiceResponse{Invoice: &testpb.Invoice{Id: fmt.Sprintf("inv_%d", n), Tenant: req.GetTenant(), Number: n}}, nil
 }
 

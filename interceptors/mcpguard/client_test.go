@@ -106,7 +106,7 @@ func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
 			}
 			results[i] = res
 		})
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // stagger the two calls so the second finds the first running; either order is correct
 	}
 	wg.Wait()
 	if results[0].IsError || results[1].IsError || withoutReplayed(t, results[0]) != withoutReplayed(t, results[1]) {

@@ -67,7 +67,7 @@ func (ts *tools) newServer(g *mcpguard.Guard, inner ...mcp.Middleware) *mcp.Serv
 		func(ctx context.Context, req *mcp.CallToolRequest, args invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
 			n := ts.runs.Add(1)
 			if ts.delay > 0 {
-				time.Sleep(ts.delay)
+				time.Sleep(ts.delay) // the tool's work takes real time: duplicates arrive while it runs
 			}
 			if ts.before != nil {
 				if res, err := ts.before(ctx, n); res != nil || err != nil {

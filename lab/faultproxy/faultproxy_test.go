@@ -149,7 +149,7 @@ func TestDelay(t *testing.T) {
 	if _, err := c.Write([]byte("b\n")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // the proxy's delay is real time: the subject of the test
 	if _, err := c.Write([]byte("c\n")); err != nil {
 		t.Fatal(err)
 	}

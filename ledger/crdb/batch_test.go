@@ -47,7 +47,7 @@ func TestBatcherCoalescesAndRecovers(t *testing.T) {
 			t.Errorf("first call = %d, %v", r, err)
 		}
 	})
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // let the calls queue behind the held batch; a late one only makes a batch smaller, which the bounds allow
 	// A caller gone before its call runs.
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -62,7 +62,7 @@ func TestBatcherCoalescesAndRecovers(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // let the calls queue behind the held batch; a late one only makes a batch smaller, which the bounds allow
 	close(release)
 	wg.Wait()
 	if largest.Load() > 4 || largest.Load() < 2 || batches.Load() > 6 {
@@ -265,7 +265,7 @@ func TestCrossedBatches(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%d sessions wait on a lock, want %d", got, n)
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the batch's work takes real time: calls queue behind it
 		}
 	}
 	var deadlocks atomic.Int64
@@ -351,7 +351,7 @@ func TestBatchStats(t *testing.T) {
 	})
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll PostgreSQL until the batch waits on the lock
 			s.ops[""].mu.Lock()
 			ok := cond()
 			s.ops[""].mu.Unlock()

@@ -243,8 +243,8 @@ func TestLinearizableFollowerReads(t *testing.T) {
 				return s
 			}, lincheck.Config{Fault: func(ctx context.Context, _ int) {
 				for ctx.Err() == nil {
-					time.Sleep(time.Duration(500+rand.IntN(3000)) * time.Microsecond)
-					if rand.IntN(4) > 0 { // now and then the copy stays behind a phase
+					time.Sleep(time.Duration(500+rand.IntN(3000)) * time.Microsecond) // random real-time lag between the replica's snapshots: the history's faults
+					if rand.IntN(4) > 0 {                                             // now and then the copy stays behind a phase
 						replica.snapshot(t)
 					}
 				}

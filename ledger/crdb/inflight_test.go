@@ -49,7 +49,7 @@ func TestInFlightFollowsTheRoundTrip(t *testing.T) {
 				n := running.Add(1)
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
-				time.Sleep(tc.rtt + tc.work)
+				time.Sleep(tc.rtt + tc.work) // a batch of known real duration: what the in-flight limit is computed from
 				running.Add(-1)
 				for _, c := range calls {
 					c.done <- result[int]{r: c.p}

@@ -52,7 +52,7 @@ func TestLinearizableUnderConnectionKills(t *testing.T) {
 		return s
 	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
 		for ctx.Err() == nil {
-			time.Sleep(time.Duration(5000+rand.IntN(20000)) * time.Microsecond)
+			time.Sleep(time.Duration(5000+rand.IntN(20000)) * time.Microsecond) // kill connections at random real-time intervals: the history's faults
 			tag, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
 			if err == nil {
 				kills.Add(tag.RowsAffected())

@@ -102,7 +102,7 @@ func TestRegionBatches(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) { // poll PostgreSQL until the batch waits on the lock
 		far.mu.Lock()
 		running := far.inFlight == 1
 		far.mu.Unlock()

@@ -221,7 +221,7 @@ func TestCanceledStatementIsRetryable(t *testing.T) {
 			WHERE query LIKE '%INSERT INTO idempotency_records%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&canceled); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll PostgreSQL until the claim waits on the lock
 	}
 	err = <-done
 	if le := errcode.As(err); le.Code != errcode.UpstreamTimeout || !le.Retryable() {

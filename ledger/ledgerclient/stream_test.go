@@ -141,7 +141,7 @@ func TestCallsGoOnTheStream(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the server received %v, want the Lookup, then a cancel of it", got)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll what the server received
 	}
 
 	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledgerclient.MaxStreamedBytes)}}}
@@ -205,7 +205,7 @@ func TestServerRestart(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no call went through after the server came back: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll until the restarted server answers
 	}
 }
 

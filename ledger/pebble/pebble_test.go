@@ -216,7 +216,7 @@ func TestLinearizableAcrossRestarts(t *testing.T) {
 		return r
 	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
 		for ctx.Err() == nil {
-			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond)
+			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond) // reopen the store at random real-time intervals: the history's faults
 			if err := r.Reopen(); err != nil {
 				t.Error(err)
 				return
