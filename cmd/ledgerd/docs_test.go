@@ -11,6 +11,7 @@ import (
 // TestDocsListEveryFlag: docs/ledgerd.md names every flag ledgerd --help
 // lists.
 func TestDocsListEveryFlag(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	doc, err := os.ReadFile("../../docs/ledgerd.md")
 	if err != nil {
 		t.Fatal(err)

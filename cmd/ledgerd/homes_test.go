@@ -19,6 +19,7 @@ import (
 // file, its region and follower reads, and counts the replays a follower
 // answered; a region the file does not declare is refused.
 func TestHomes(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := crdbtest.NewDatabase(t)
 	homes := filepath.Join(t.TempDir(), "homes")
 	write := func(text string) {

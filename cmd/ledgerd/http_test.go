@@ -82,6 +82,7 @@ func errorDetail(t *testing.T, body []byte) (connectError, *ledgerv1.ErrorDetail
 // error's details; the same authentication as gRPC; the same decision
 // counters.
 func TestHTTPListener(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
 	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -136,6 +137,7 @@ func TestHTTPListener(t *testing.T) {
 // TestStoreMetrics: the store's calls are timed by operation, the
 // outcomes stored are sized, and the census counts the records by state.
 func TestStoreMetrics(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	p := start(t, "--data-dir", t.TempDir(), "--census-interval", "50ms")
 	conn := p.dial(t)
 	p.waitServing(t, conn)

@@ -193,6 +193,7 @@ func begin(key string) *ledgerv1.BeginRequest {
 // a real client: claim, complete, replay; then kills it with SIGKILL,
 // starts it again on the same data directory and finds the record intact.
 func TestEndToEndSurvivesKill9(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	dir := t.TempDir()
 	p := start(t, "--data-dir", dir)
 	conn := p.dial(t)
@@ -326,6 +327,7 @@ func sigtermDrains(t *testing.T, stream bool) {
 // TestBearerTokensEndToEnd starts ledgerd with a token file: no token is
 // UNAUTHENTICATED, a token acts in its namespace and tenants only.
 func TestBearerTokensEndToEnd(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(server.HashToken("billing-secret")+" billing acme\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -358,6 +360,7 @@ func TestBearerTokensEndToEnd(t *testing.T) {
 
 // TestReflectionFlag: reflection is on in dev mode and off with --reflection=false.
 func TestReflectionFlag(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	for flag, want := range map[string]bool{"--reflection=true": true, "--reflection=false": false} {
 		p := start(t, "--data-dir", t.TempDir(), flag)
 		conn := p.dial(t)
@@ -390,6 +393,7 @@ func reflects(t *testing.T, conn *grpc.ClientConn) bool {
 
 // TestRefusesBadConfiguration: usage errors exit 2 before anything listens.
 func TestRefusesBadConfiguration(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	for name, args := range map[string][]string{
 		"DevModeOffLoopback":  {"--listen", "0.0.0.0:0"},
 		"DevModeAllAddresses": {"--listen", ":0"},
@@ -425,6 +429,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 // tombstone (KEY_EXPIRED) by default, and free again with
 // --tombstone-retention 0.
 func TestTombstoneRetentionFlag(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	for name, tt := range map[string]struct {
 		args []string
 		want errcode.Code // of the Begin after the retention; 0: a claim
@@ -463,6 +468,7 @@ func TestTombstoneRetentionFlag(t *testing.T) {
 // ledgerd listens, health says NOT_SERVING, and calls are UNAVAILABLE with
 // a retry-after; nothing runs a write.
 func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	p := start(t, "--database-url", "postgres://ledger@127.0.0.1:1/ledger?connect_timeout=1")
 	conn := p.dial(t)
 	res, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
@@ -493,6 +499,7 @@ func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
 // SERVING, and a completed key replays from a second ledgerd on the same
 // database.
 func TestPostgreSQLStore(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := crdbtest.NewDatabase(t)
 	p := start(t, "--database-url", url, "--migrate")
 	conn := p.dial(t)
@@ -543,6 +550,7 @@ func TestPostgreSQLStore(t *testing.T) {
 // acts for its tenants, and a client without one is refused at the
 // handshake.
 func TestMutualTLSEndToEnd(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	dir := t.TempDir()
 	ca := servertest.NewCA(t)
 	certFile, keyFile := servertest.WriteFiles(t, dir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
@@ -590,6 +598,7 @@ func TestMutualTLSEndToEnd(t *testing.T) {
 // TestMessageSizeLimit: a request above --max-recv-bytes is refused by gRPC
 // (RESOURCE_EXHAUSTED) and stores nothing.
 func TestMessageSizeLimit(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	p := start(t, "--data-dir", t.TempDir(), "--max-outcome-bytes", "1024", "--max-recv-bytes", "70000")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
@@ -618,6 +627,7 @@ func TestMessageSizeLimit(t *testing.T) {
 // TestMigrateOnly: ledgerd --migrate-only applies the schema and exits 0,
 // and again (a Job that runs twice) changes nothing and exits 0.
 func TestMigrateOnly(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := crdbtest.NewDatabase(t)
 	for i := range 2 {
 		out, err := exec.Command(binary, "--migrate-only", "--database-url", url).CombinedOutput()
@@ -637,6 +647,7 @@ func TestMigrateOnly(t *testing.T) {
 // message instead of serving an empty ledger; a first start on an empty
 // directory just works.
 func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	dir := t.TempDir()
 	p := start(t, "--data-dir", dir)
 	p.waitServing(t, p.dial(t))
@@ -661,6 +672,7 @@ func TestRefusesAnEmptiedEmbeddedStore(t *testing.T) {
 // new one accepted; a reload that fails (a file others may write) keeps
 // the tokens in force. A file others may write is refused at start too.
 func TestSIGHUPReloadsCredentials(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	write := func(token string, mode os.FileMode) {
 		t.Helper()
@@ -734,6 +746,7 @@ func metricValue(t *testing.T, exposition, name string) float64 {
 // full) turns /readyz to 503 and gRPC health to NOT_SERVING, and back
 // when writes work again. A ping alone (a read) stayed green.
 func TestReadinessFollowsWrites(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := crdbtest.NewDatabase(t)
 	p := start(t, "--database-url", url, "--migrate")
 	conn := p.dial(t)

@@ -12,6 +12,7 @@ import (
 // against a ledgerd on its embedded store: each run claims a fresh key,
 // completes it and gets its replay. Only the address is the test's own.
 func TestQuickStartRunsTwice(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	if testing.Short() {
 		t.Skip("fetches grpcurl through the Go module proxy")
 	}

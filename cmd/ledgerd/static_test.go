@@ -17,6 +17,7 @@ import (
 // runs with an empty environment, in an empty directory, as an unprivileged
 // user (when the test runs as root), then stops cleanly on SIGTERM.
 func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	if testing.Short() {
 		t.Skip("builds ledgerd")
 	}
@@ -103,6 +104,7 @@ func TestStaticBinaryInEmptyEnvironment(t *testing.T) {
 // prints the module version, the revision it was built from and the Go
 // version, and exits 0 without starting anything.
 func TestVersion(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
 	if err != nil {
 		t.Skipf("not in a git checkout: %v", err)

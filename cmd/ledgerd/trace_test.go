@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +33,17 @@ func (traced) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceReques
 	return &testpb.CreateInvoiceResponse{Invoice: &testpb.Invoice{Id: "inv_1", Tenant: req.GetTenant()}}, nil
 }
 
+// spanRecorder is the process's one tracer provider's recorder: the
+// libraries' tracers bind to the first provider set, so a second one
+// (-count=2) would record nothing. Each test reads the spans of its own
+// trace.
+var spanRecorder = sync.OnceValue(func() *tracetest.SpanRecorder {
+	rec := tracetest.NewSpanRecorder()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	return rec
+})
+
 // TestSpanTree: one protected call, traced end to end with an in-memory
 // exporter, over the ledger's unary calls and over its Stream: the write
 // service's span holds the guard's, which holds Begin (client, then
@@ -39,13 +51,7 @@ func (traced) CreateInvoice(ctx context.Context, req *testpb.CreateInvoiceReques
 // server, the store's complete); the store's span says the decision and
 // the attempt.
 func TestSpanTree(t *testing.T) {
-	// One provider for the process: the libraries' tracers bind to the
-	// first one set. Each subtest reads the spans of its own trace.
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	rec := spanRecorder()
 	for _, api := range []string{"Unary", "Stream"} {
 		t.Run(api, func(t *testing.T) {
 			ledger := tracedLedger(t, api)

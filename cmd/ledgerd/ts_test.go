@@ -14,6 +14,7 @@ import (
 // the Connect protocol and over gRPC, with a bearer token. Without node or
 // the npm packages (make npm) it skips, except under CI=true.
 func TestTypeScriptClient(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	dir, err := filepath.Abs("../../examples/ledger-ts")
 	if err != nil {
 		t.Fatal(err)

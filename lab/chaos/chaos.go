@@ -203,11 +203,11 @@ func (w *world) close() {
 // embedded store), the invoice service behind the interceptor, and the
 // agents' connection, with a fault proxy on every hop. On error it closes
 // what it started.
-func build(ctx context.Context, cfg Config) (w *world, err error) {
-	w = &world{cfg: cfg, rng: newLocked(cfg.Seed), store: invoice.NewStore()}
+func build(ctx context.Context, cfg Config) (_ *world, err error) {
+	w := &world{cfg: cfg, rng: newLocked(cfg.Seed), store: invoice.NewStore()}
 	defer func() {
 		if err != nil {
-			w.close()
+			w.close() // w, not the nil the error path returns
 		}
 	}()
 	dir, err := os.MkdirTemp("", "idemledger-chaos-")
@@ -260,7 +260,7 @@ func (w *world) proxy(addr string) (*faultproxy.Proxy, error) {
 // startLedgerd starts ledgerd as a child process, behind a proxy, and
 // returns a connection to it through the proxy.
 func (w *world) startLedgerd(ctx context.Context, dir string) (*grpc.ClientConn, error) {
-	args := []string{"--admin-listen", "", "--drain-timeout", "1s", "--lease", "2s", "--log-level", "error"}
+	args := []string{"--admin-listen", "", "--http-listen", "", "--drain-timeout", "1s", "--lease", "2s", "--log-level", "error"}
 	if w.cfg.DatabaseURL != "" {
 		u, host, err := splitHost(w.cfg.DatabaseURL)
 		if err != nil {

@@ -50,6 +50,7 @@ func check(t *testing.T, rep chaos.Report) {
 }
 
 func TestEmbeddedStoreUnderFaults(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	if testing.Short() {
 		t.Skip("runs ledgerd under faults for several seconds")
 	}
@@ -63,6 +64,7 @@ func TestEmbeddedStoreUnderFaults(t *testing.T) {
 // TestLedgerStreamUnderFaults: the same, with the write service calling
 // the ledger over a Stream, which the faults cut and ledgerd's kills break.
 func TestLedgerStreamUnderFaults(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	if testing.Short() {
 		t.Skip("runs ledgerd under faults for several seconds")
 	}
@@ -74,6 +76,7 @@ func TestLedgerStreamUnderFaults(t *testing.T) {
 }
 
 func TestPostgreSQLUnderFaults(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	if testing.Short() {
 		t.Skip("runs ledgerd and PostgreSQL under faults for several seconds")
 	}
