@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -28,10 +29,12 @@ import (
 //	    url: http://127.0.0.1:8090/mcp        # Streamable HTTP, or:
 //	    command: [node, server.mjs, --stdio]  # a stdio child process
 //	  tenant: {header: X-Tenant}              # or {static: acme}, or {argument: tenant}
+//	  run_timeout: 1m                         # the default of every tool
 //	  tools:
 //	    create_invoice:
 //	      key_argument: idempotency_key
 //	      lease: 30s
+//	      run_timeout: 2m
 //	      on_in_progress: wait                # or reject
 //	      on_lease_expiry: takeover           # or hold
 //
@@ -40,6 +43,7 @@ import (
 //	http:
 //	  upstream: http://127.0.0.1:8080
 //	  tenant: {header: X-Tenant}              # or {static: acme}
+//	  run_timeout: 1m                         # the default of every route
 //	  routes:
 //	    "POST /v1/invoices": {lease: 30s, release: [408, 429, 503]}
 type fileConfig struct {
@@ -54,11 +58,19 @@ type fileConfig struct {
 // httpConfig is the HTTP mode: a reverse proxy in front of an HTTP API.
 type httpConfig struct {
 	// Upstream is the API's base URL.
-	Upstream     string                 `yaml:"upstream"`
-	Tenant       tenantConfig           `yaml:"tenant"`
-	MaxBodyBytes int64                  `yaml:"max_body_bytes"`
-	Routes       map[string]routeConfig `yaml:"routes"`
+	Upstream     string       `yaml:"upstream"`
+	Tenant       tenantConfig `yaml:"tenant"`
+	MaxBodyBytes int64        `yaml:"max_body_bytes"`
+	// RunTimeout is the run timeout of a route that sets none:
+	// defaultRunTimeout when absent.
+	RunTimeout duration               `yaml:"run_timeout"`
+	Routes     map[string]routeConfig `yaml:"routes"`
 }
+
+// defaultRunTimeout bounds an upstream call whose tool or route, and
+// section, set no run_timeout: the call outlives the client that made it,
+// up to this long.
+const defaultRunTimeout = time.Minute
 
 // routeConfig is an httpguard.Route in the file, keyed by its ServeMux
 // pattern ("POST /v1/invoices").
@@ -74,8 +86,11 @@ type mcpConfig struct {
 		URL     string   `yaml:"url"`
 		Command []string `yaml:"command"`
 	} `yaml:"upstream"`
-	Tenant tenantConfig          `yaml:"tenant"`
-	Tools  map[string]toolConfig `yaml:"tools"`
+	Tenant tenantConfig `yaml:"tenant"`
+	// RunTimeout is the run timeout of a tool that sets none:
+	// defaultRunTimeout when absent.
+	RunTimeout duration              `yaml:"run_timeout"`
+	Tools      map[string]toolConfig `yaml:"tools"`
 }
 
 type tenantConfig struct {
@@ -94,6 +109,9 @@ type policyConfig struct {
 	OnInProgress       string   `yaml:"on_in_progress"`
 	MaxWait            duration `yaml:"max_wait"`
 	OnLeaseExpiry      string   `yaml:"on_lease_expiry"`
+	// RunTimeout bounds the upstream call, which outlives its client;
+	// past it the call is ended and its outcome is unknown.
+	RunTimeout duration `yaml:"run_timeout"`
 }
 
 type toolConfig struct {
@@ -163,19 +181,23 @@ func (c fileConfig) check() error {
 		if err := ledger.ValidateMethod(mcpguard.MethodPrefix + name); err != nil {
 			return fmt.Errorf("mcp.tools: %q is not a tool name: %w", name, err)
 		}
-		if _, err := t.tool(); err != nil {
+		if _, err := t.tool(time.Duration(m.RunTimeout)); err != nil {
 			return fmt.Errorf("mcp.tools.%s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// policy is the guard's policy the file describes.
-func (p policyConfig) policy() (guard.Policy, error) {
+// policy is the guard's policy the file describes; runTimeout is its
+// section's default run timeout (0: defaultRunTimeout).
+func (p policyConfig) policy(runTimeout time.Duration) (guard.Policy, error) {
 	g := guard.Policy{
 		Lease: time.Duration(p.Lease), Retention: time.Duration(p.Retention),
 		TombstoneRetention: time.Duration(p.TombstoneRetention), NoTombstones: p.NoTombstones,
-		KeyOptional: p.KeyOptional, MaxWait: time.Duration(p.MaxWait),
+		KeyOptional: p.KeyOptional, MaxWait: time.Duration(p.MaxWait), RunTimeout: time.Duration(p.RunTimeout),
+	}
+	if g.RunTimeout == 0 {
+		g.RunTimeout = cmp.Or(runTimeout, defaultRunTimeout)
 	}
 	switch strings.ToLower(p.OnInProgress) {
 	case "", "wait":
@@ -196,9 +218,10 @@ func (p policyConfig) policy() (guard.Policy, error) {
 	return g, g.Check()
 }
 
-// tool is the MCP adapter's Tool the file describes.
-func (t toolConfig) tool() (mcpguard.Tool, error) {
-	p, err := t.policy()
+// tool is the MCP adapter's Tool the file describes, under its section's
+// default run timeout.
+func (t toolConfig) tool(runTimeout time.Duration) (mcpguard.Tool, error) {
+	p, err := t.policy(runTimeout)
 	if err != nil {
 		return mcpguard.Tool{}, err
 	}
@@ -235,7 +258,7 @@ func (h *httpConfig) check() error {
 		return errors.New("http.routes names no route to protect")
 	}
 	for pattern, r := range h.Routes {
-		if _, err := r.route(); err != nil {
+		if _, err := r.route(time.Duration(h.RunTimeout)); err != nil {
 			return fmt.Errorf("http.routes.%q: %w", pattern, err)
 		}
 		for _, s := range r.Release {
@@ -247,9 +270,10 @@ func (h *httpConfig) check() error {
 	return nil
 }
 
-// route is the httpguard.Route the file describes.
-func (r routeConfig) route() (httpguard.Route, error) {
-	p, err := r.policy()
+// route is the httpguard.Route the file describes, under its section's
+// default run timeout.
+func (r routeConfig) route(runTimeout time.Duration) (httpguard.Route, error) {
+	p, err := r.policy(runTimeout)
 	if err != nil {
 		return httpguard.Route{}, err
 	}

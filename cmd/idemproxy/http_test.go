@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // invoiceAPI is an HTTP API in front of which the proxy runs: POST
@@ -26,13 +28,19 @@ type invoiceAPI struct {
 	tokens []string
 	gets   atomic.Int64
 	hangUp atomic.Bool
+	// hold, when set, runs in every POST before its write: a test holds
+	// the write there.
+	hold func(r *http.Request)
 }
 
 func (a *invoiceAPI) serve(t *testing.T) string {
 	t.Helper()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/invoices", func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+		body, _ := io.ReadAll(r.Body) // read first: the server then sees its client go
+		if a.hold != nil {
+			a.hold(r)
+		}
 		a.mu.Lock()
 		a.tokens = append(a.tokens, r.Header.Get(ClaimTokenHeader))
 		n := len(a.tokens)
@@ -63,8 +71,14 @@ func (a *invoiceAPI) writes() []string {
 // httpProxy runs idemproxy in HTTP mode in front of upstream.
 func httpProxy(t *testing.T, upstream string, route routeConfig) string {
 	t.Helper()
+	return httpProxyOn(t, ledgerAddr(t), upstream, route)
+}
+
+// httpProxyOn is httpProxy on the ledger at ledger.
+func httpProxyOn(t *testing.T, ledger, upstream string, route routeConfig) string {
+	t.Helper()
 	var cfg fileConfig
-	cfg.Ledger.Address = ledgerAddr(t)
+	cfg.Ledger.Address = ledger
 	cfg.HTTP = &httpConfig{Upstream: upstream, Tenant: tenantConfig{Header: "X-Tenant"}, Routes: map[string]routeConfig{"POST /v1/invoices": route}}
 	if err := cfg.check(); err != nil {
 		t.Fatal(err)
@@ -185,5 +199,63 @@ func TestHTTPModeUpstreamFailures(t *testing.T) {
 		if r := postInvoice(t, base, "k-down", `{}`); r.status != http.StatusBadGateway {
 			t.Fatalf("an upstream that cannot be reached: %+v; want 502, released", r)
 		}
+	}
+}
+
+// TestHTTPModeRunOutlivesTheClient: a client that hangs up (curl -m)
+// while the upstream writes does not cut the upstream call: it finishes,
+// its response is stored, and the client's retry gets the replay; the
+// upstream wrote once.
+func TestHTTPModeRunOutlivesTheClient(t *testing.T) {
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	api := &invoiceAPI{hold: func(r *http.Request) {
+		if r.Header.Get(ClaimAttemptHeader) == "1" {
+			started <- struct{}{}
+			<-release
+		}
+	}}
+	base := httpProxy(t, api.serve(t), routeConfig{})
+	ctx, hangUp := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/invoices", strings.NewReader(`{"amount":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Tenant", "acme")
+	req.Header.Set(httpguard.KeyHeader, `"hang-up"`)
+	go func() { <-started; hangUp() }()
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		_ = res.Body.Close()
+		t.Fatalf("the request whose client hung up was answered %d", res.StatusCode)
+	}
+	close(release)
+	again := postInvoice(t, base, "hang-up", `{"amount":1}`)
+	if again.status != http.StatusCreated || again.header.Get(httpguard.ReplayedHeader) != "true" || len(api.writes()) != 1 {
+		t.Fatalf("the retry = %+v, writes %v; want the first write's response, replayed", again, api.writes())
+	}
+}
+
+// TestHTTPModeRunTimeout: the route's run timeout ends an upstream call
+// that hangs, long before the HTTP client's own timeout: the client gets
+// 503 (nobody knows whether the write happened), the key is not released,
+// and after the lease the retry takes over with attempt 2.
+func TestHTTPModeRunTimeout(t *testing.T) {
+	api := &invoiceAPI{hold: func(r *http.Request) {
+		if r.Header.Get(ClaimAttemptHeader) == "1" {
+			<-r.Context().Done() // an upstream that never answers
+		}
+	}}
+	clock := ledgertest.NewClock(time.Now())
+	base := httpProxyOn(t, ledgerAddrAt(t, clock.Now), api.serve(t), routeConfig{policyConfig: policyConfig{
+		Lease: duration(2 * time.Second), RunTimeout: duration(100 * time.Millisecond), OnInProgress: "reject",
+	}})
+	first := postInvoice(t, base, "hung", `{"amount":1}`)
+	if first.status != http.StatusServiceUnavailable || first.header.Get("Retry-After") == "" || !strings.Contains(first.body, "run timeout") {
+		t.Fatalf("a hung upstream past the run timeout = %+v; want 503 with Retry-After, naming the run timeout", first)
+	}
+	if dup := postInvoice(t, base, "hung", `{"amount":1}`); dup.status != http.StatusConflict {
+		t.Fatalf("right after: %+v; want 409 (the claim is not released)", dup)
+	}
+	clock.Advance(3 * time.Second)
+	again := postInvoice(t, base, "hung", `{"amount":1}`)
+	if again.status != http.StatusCreated || !strings.Contains(again.body, `"token":"2"`) {
+		t.Fatalf("after the lease: %+v; want the takeover's write under token 2", again)
 	}
 }

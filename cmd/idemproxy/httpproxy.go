@@ -8,6 +8,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -65,7 +66,7 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		opts = append(opts, httpguard.WithMaxBodyBytes(cfg.MaxBodyBytes))
 	}
 	for pattern, rc := range cfg.Routes {
-		route, err := rc.route()
+		route, err := rc.route(time.Duration(cfg.RunTimeout))
 		if err != nil {
 			return nil, err
 		}

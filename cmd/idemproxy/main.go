@@ -290,7 +290,7 @@ func adminAddr(l net.Listener) string {
 func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, error) {
 	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta()}
 	for name, t := range cfg.Tools {
-		tool, err := t.tool()
+		tool, err := t.tool(time.Duration(cfg.RunTimeout))
 		if err != nil {
 			return nil, err
 		}

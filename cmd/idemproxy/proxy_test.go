@@ -105,6 +105,9 @@ type goUpstream struct {
 	rows   []uint64 // the claim token of each write
 	echoes atomic.Int64
 	hangUp atomic.Bool // the next create_invoice writes, then its connection is cut
+	// hold, when set, runs first in every create_invoice, with the claim's
+	// attempt: a test holds the write there; false writes nothing.
+	hold func(ctx context.Context, attempt uint32) bool
 }
 
 func (u *goUpstream) serve(t testing.TB) string {
@@ -115,8 +118,11 @@ func (u *goUpstream) serve(t testing.TB) string {
 		Currency    string `json:"currency"`
 		AmountCents int    `json:"amount_cents"`
 	}
-	mcp.AddTool(s, &mcp.Tool{Name: "create_invoice"}, func(_ context.Context, req *mcp.CallToolRequest, a args) (*mcp.CallToolResult, map[string]any, error) {
-		tok, _, _ := mcpguard.ClaimFromMeta(req.Params.Meta)
+	mcp.AddTool(s, &mcp.Tool{Name: "create_invoice"}, func(ctx context.Context, req *mcp.CallToolRequest, a args) (*mcp.CallToolResult, map[string]any, error) {
+		tok, attempt, _ := mcpguard.ClaimFromMeta(req.Params.Meta)
+		if u.hold != nil && !u.hold(ctx, attempt) {
+			return nil, nil, ctx.Err()
+		}
 		u.mu.Lock()
 		u.rows = append(u.rows, tok)
 		n := len(u.rows)
@@ -472,15 +478,15 @@ func TestExampleConfiguration(t *testing.T) {
 	if len(cfg.MCP.Tools) != 2 || cfg.MCP.Tenant.Header != "X-Tenant" || cfg.Ledger.Address == "" {
 		t.Fatalf("%+v", cfg)
 	}
-	email, err := cfg.MCP.Tools["send_email"].tool()
-	if err != nil || email.Policy.OnLeaseExpiry.String() != "HOLD" || email.KeyArgument != mcpguard.DefaultKeyArgument {
-		t.Fatalf("send_email: %+v, %v", email, err)
+	email, err := cfg.MCP.Tools["send_email"].tool(time.Duration(cfg.MCP.RunTimeout))
+	if err != nil || email.Policy.OnLeaseExpiry.String() != "HOLD" || email.KeyArgument != mcpguard.DefaultKeyArgument || email.Policy.RunTimeout != time.Minute {
+		t.Fatalf("send_email: %+v, %v; want HOLD, the default key argument and the section's 1m run timeout", email, err)
 	}
 	cfg, err = loadConfig("idemproxy.http.example.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	patch, err := cfg.HTTP.Routes["PATCH /v1/invoices/{id}"].route()
+	patch, err := cfg.HTTP.Routes["PATCH /v1/invoices/{id}"].route(time.Duration(cfg.HTTP.RunTimeout))
 	if err != nil || !patch.Release(500) || patch.Release(400) || len(cfg.HTTP.Routes) != 2 {
 		t.Fatalf("the HTTP example: %+v, %v", cfg.HTTP, err)
 	}
@@ -488,4 +494,66 @@ func TestExampleConfiguration(t *testing.T) {
 
 func contextWithCancel() (context.Context, context.CancelFunc) {
 	return context.WithCancel(context.Background())
+}
+
+// TestProxyRunOutlivesTheAgent: an agent that gives up on a call while
+// the upstream writes does not cut the upstream call: it finishes, its
+// result is stored, and the re-sent call gets the replay; the upstream
+// wrote once.
+func TestProxyRunOutlivesTheAgent(t *testing.T) {
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	up := &goUpstream{hold: func(_ context.Context, attempt uint32) bool {
+		if attempt == 1 {
+			started <- struct{}{}
+			<-release
+		}
+		return true
+	}}
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	ctx, giveUp := context.WithCancel(t.Context())
+	go func() { <-started; giveUp() }()
+	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200}, Meta: mcp.Meta{mcpguard.KeyMeta: "k"}}
+	if _, err := cs.CallTool(ctx, params); err == nil {
+		t.Fatal("the call its agent gave up on was answered")
+	}
+	close(release)
+	res := create(t.Context(), t, cs, "k")
+	if res.IsError || res.Meta[mcpguard.ReplayedMeta] != true || len(up.writes()) != 1 {
+		t.Fatalf("the re-sent call = %s, writes %v; want the first write's result, replayed", bare(t, res), up.writes())
+	}
+}
+
+// TestProxyRunTimeout: a tool's run timeout ends an upstream call that
+// hangs: the agent is told nobody knows whether it was done, the claim
+// is not released, and after the lease the re-sent call takes over.
+func TestProxyRunTimeout(t *testing.T) {
+	up := &goUpstream{hold: func(ctx context.Context, attempt uint32) bool {
+		if attempt == 1 {
+			// An upstream that never answers, until the proxy gives up on
+			// it or the test ends.
+			select {
+			case <-ctx.Done():
+			case <-t.Context().Done():
+			}
+			return false
+		}
+		return true
+	}}
+	clock := ledgertest.NewClock(time.Now())
+	endpoint, _ := proxy(t, config(ledgerAddrAt(t, clock.Now), byURL(up.serve(t)), policyConfig{
+		Lease: duration(2 * time.Second), RunTimeout: duration(100 * time.Millisecond), OnInProgress: "reject",
+	}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	res := create(t.Context(), t, cs, "k")
+	if info, ok := mcpguard.ErrorFromResult(res); !ok || info.Code != "UNAVAILABLE" || !info.Retryable {
+		t.Fatalf("a hung upstream past the run timeout: %s", bare(t, res))
+	}
+	if info, ok := mcpguard.ErrorFromResult(create(t.Context(), t, cs, "k")); !ok || info.Code != "IN_PROGRESS" {
+		t.Fatalf("right after: %+v; want IN_PROGRESS (the claim is not released)", info)
+	}
+	clock.Advance(3 * time.Second)
+	if res := create(t.Context(), t, cs, "k"); res.IsError || len(up.writes()) != 1 || up.writes()[0] != 2 {
+		t.Fatalf("after the lease: %s, writes %v; want the takeover's write under token 2", bare(t, res), up.writes())
+	}
 }

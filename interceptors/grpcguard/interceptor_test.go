@@ -475,3 +475,36 @@ func TestRefusesToBuild(t *testing.T) {
 		})
 	}
 }
+
+// TestRunOutlivesItsCaller: a client whose deadline ends mid-handler does
+// not end the handler: it finishes under its claim, its answer is
+// stored, and the client's retry gets the replay; the write ran once.
+func TestRunOutlivesItsCaller(t *testing.T) { forEachAPI(t, testRunOutlivesItsCaller) }
+
+func testRunOutlivesItsCaller(t *testing.T, api ledgerAPI) {
+	release := make(chan struct{})
+	finished := make(chan error, 1)
+	svc := &invoices{create: func(ctx context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
+		<-release
+		finished <- ctx.Err()
+		return written(n, req), nil
+	}}
+	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{})...)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { <-svc.firstRun(); cancel() }() // the client hangs up mid-run
+	if _, err := client.CreateInvoice(ctx, request("k")); status.Code(err) != codes.Canceled {
+		t.Fatalf("the call whose client hung up = %v, want Canceled", err)
+	}
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatalf("the handler's context ended with its caller: %v", err)
+	}
+	var header metadata.MD
+	res, err := client.CreateInvoice(t.Context(), request("k"), grpc.Header(&header))
+	if err != nil || res.GetInvoice().GetNumber() != 1 || svc.runs.Load() != 1 {
+		t.Fatalf("the retry = %v, %v, %d runs; want the first run's answer", res, err, svc.runs.Load())
+	}
+	if got := header.Get(grpcguard.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		t.Fatalf("the retry's replayed header = %v", got)
+	}
+}

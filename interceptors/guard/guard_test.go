@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -265,5 +266,67 @@ func TestTypedDo(t *testing.T) {
 	got, err := guard.Do(t.Context(), g, call("typed-3"), create("inv_3", nil))
 	if err != nil || got.ID != "inv_3" || runs.Load() != 4 {
 		t.Fatalf("after a transient error: Do = %+v, %v, %d runs; want a fresh run", got, err, runs.Load())
+	}
+}
+
+// TestRunOutlivesItsCaller: a caller that hangs up mid-run does not end
+// the run: it finishes, its outcome is stored, and the retry gets the
+// replay; the run ran once.
+func TestRunOutlivesItsCaller(t *testing.T) {
+	g := newGuard(t)
+	var runs atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	caller, hangUp := context.WithCancel(t.Context())
+	type answer struct {
+		res guard.Result
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		res, err := g.Do(caller, call("outlives"), func(ctx context.Context) (guard.Outcome, error) {
+			runs.Add(1)
+			close(started)
+			<-release
+			if err := ctx.Err(); err != nil {
+				return guard.Outcome{}, fmt.Errorf("the run's context ended with its caller: %w", err)
+			}
+			return jsonResult(`{"id":"inv_1"}`), nil
+		})
+		answered <- answer{res, err}
+	}()
+	<-started
+	hangUp()
+	close(release)
+	if a := <-answered; a.err != nil || a.res.Replayed {
+		t.Fatalf("the run whose caller hung up = %+v, %v; want its own answer", a.res, a.err)
+	}
+	res, err := g.Do(t.Context(), call("outlives"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
+	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
+		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
+	}
+}
+
+// TestRunTimeoutLeavesTheOutcomeUnknown: a run still going at its
+// policy's run timeout is ended, and its outcome is unknown: the caller
+// gets UNAVAILABLE, the key is not released (a duplicate meets the
+// claim), and after the lease the next attempt takes over.
+func TestRunTimeoutLeavesTheOutcomeUnknown(t *testing.T) {
+	g, clock := clockedGuard(t)
+	c := call("hung")
+	c.Policy = guard.Policy{Lease: 5 * time.Second, RunTimeout: 50 * time.Millisecond, OnInProgress: guard.Reject}
+	_, err := g.Do(t.Context(), c, func(ctx context.Context) (guard.Outcome, error) {
+		<-ctx.Done() // an upstream that never answers
+		return guard.Outcome{}, ctx.Err()
+	})
+	le := ledgertest.WantCode(t, err, errcode.Unavailable)
+	if !le.Retryable() || !strings.Contains(le.Message, "run timeout") {
+		t.Fatalf("%+v: want a retryable UNAVAILABLE that names the run timeout", le)
+	}
+	var runs atomic.Int64
+	_, err = g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
+	ledgertest.WantCode(t, err, errcode.InProgress)
+	clock.Advance(6 * time.Second)
+	if res, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil)); err != nil || res.Replayed || runs.Load() != 1 {
+		t.Fatalf("after the lease: %+v, %v, %d runs; want a takeover that runs", res, err, runs.Load())
 	}
 }

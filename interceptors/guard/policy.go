@@ -59,6 +59,12 @@ type Policy struct {
 	// over; 0 means the ledger's default (30 s). The guard extends it
 	// while the run goes past half of it.
 	Lease time.Duration
+	// RunTimeout bounds a run, which outlives its caller: a caller that
+	// hangs up does not end it, its outcome is recorded, and the retry
+	// gets the replay. A run still going at RunTimeout is ended, and its
+	// outcome is unknown (the claim runs out; it is not released). 0
+	// means DefaultRunTimeout.
+	RunTimeout time.Duration
 	// Retention is how long the outcome is kept for replays; 0 means the
 	// ledger's default (24 h).
 	Retention time.Duration
@@ -90,8 +96,8 @@ func (p Policy) Check() error { return p.check() }
 
 func (p Policy) check() error {
 	switch {
-	case p.Lease < 0, p.Retention < 0, p.TombstoneRetention < 0, p.MaxWait < 0:
-		return fmt.Errorf("guard: negative lease, retention or wait")
+	case p.Lease < 0, p.Retention < 0, p.TombstoneRetention < 0, p.MaxWait < 0, p.RunTimeout < 0:
+		return fmt.Errorf("guard: negative lease, retention, wait or run timeout")
 	case p.OnInProgress > Reject:
 		return fmt.Errorf("guard: unknown in-progress policy %s", p.OnInProgress)
 	case p.OnLeaseExpiry > Hold:
@@ -100,6 +106,17 @@ func (p Policy) check() error {
 		return fmt.Errorf("guard: a tombstone retention with tombstones off")
 	}
 	return nil
+}
+
+// DefaultRunTimeout bounds a run whose policy sets none: the longest
+// lease the ledger grants, so that no run is unbounded.
+const DefaultRunTimeout = time.Hour
+
+func (p Policy) runTimeout() time.Duration {
+	if p.RunTimeout <= 0 {
+		return DefaultRunTimeout
+	}
+	return p.RunTimeout
 }
 
 func (p Policy) maxWait() time.Duration {

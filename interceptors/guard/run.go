@@ -31,6 +31,10 @@ var ErrOutcomeUnknown = errors.New("the outcome of the call is unknown")
 // attempt took over the key.
 var errLeaseLost = errors.New("guard: another attempt took over the key")
 
+// errRunTimedOut is the cause of a run's context ended by the policy's
+// run timeout.
+var errRunTimedOut = errors.New("guard: the run went past its run timeout")
+
 // Claim is the run's hold on its key: the ledger's fencing token and the
 // attempt number. A run that writes to its own database should store the
 // token with the write and refuse a write whose token is lower than the
@@ -54,10 +58,14 @@ func ClaimFromContext(ctx context.Context) (Claim, bool) {
 	return c, ok
 }
 
-// run runs the call under claim c and records its outcome.
+// run runs the call under claim c and records its outcome. The run
+// outlives its caller: its context keeps the caller's values but not its
+// cancellation, and ends at the policy's run timeout.
 func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Result, error) {
 	trace.SpanFromContext(ctx).SetAttributes(ledger.AttrAttempt.Int64(int64(c.Attempt)))
-	rctx, cancel := context.WithCancelCause(context.WithValue(ctx, claimKey{}, c))
+	bounded, stopTimer := context.WithTimeoutCause(context.WithoutCancel(ctx), call.Policy.runTimeout(), errRunTimedOut)
+	defer stopTimer()
+	rctx, cancel := context.WithCancelCause(context.WithValue(bounded, claimKey{}, c))
 	defer cancel(nil)
 	stop := g.keepAlive(ctx, cancel, call.Policy, c)
 	panicked := true
@@ -80,9 +88,18 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 	out, err := run(rctx)
 	panicked = false
 	stop()
+	if errors.Is(context.Cause(rctx), errRunTimedOut) && (err != nil || !out.isResponse()) {
+		// Ended by the run timeout: whatever it answered, nobody knows
+		// whether its write happened.
+		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, errRunTimedOut)
+	}
 	if errors.Is(err, ErrOutcomeUnknown) {
 		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)
-		return Result{}, &errcode.Error{Code: errcode.Unavailable, Message: "nobody knows yet whether this call was done: retry with the same key once its lease has run out",
+		msg := "the service's handler could not tell whether this call was done: retry with the same key once its lease has run out"
+		if errors.Is(err, errRunTimedOut) {
+			msg = fmt.Sprintf("the service's handler did not finish within its run timeout (%s), so nobody knows whether this call was done: retry with the same key once its lease has run out", call.Policy.runTimeout())
+		}
+		return Result{}, &errcode.Error{Code: errcode.Unavailable, Message: msg,
 			RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package httpguard_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -436,5 +437,43 @@ func TestWaitBoundAndTooLate(t *testing.T) {
 	wantProblem(t, old("yesterday"), http.StatusBadRequest, errcode.ValidationFailed)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs", a.runs.Load())
+	}
+}
+
+// TestRunOutlivesItsCaller: a client that hangs up mid-handler does not
+// end the handler: it finishes under its claim, its response is stored,
+// and the client's retry gets the replay; the write ran once.
+func TestRunOutlivesItsCaller(t *testing.T) {
+	var runs atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	finished := make(chan error, 1)
+	g := newGuard(t, ledgerClient(t))
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/things", g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		close(started)
+		<-release
+		finished <- r.Context().Err()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = fmt.Fprintf(w, `{"run":%d}`, n)
+	})))
+	url := serve(t, mux)
+	ctx, hangUp := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/things", strings.NewReader(`{}`))
+	req.Header.Set(httpguard.KeyHeader, `"k"`)
+	req.Header.Set("Content-Type", "application/json")
+	go func() { <-started; hangUp() }()
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		_ = res.Body.Close()
+		t.Fatalf("the request whose client hung up was answered %d", res.StatusCode)
+	}
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatalf("the handler's context ended with its client: %v", err)
+	}
+	again := post(t, url, `"k"`, `{}`)
+	if again.status != http.StatusCreated || again.body != `{"run":1}` || again.header.Get(httpguard.ReplayedHeader) != "true" || runs.Load() != 1 {
+		t.Fatalf("the retry = %+v, %d runs; want the first run's response, replayed", again, runs.Load())
 	}
 }

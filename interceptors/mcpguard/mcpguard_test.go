@@ -467,3 +467,36 @@ func unmarshalStructured(r *mcp.CallToolResult, v any) error {
 	}
 	return json.Unmarshal(b, v)
 }
+
+// TestRunOutlivesItsCaller: an agent that gives up on a call mid-run (its
+// context ends, and the client sends notifications/cancelled) does not
+// end the tool's run: it finishes under its claim, its result is stored,
+// and the re-sent call gets the replay; the write ran once.
+func TestRunOutlivesItsCaller(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	finished := make(chan error, 1)
+	ts := &tools{before: func(ctx context.Context, n int64) (*mcp.CallToolResult, error) {
+		if n == 1 {
+			close(started)
+			<-release
+			finished <- ctx.Err()
+		}
+		return nil, nil
+	}}
+	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
+	args := map[string]any{"customer": "c", "amount_cents": 100}
+	ctx, hangUp := context.WithCancel(t.Context())
+	go func() { <-started; hangUp() }()
+	if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: args, Meta: mcp.Meta{mcpguard.KeyMeta: "k"}}); err == nil {
+		t.Fatal("the call its agent gave up on was answered")
+	}
+	close(release)
+	if err := <-finished; err != nil {
+		t.Fatalf("the tool's context ended with its caller: %v", err)
+	}
+	res := call(t, cs, "k", args)
+	var out invoiceOut
+	if err := unmarshalStructured(res, &out); err != nil || out.Number != 1 || res.Meta[mcpguard.ReplayedMeta] != true || ts.runs.Load() != 1 {
+		t.Fatalf("the re-sent call = %+v (%v), %d runs; want the first run's result, replayed", res, err, ts.runs.Load())
+	}
+}

@@ -76,8 +76,8 @@ type batcher[P any, R any] struct {
 // the mean number of batches in flight; over Limit, how busy the batches
 // keep the database's round trips.
 type BatchStats struct {
-	Batches uint64        // batches run, lone calls' included
-	Calls   uint64        // calls they carried
+	Batches uint64        // batches started, lone calls' included
+	Calls   uint64        // calls they carried, counted before they are answered
 	Busy    time.Duration // time spent running them, summed over batches
 	// Limit is the batches allowed in flight at once now:
 	// Config.BatchInFlight, or as set from RoundTrip and BatchTime.
@@ -166,6 +166,10 @@ func (b *batcher[P, R]) do(ctx context.Context, key string, p P) (R, error) {
 // execute runs batch, then hands what is pending to a goroutine of its own.
 func (b *batcher[P, R]) execute(ctx context.Context, batch []*call[P, R]) {
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout)
+	// Counted before run answers the callers: a caller that has its
+	// answer finds its call in the stats.
+	b.batches.Add(1)
+	b.calls.Add(uint64(len(batch)))
 	start := time.Now()
 	b.run(bctx, batch)
 	took := time.Since(start)
@@ -173,8 +177,6 @@ func (b *batcher[P, R]) execute(ctx context.Context, batch []*call[P, R]) {
 	if b.tune != nil {
 		b.tune.observe(took)
 	}
-	b.batches.Add(1)
-	b.calls.Add(uint64(len(batch)))
 	cancel()
 	b.mu.Lock()
 	next := b.take()
