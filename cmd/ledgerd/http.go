@@ -8,13 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"connectrpc.com/vanguard"
 	"connectrpc.com/vanguard/vanguardgrpc"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+
+	"github.com/idemledger/idemledger/server"
 
 	// The well-known types, so that an outcome in JSON may be any of them
 	// (an Any in JSON needs its type; an application's own types travel
@@ -30,7 +31,7 @@ import (
 // authentication (the bearer token in Authorization, or the client
 // certificate), rate limit, validation, interceptors and counters as
 // --listen. Without TLS it speaks HTTP/1.1 and cleartext HTTP/2.
-func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, cfg config, log *slog.Logger) (*http.Server, string, error) {
+func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Authenticator, cfg config, log *slog.Logger) (*http.Server, string, error) {
 	transcoder, err := vanguardgrpc.NewTranscoder(gs, vanguard.WithDefaultServiceOptions(
 		vanguard.WithMaxMessageBufferBytes(uint32(cfg.maxRecvBytes)), //nolint:gosec // bounded by the flag's check
 	))
@@ -49,7 +50,7 @@ func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, cfg config, lo
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv := &http.Server{
-		Handler:           connectUnaryByDefault(transcoder),
+		Handler:           connectGate(transcoder, auth, cfg.maxRecvBytes),
 		Protocols:         &protocols,
 		TLSConfig:         tlsConf,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -70,22 +71,6 @@ func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, cfg config, lo
 		}
 	}()
 	return srv, lis.Addr().String(), nil
-}
-
-// connectUnaryByDefault marks a POST of JSON or protobuf to an RPC's path
-// as a Connect unary call when the client did not say
-// (Connect-Protocol-Version is optional for unary calls, and curl does not
-// send it); vanguard would otherwise take it for REST, which ledgerd does
-// not map.
-func connectUnaryByDefault(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ct := r.Header.Get("Content-Type")
-		if r.Method == http.MethodPost && r.Header.Get("Connect-Protocol-Version") == "" &&
-			(ct == "application/json" || ct == "application/proto") && strings.Count(r.URL.Path, "/") == 2 {
-			r.Header.Set("Connect-Protocol-Version", "1")
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // stopHTTP drains the HTTP listener: calls in flight finish within ctx.

@@ -1,10 +1,13 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -174,5 +177,138 @@ func TestStoreMetrics(t *testing.T) {
 			t.Fatalf("metrics lack %s:\n%s", missing, m)
 		}
 		time.Sleep(50 * time.Millisecond) // metrics are scraped from another process: poll until they show
+	}
+}
+
+// TestHTTPListenerTypesBadInput: what a caller can get wrong over
+// Connect/JSON is answered typed, as over gRPC, and changes nothing: a
+// body that does not decode as the request is 400 VALIDATION_FAILED; a
+// body over the limit is 413 OUTCOME_TOO_LARGE, not retryable; a caller
+// without credentials is 401 before its body is read; and JSON with a
+// charset, or in another letter case, is JSON.
+func TestHTTPListenerTypesBadInput(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
+	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--max-outcome-bytes", "65536")
+	p.waitServing(t, p.dial(t))
+	fp := ledgertest.Fingerprint("p")
+	begin := `{"tenant":"acme","key":"k","fingerprint":"` + fp + `","method":"http:POST /v1/invoices"}`
+	if status, body := postJSON(t, p.http, "Begin", token, begin); status != http.StatusOK {
+		t.Fatalf("Begin: %d %s", status, body)
+	}
+
+	for name, body := range map[string]string{
+		"Truncated":      begin[:len(begin)-5],
+		"WrongType":      `{"tenant":7,"key":"k2","fingerprint":"` + fp + `","method":"m"}`,
+		"DuplicateField": `{"tenant":"acme","tenant":"acme","key":"k2","fingerprint":"` + fp + `","method":"m"}`,
+		"UnknownField":   `{"tenant":"acme","key":"k2","fingerprint":"` + fp + `","method":"m","extra":1}`,
+		"InvalidUTF8":    "{\"tenant\":\"acme\xff\",\"key\":\"k2\",\"fingerprint\":\"" + fp + "\",\"method\":\"m\"}",
+		"Null":           `null`,
+		"Array":          `[]`,
+		"Empty":          ``,
+		"UnknownAny":     `{"tenant":"acme","key":"k","token":"1","outcome":{"response":{"@type":"type.googleapis.com/nope.Nope","x":1}}}`,
+	} {
+		method := "Begin"
+		if name == "UnknownAny" {
+			method = "Complete"
+		}
+		status, b := postJSON(t, p.http, method, token, body)
+		ce, ed := errorDetail(t, b)
+		if status != http.StatusBadRequest || ce.Code != "invalid_argument" || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_VALIDATION_FAILED || ed.GetRetryable() {
+			t.Errorf("%s: %d %s; want 400 invalid_argument, VALIDATION_FAILED", name, status, b)
+		}
+	}
+
+	// Over the limit: 413, typed, not retryable; the record is unchanged.
+	big := `{"tenant":"acme","key":"k","token":"1","outcome":{"response":{"@type":"type.googleapis.com/google.protobuf.BytesValue","value":"` +
+		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), 300<<10)) + `"}}}`
+	status, b := postJSON(t, p.http, "Complete", token, big)
+	if ce, ed := errorDetail(t, b); status != http.StatusRequestEntityTooLarge || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_OUTCOME_TOO_LARGE || ed.GetRetryable() {
+		t.Fatalf("a body over the limit: %d %s (%s); want 413 OUTCOME_TOO_LARGE, not retryable", status, b, ce.Code)
+	}
+	status, b = postJSON(t, p.http, "Lookup", token, `{"tenant":"acme","key":"k"}`)
+	if status != http.StatusOK || !bytes.Contains(b, []byte(`STATE_IN_PROGRESS`)) {
+		t.Fatalf("the record after the refused calls: %d %s; want it in progress, unchanged", status, b)
+	}
+
+	// No credentials: 401 at once, whatever the body.
+	status, b = postJSON(t, p.http, "Complete", "", big)
+	if ce, _ := errorDetail(t, b); status != http.StatusUnauthorized || ce.Code != "unauthenticated" {
+		t.Fatalf("without a token: %d %s", status, b)
+	}
+
+	// JSON with a charset, or in capitals, without Connect-Protocol-Version.
+	for _, ct := range []string{"application/json; charset=utf-8", "application/JSON", "Application/Json;charset=UTF-8"} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+p.http+"/idemledger.v1.LedgerService/Lookup", strings.NewReader(`{"tenant":"acme","key":"k"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", ct)
+		req.Header.Set("Authorization", "Bearer "+token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusOK || !bytes.Contains(body, []byte("STATE_IN_PROGRESS")) {
+			t.Errorf("Content-Type %q: %d %s", ct, res.StatusCode, body)
+		}
+	}
+}
+
+// TestHTTPListenerSlowBodies: callers that send a body a byte at a time
+// without credentials are refused at once, from their headers, and hold
+// nothing: an authenticated call made while they dribble is answered at
+// once.
+func TestHTTPListenerSlowBodies(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
+	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	p.waitServing(t, p.dial(t))
+	const n = 50
+	answers := make(chan string, n)
+	for range n {
+		conn, err := net.Dial("tcp", p.http)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		// Headers whole, a body of 1 MiB announced, one byte of it sent.
+		if _, err := conn.Write([]byte("POST /idemledger.v1.LedgerService/Begin HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n{")); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			line, _ := bufio.NewReader(conn).ReadString('\n')
+			answers <- line
+		}()
+	}
+	for range n {
+		if line := <-answers; !strings.HasPrefix(line, "HTTP/1.1 401") {
+			t.Fatalf("a slow unauthenticated body was answered %q, want 401 at once", line)
+		}
+	}
+	// Starved, it would wait for the slow bodies (the issue saw 30 s and
+	// more); the deadline says it was not.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	begin := `{"tenant":"acme","key":"k","fingerprint":"` + ledgertest.Fingerprint("p") + `","method":"http:POST /v1/invoices"}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.http+"/idemledger.v1.LedgerService/Begin", strings.NewReader(begin))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("an authenticated call beside them: %v", err)
+	}
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("an authenticated call beside them: %d", res.StatusCode)
 	}
 }

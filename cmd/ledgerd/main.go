@@ -265,7 +265,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		go func() { _ = d.healthOnly.Serve(hl) }()
 	}
 	if d.cfg.httpListen != "" {
-		if d.http, d.httpAddr, err = startHTTP(d.cfg.httpListen, d.grpc, d.creds.httpTLS(), d.cfg, d.log); err != nil {
+		if d.http, d.httpAddr, err = startHTTP(d.cfg.httpListen, d.grpc, d.creds.httpTLS(), d.creds.authenticator(), d.cfg, d.log); err != nil {
 			return err
 		}
 	}
