@@ -35,17 +35,19 @@ func NewAdmin(l *ledger.Ledger, cfg Config) *Admin {
 	return &Admin{ledger: l, auth: cfg.Auth, log: log}
 }
 
-// admin authenticates an admin principal.
-func (a *Admin) admin(ctx context.Context) (string, error) {
+// admin authenticates an admin principal. who names the caller for the
+// audit line, also when it is refused: the admin's name, "namespace:<ns>"
+// for a write service's credentials, "unauthenticated" for none.
+func (a *Admin) admin(ctx context.Context) (who string, err error) {
 	if a.auth == nil {
-		return "", errcode.Errorf(errcode.Unauthenticated, "no authenticator is configured")
+		return "unauthenticated", errcode.Errorf(errcode.Unauthenticated, "no authenticator is configured")
 	}
 	p, err := a.auth.Authenticate(ctx)
 	if err != nil {
-		return "", err
+		return "unauthenticated", err
 	}
 	if p.Admin == "" {
-		return "", errcode.Errorf(errcode.PermissionDenied, "AdminService answers admin principals only")
+		return "namespace:" + p.Namespace, errcode.Errorf(errcode.PermissionDenied, "AdminService answers admin principals only")
 	}
 	return p.Admin, nil
 }
@@ -55,20 +57,22 @@ func (a *Admin) audit(ctx context.Context, principal, call string, attrs ...any)
 	a.log.InfoContext(ctx, "audit: "+call, append([]any{"audit", true, "principal", principal}, attrs...)...)
 }
 
-// fail encodes an admin call's error, and audits a refusal.
-func (a *Admin) fail(ctx context.Context, principal, call string, err error) error {
+// fail encodes an admin call's error as LedgerService's are (the typed
+// details and the pushback trailer), and audits the refusal: who asked,
+// for what (what: the request's namespace, tenant and key).
+func (a *Admin) fail(ctx context.Context, who, call string, err error, what ...any) error {
 	le := errcode.As(err)
-	if principal != "" {
-		a.audit(ctx, principal, call+" refused", "code", le.Code.String(), "reason", le.Message)
-	}
+	a.audit(ctx, who, call+" refused", append([]any{"code", le.Code.String(), "reason", le.Message}, what...)...)
+	ledgerstatus.SetPushback(ctx, le)
 	return ledgerstatus.Err(le)
 }
 
 // ListRecords implements AdminService.
 func (a *Admin) ListRecords(ctx context.Context, req *ledgerv1.ListRecordsRequest) (*ledgerv1.ListRecordsResponse, error) {
+	what := []any{"namespace", req.GetNamespace(), "tenant", req.GetTenant(), "state", req.GetState().String()}
 	who, err := a.admin(ctx)
 	if err != nil {
-		return nil, a.fail(ctx, "", "list", err)
+		return nil, a.fail(ctx, who, "list", err, what...)
 	}
 	lr := ledger.ListRequest{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), PageSize: int(req.GetPageSize())}
 	if lr.State, err = stateFromWire(req.GetState()); err == nil && req.GetPageToken() != "" {
@@ -79,7 +83,7 @@ func (a *Admin) ListRecords(ctx context.Context, req *ledgerv1.ListRecordsReques
 		res, err = a.ledger.List(ctx, lr)
 	}
 	if err != nil {
-		return nil, a.fail(ctx, who, "list", err)
+		return nil, a.fail(ctx, who, "list", err, what...)
 	}
 	out := &ledgerv1.ListRecordsResponse{Records: make([]*ledgerv1.AdminRecord, 0, len(res.Records))}
 	for _, rec := range res.Records {
@@ -99,14 +103,15 @@ func (a *Admin) ListRecords(ctx context.Context, req *ledgerv1.ListRecordsReques
 
 // GetRecord implements AdminService.
 func (a *Admin) GetRecord(ctx context.Context, req *ledgerv1.GetRecordRequest) (*ledgerv1.GetRecordResponse, error) {
+	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
+	what := []any{"namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key}
 	who, err := a.admin(ctx)
 	if err != nil {
-		return nil, a.fail(ctx, "", "get", err)
+		return nil, a.fail(ctx, who, "get", err, what...)
 	}
-	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
 	rec, err := a.ledger.Get(ctx, sc)
 	if err != nil {
-		return nil, a.fail(ctx, who, "get", err)
+		return nil, a.fail(ctx, who, "get", err, what...)
 	}
 	a.audit(ctx, who, "get", "namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key, "state", rec.State.String())
 	return &ledgerv1.GetRecordResponse{Record: adminRecord(rec)}, nil
@@ -114,11 +119,12 @@ func (a *Admin) GetRecord(ctx context.Context, req *ledgerv1.GetRecordRequest) (
 
 // ResolveRecord implements AdminService.
 func (a *Admin) ResolveRecord(ctx context.Context, req *ledgerv1.ResolveRecordRequest) (*ledgerv1.ResolveRecordResponse, error) {
+	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
+	what := []any{"namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key}
 	who, err := a.admin(ctx)
 	if err != nil {
-		return nil, a.fail(ctx, "", "resolve", err)
+		return nil, a.fail(ctx, who, "resolve", err, what...)
 	}
-	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
 	var applied *ledger.Outcome
 	switch r := req.GetResolution().(type) {
 	case *ledgerv1.ResolveRecordRequest_Applied:
@@ -134,7 +140,7 @@ func (a *Admin) ResolveRecord(ctx context.Context, req *ledgerv1.ResolveRecordRe
 		rec, err = a.ledger.Resolve(ctx, sc, applied)
 	}
 	if err != nil {
-		return nil, a.fail(ctx, who, "resolve", err)
+		return nil, a.fail(ctx, who, "resolve", err, what...)
 	}
 	a.audit(ctx, who, "record resolved", "namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key,
 		"applied", applied != nil, "attempt", rec.Attempt, "state", rec.State.String())
@@ -147,17 +153,18 @@ func (a *Admin) ResolveRecord(ctx context.Context, req *ledgerv1.ResolveRecordRe
 
 // PurgeKey implements AdminService.
 func (a *Admin) PurgeKey(ctx context.Context, req *ledgerv1.PurgeKeyRequest) (*ledgerv1.PurgeKeyResponse, error) {
+	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
+	what := []any{"namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key}
 	who, err := a.admin(ctx)
 	if err != nil {
-		return nil, a.fail(ctx, "", "purge key", err)
+		return nil, a.fail(ctx, who, "purge key", err, what...)
 	}
-	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()}
 	if sc.Key == "" {
-		return nil, a.fail(ctx, who, "purge key", errcode.Errorf(errcode.KeyMissing, "key is missing"))
+		return nil, a.fail(ctx, who, "purge key", errcode.Errorf(errcode.KeyMissing, "key is missing"), what...)
 	}
 	res, err := a.ledger.Purge(ctx, sc, 0)
 	if err != nil {
-		return nil, a.fail(ctx, who, "purge key", err)
+		return nil, a.fail(ctx, who, "purge key", err, what...)
 	}
 	a.audit(ctx, who, "key purged", "namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key, "purged", res.Purged)
 	return &ledgerv1.PurgeKeyResponse{Purged: res.Purged > 0}, nil
@@ -165,17 +172,18 @@ func (a *Admin) PurgeKey(ctx context.Context, req *ledgerv1.PurgeKeyRequest) (*l
 
 // PurgeTenant implements AdminService.
 func (a *Admin) PurgeTenant(ctx context.Context, req *ledgerv1.PurgeTenantRequest) (*ledgerv1.PurgeTenantResponse, error) {
+	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant()}
+	what := []any{"namespace", sc.Namespace, "tenant", sc.Tenant}
 	who, err := a.admin(ctx)
 	if err != nil {
-		return nil, a.fail(ctx, "", "purge tenant", err)
+		return nil, a.fail(ctx, who, "purge tenant", err, what...)
 	}
-	sc := ledger.Scope{Namespace: req.GetNamespace(), Tenant: req.GetTenant()}
 	if sc.Tenant == "" {
-		return nil, a.fail(ctx, who, "purge tenant", errcode.Errorf(errcode.ValidationFailed, "tenant is missing"))
+		return nil, a.fail(ctx, who, "purge tenant", errcode.Errorf(errcode.ValidationFailed, "tenant is missing"), what...)
 	}
 	res, err := a.ledger.Purge(ctx, sc, int(req.GetLimit()))
 	if err != nil {
-		return nil, a.fail(ctx, who, "purge tenant", err)
+		return nil, a.fail(ctx, who, "purge tenant", err, what...)
 	}
 	a.audit(ctx, who, "tenant purged", "namespace", sc.Namespace, "tenant", sc.Tenant,
 		"purged", res.Purged, "skipped", res.Skipped, "more", res.More)

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -52,6 +54,50 @@ func TestAdminIsForAdminsOnly(t *testing.T) {
 	ledgertest.WantStatus(t, err, errcode.Unauthenticated)
 	_, err = f.ledger.Begin(as(t, "ops-token"), beginReq("k"))
 	ledgertest.WantStatus(t, err, errcode.PermissionDenied)
+}
+
+// TestAdminRefusalsAreTypedAndAudited: every refused admin call carries
+// the pushback trailer LedgerService's errors carry (-1: never retry as
+// it is), and is audited with who asked (a write service's namespace,
+// unauthenticated, or the admin) for what (namespace, tenant, key).
+func TestAdminRefusalsAreTypedAndAudited(t *testing.T) {
+	f := newAdminFixture(t)
+	for _, tc := range []struct {
+		name, who string
+		call      func(opts ...grpc.CallOption) error
+		code      errcode.Code
+	}{
+		{"WriteService", "namespace:billing", func(opts ...grpc.CallOption) error {
+			_, err := f.admin.GetRecord(as(t, "billing-token"), &ledgerv1.GetRecordRequest{Namespace: "billing", Tenant: "acme", Key: "k-who"}, opts...)
+			return err
+		}, errcode.PermissionDenied},
+		{"NoCredentials", "unauthenticated", func(opts ...grpc.CallOption) error {
+			_, err := f.admin.PurgeKey(t.Context(), &ledgerv1.PurgeKeyRequest{Namespace: "billing", Tenant: "acme", Key: "k-who"}, opts...)
+			return err
+		}, errcode.Unauthenticated},
+		{"NotFound", "ops", func(opts ...grpc.CallOption) error {
+			_, err := f.admin.GetRecord(as(t, "ops-token"), &ledgerv1.GetRecordRequest{Namespace: "billing", Tenant: "acme", Key: "k-who"}, opts...)
+			return err
+		}, errcode.NotFound},
+		{"Invalid", "ops", func(opts ...grpc.CallOption) error {
+			_, err := f.admin.PurgeTenant(as(t, "ops-token"), &ledgerv1.PurgeTenantRequest{Namespace: "billing"}, opts...)
+			return err
+		}, errcode.ValidationFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.log.Reset()
+			var trailer metadata.MD
+			ledgertest.WantStatus(t, tc.call(grpc.Trailer(&trailer)), tc.code)
+			if got := trailer.Get(ledgerstatus.PushbackTrailer); len(got) != 1 || got[0] != "-1" {
+				t.Errorf("pushback trailer %v, want [-1]", got)
+			}
+			line := f.log.String()
+			if !strings.Contains(line, `refused"`) || !strings.Contains(line, `"principal":"`+tc.who+`"`) ||
+				!strings.Contains(line, `"namespace":"billing"`) || !strings.Contains(line, `"code":"`+tc.code.String()+`"`) {
+				t.Errorf("audit line %s; want the refusal, who (%s), the namespace and the code", line, tc.who)
+			}
+		})
+	}
 }
 
 // TestAdminListGetResolvePurge: an operator finds a key whose outcome is
