@@ -70,6 +70,12 @@ type Config struct {
 	// It is called on the call's goroutine and must be safe for concurrent
 	// use.
 	Observe func(namespace string, d Decision)
+	// CallInterceptor, when not nil, runs around each call on a Stream
+	// (Lookups with a wait aside, which hold no goroutine) as the gRPC
+	// server's unary interceptors run around a unary call, under the
+	// unary method's full name: ledgerd counts the calls there, so that
+	// the metrics of a Begin are the same whichever way it came.
+	CallInterceptor grpc.UnaryServerInterceptor
 	// StreamMaxAge, when positive, drains every Stream that old, so that
 	// clients move to new streams (and, after a GOAWAY, to new connections
 	// and replicas) without a call failing.
@@ -86,7 +92,8 @@ type Server struct {
 	onDecision func(namespace string, d Decision)
 
 	streamMaxAge time.Duration
-	drain        chan struct{} // closed by Drain
+	intercept    grpc.UnaryServerInterceptor // Config.CallInterceptor
+	drain        chan struct{}               // closed by Drain
 	drainOnce    sync.Once
 }
 
@@ -99,7 +106,7 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{ledger: l, auth: cfg.Auth, log: log, limit: cfg.RateLimit, onDecision: cfg.Observe,
-		streamMaxAge: cfg.StreamMaxAge, drain: make(chan struct{})}
+		streamMaxAge: cfg.StreamMaxAge, intercept: cfg.CallInterceptor, drain: make(chan struct{})}
 }
 
 // Drain sends every Stream, open now or later, a drain notice: its client

@@ -74,10 +74,11 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 		case <-ctx.Done():
 			// The stream ended under us (its client went away) while the
 			// reader was held back by a full queue: nobody hears the
-			// answers, so end the calls and free the stream now.
+			// answers, so end the calls and free the stream now. A client
+			// that goes away is a normal end: CANCELED, not UNKNOWN.
 			cancelAll()
 			st.answered()
-			return ctx.Err()
+			return status.FromContextError(ctx.Err()).Err()
 		case <-drain.drain:
 			st.sendDrain(drain)
 		case <-drain.age:
@@ -267,40 +268,49 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 			res = streamError(req.GetId(), errcode.Errorf(errcode.Internal, "internal error"))
 		}
 	}()
+	handle := func(ctx context.Context, _ any) (any, error) {
+		var err error
+		switch c := req.GetCall().(type) {
+		case *ledgerv1.StreamRequest_Begin:
+			var r *ledgerv1.BeginResponse
+			if r, err = s.Begin(ctx, c.Begin); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Begin{Begin: r}
+			}
+		case *ledgerv1.StreamRequest_Complete:
+			var r *ledgerv1.CompleteResponse
+			if r, err = s.Complete(ctx, c.Complete); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Complete{Complete: r}
+			}
+		case *ledgerv1.StreamRequest_Release:
+			var r *ledgerv1.ReleaseResponse
+			if r, err = s.Release(ctx, c.Release); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Release{Release: r}
+			}
+		case *ledgerv1.StreamRequest_Extend:
+			var r *ledgerv1.ExtendResponse
+			if r, err = s.Extend(ctx, c.Extend); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Extend{Extend: r}
+			}
+		case *ledgerv1.StreamRequest_Lookup:
+			var r *ledgerv1.LookupResponse
+			if r, err = s.Lookup(ctx, c.Lookup); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r}
+			}
+		case *ledgerv1.StreamRequest_Resolve:
+			var r *ledgerv1.ResolveResponse
+			if r, err = s.Resolve(ctx, c.Resolve); err == nil {
+				res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r}
+			}
+		default:
+			err = ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "the call is missing"))
+		}
+		return res, err
+	}
 	var err error
-	switch c := req.GetCall().(type) {
-	case *ledgerv1.StreamRequest_Begin:
-		var r *ledgerv1.BeginResponse
-		if r, err = s.Begin(ctx, c.Begin); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Begin{Begin: r}
-		}
-	case *ledgerv1.StreamRequest_Complete:
-		var r *ledgerv1.CompleteResponse
-		if r, err = s.Complete(ctx, c.Complete); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Complete{Complete: r}
-		}
-	case *ledgerv1.StreamRequest_Release:
-		var r *ledgerv1.ReleaseResponse
-		if r, err = s.Release(ctx, c.Release); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Release{Release: r}
-		}
-	case *ledgerv1.StreamRequest_Extend:
-		var r *ledgerv1.ExtendResponse
-		if r, err = s.Extend(ctx, c.Extend); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Extend{Extend: r}
-		}
-	case *ledgerv1.StreamRequest_Lookup:
-		var r *ledgerv1.LookupResponse
-		if r, err = s.Lookup(ctx, c.Lookup); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r}
-		}
-	case *ledgerv1.StreamRequest_Resolve:
-		var r *ledgerv1.ResolveResponse
-		if r, err = s.Resolve(ctx, c.Resolve); err == nil {
-			res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r}
-		}
-	default:
-		err = ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "the call is missing"))
+	if s.intercept != nil {
+		_, err = s.intercept(ctx, req, &grpc.UnaryServerInfo{Server: s, FullMethod: "/" + streamcall.Name(req)}, handle)
+	} else {
+		_, err = handle(ctx, req)
 	}
 	if err != nil {
 		return &ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}}

@@ -909,3 +909,42 @@ func TestLogsDoNotAmplify(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamCallsAreCounted: a call carried on a Stream (ledgerclient, as
+// write services call) is counted in grpc_server_* under its unary
+// method, as the unary call would be; a client that goes away ends its
+// Stream CANCELED, logged below ERROR.
+func TestStreamCallsAreCounted(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	p := start(t, "--data-dir", t.TempDir(), "--log-level", "debug")
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	res, err := client.Begin(t.Context(), begin("k-stream"))
+	if err != nil || res.GetClaim() == nil {
+		t.Fatalf("Begin on a Stream = %v, %v", res, err)
+	}
+	_, err = client.Begin(t.Context(), begin("k-stream"))
+	ledgertest.WantStatus(t, err, errcode.InProgress)
+	m := p.metrics(t)
+	for _, want := range []string{
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 1`,
+		`grpc_server_handled_total{grpc_code="Aborted",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 1`,
+		`grpc_server_handling_seconds_count{grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 2`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	_ = client.Close()
+	_ = conn.Close()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, line := range strings.Split(p.logs(), "\n") {
+		if strings.Contains(line, "Stream") && (strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"Unknown"`)) {
+			t.Errorf("the Stream's end was logged as a failure: %s", line)
+		}
+	}
+}

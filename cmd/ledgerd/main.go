@@ -156,7 +156,10 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	decisions, observe := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
-	srvCfg := server.Config{Auth: cs.authenticator(), Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge}
+	// A call on a Stream is counted by the same metrics as its unary
+	// call: the alerts on Begin's latency and errors see write services.
+	srvCfg := server.Config{Auth: cs.authenticator(), Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge,
+		CallInterceptor: grpcMetrics.UnaryServerInterceptor()}
 	if cfg.rateLimit > 0 {
 		srvCfg.RateLimit = server.NewRateLimit(cfg.rateLimit, cfg.rateBurst)
 	}
