@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -104,6 +105,7 @@ type Ledger struct {
 	store   Store
 	cfg     Config
 	waiters waiters
+	ending  atomic.Bool // EndWaits was called
 }
 
 // New returns a Ledger over store.

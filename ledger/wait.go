@@ -130,6 +130,19 @@ func (ws *waiters) notify(s Scope) {
 	}
 }
 
+// all returns every watch.
+func (ws *waiters) all() []*watch {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	all := make([]*watch, 0, ws.n)
+	for _, g := range ws.scopes {
+		for w := range g {
+			all = append(all, w)
+		}
+	}
+	return all
+}
+
 // count returns how many watches there are.
 func (ws *waiters) count() int {
 	ws.mu.Lock()
@@ -183,6 +196,10 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		done(rec, err)
 		return
 	}
+	if l.ending.Load() {
+		done(Record{}, errEnding)
+		return
+	}
 	w := &watch{l: l, ctx: ctx, scope: s, done: done}
 	w.mu.Lock() // the callbacks finish the watch only once it is set up
 	w.timer = time.AfterFunc(wait, func() {
@@ -201,12 +218,31 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		l.waiters.remove(w)
 		return
 	}
+	if l.ending.Load() { // EndWaits ran while it registered
+		w.finish(Record{}, errEnding)
+		return
+	}
 	if l.waiters.startPolling() {
 		go l.poll() //nolint:contextcheck // the poller serves every waiter, not this call
 	}
 	// Read again now that the watch is registered, so that a change
 	// between the first read and the registration is not missed.
 	w.check()
+}
+
+// errEnding is what a waiting Lookup gets once EndWaits ran.
+var errEnding = &errcode.Error{Code: errcode.Unavailable, Message: "this ledger instance is shutting down: retry the call, another instance will answer it", RetryAfter: time.Second}
+
+// EndWaits answers every Lookup waiting now, and every later one that
+// would wait, at once: UNAVAILABLE, retryable after a second, so that a
+// ledger that is shutting down does not hold its waiters for its drain
+// timeout and then cut them with no answer. Lookups that need no wait
+// are answered as before. It is safe to call more than once.
+func (l *Ledger) EndWaits() {
+	l.ending.Store(true)
+	for _, w := range l.waiters.all() {
+		w.finish(Record{}, errEnding)
+	}
 }
 
 // poll reads every watched scope each PollInterval, in chunks, and has

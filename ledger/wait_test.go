@@ -141,3 +141,25 @@ func TestWaitersAreBoundedPerNamespace(t *testing.T) {
 		t.Fatalf("%d waiters, want 5", l.Waiters())
 	}
 }
+
+// TestEndWaitsAnswersEveryWaiter: EndWaits answers every Lookup waiting,
+// and every later one that would wait, at once with a retryable
+// UNAVAILABLE; a Lookup that needs no wait is answered as before.
+func TestEndWaitsAnswersEveryWaiter(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	scopes, answers := waitOn(t, l, "ns", 20)
+	l.EndWaits()
+	for range scopes {
+		if le := ledgertest.WantCode(t, <-answers, errcode.Unavailable); !le.Retryable() || le.RetryAfter <= 0 {
+			t.Fatalf("%+v: want a retryable UNAVAILABLE with a hint", le)
+		}
+	}
+	if n := l.Waiters(); n != 0 {
+		t.Fatalf("%d waiters left", n)
+	}
+	_, err := l.Lookup(t.Context(), scopes[0], 30*time.Second)
+	ledgertest.WantCode(t, err, errcode.Unavailable)
+	if rec, err := l.Lookup(t.Context(), scopes[0], 0); err != nil || rec.State != ledger.StateInProgress {
+		t.Fatalf("a Lookup without a wait = %+v, %v; want the record", rec, err)
+	}
+}

@@ -111,9 +111,15 @@ func New(l *ledger.Ledger, cfg Config) *Server {
 
 // Drain sends every Stream, open now or later, a drain notice: its client
 // moves its new calls to a new stream, on another connection once the
-// server has sent GOAWAY. Call it before grpc.Server.GracefulStop, which
-// waits for streams to end. Unary calls are not affected.
-func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.drain) }) }
+// server has sent GOAWAY. It also answers every Lookup waiting now, and
+// every later one that would wait, at once (UNAVAILABLE, retryable after
+// a second; ledger.Ledger.EndWaits), so that the drain does not hold
+// them to its timeout. Call it before grpc.Server.GracefulStop, which
+// waits for streams to end. Other unary calls are not affected.
+func (s *Server) Drain() {
+	s.drainOnce.Do(func() { close(s.drain) })
+	s.ledger.EndWaits()
+}
 
 // scope authenticates the call and builds the scope of (tenant, key):
 // UNAUTHENTICATED without a principal, KEY_INVALID or VALIDATION_FAILED

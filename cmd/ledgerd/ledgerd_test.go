@@ -274,9 +274,10 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 }
 
 // TestSIGTERMDrainsInFlightCalls: a Lookup waiting on an IN_PROGRESS key
-// when SIGTERM arrives still gets its answer, and then ledgerd exits 0; on
-// a Stream too, which ledgerd drains rather than waiting out
-// --drain-timeout for it.
+// when SIGTERM arrives is answered at once, UNAVAILABLE with a retry
+// hint (its caller retries on another instance), and then ledgerd exits
+// 0, well within --drain-timeout; on a Stream too, which ledgerd drains
+// rather than waiting out --drain-timeout for it.
 func TestSIGTERMDrainsInFlightCalls(t *testing.T) {
 	t.Run("Unary", func(t *testing.T) { sigtermDrains(t, false) })
 	t.Run("Stream", func(t *testing.T) { sigtermDrains(t, true) })
@@ -301,23 +302,29 @@ func sigtermDrains(t *testing.T, stream bool) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		res, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "slow", Wait: durationpb.New(2 * time.Second)})
+		res, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "slow", Wait: durationpb.New(30 * time.Second)})
 		done <- answer{res, err}
 	}()
-	time.Sleep(300 * time.Millisecond) // let the Lookup reach the server
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1"); time.Sleep(10 * time.Millisecond) { // poll the other process's gauge
+		if time.Now().After(deadline) {
+			t.Fatal("the Lookup never waited")
+		}
+	}
 	signaled := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	// The waiting Lookup is answered at once, UNAVAILABLE with a hint,
+	// not held to the drain timeout and cut.
 	got := <-done
-	if got.err != nil || got.res.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
-		t.Fatalf("the call in flight at SIGTERM = %v, %v; want its answer", got.res, got.err)
+	if le := ledgertest.WantStatus(t, got.err, errcode.Unavailable); !le.Retryable() || le.RetryAfter <= 0 {
+		t.Fatalf("the Lookup waiting at SIGTERM = %+v; want a retryable UNAVAILABLE with a hint", le)
 	}
 	if code := p.wait(t); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
 	}
 	if d := time.Since(signaled); d > 6*time.Second {
-		t.Fatalf("ledgerd took %s to drain, want the Lookup's 2 s and little more (the test's --drain-timeout is 10 s)", d)
+		t.Fatalf("ledgerd took %s to drain, want little (the Lookup's wait is 30 s, the test's --drain-timeout 10 s)", d)
 	}
 	if !strings.Contains(p.logs(), "ledgerd draining") {
 		t.Fatal("ledgerd did not say it was draining")

@@ -294,7 +294,10 @@ func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 // error as it is, except that an unreachable ledger is UNAVAILABLE (fail
 // closed) and the write service's own credential problems are INTERNAL.
 func (g *Guard) beginError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
+	// The ledger call carries the caller's deadline: when it runs out, the
+	// call may come back DEADLINE_EXCEEDED a moment before ctx says so.
+	// Either way the caller's time ran out; the ledger was not at fault.
+	if c := status.Code(err); ctx.Err() != nil || (!ledgerstatus.IsTyped(err) && (c == codes.DeadlineExceeded || c == codes.Canceled)) {
 		return errcode.Wrap(errcode.UpstreamTimeout, err, "the call ended before the ledger answered")
 	}
 	le := ledgerstatus.FromError(err)
