@@ -12,10 +12,13 @@ const StoreRetryAfter = time.Second
 
 // Unavailable is what every store answers when it cannot answer (its disk
 // or database failed, is full, or is unreachable): UNAVAILABLE, retryable
-// after StoreRetryAfter, with err as the cause. Stores use it so that the
-// same kind of failure gets the same answer whatever the store.
+// after StoreRetryAfter, with err as the cause, and the metadata
+// cause=store, which tells a guard the ledger itself answered. Stores
+// use it so that the same kind of failure gets the same answer whatever
+// the store.
 func Unavailable(err error) *errcode.Error {
-	return &errcode.Error{Code: errcode.Unavailable, Message: "the ledger's store is unavailable", RetryAfter: StoreRetryAfter, Err: err}
+	return &errcode.Error{Code: errcode.Unavailable, Message: "the ledger's store is unavailable", RetryAfter: StoreRetryAfter, Err: err,
+		Metadata: map[string]string{"cause": "store"}}
 }
 
 // TimedOut is what every store answers when a call's context ended, or a

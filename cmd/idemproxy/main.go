@@ -29,6 +29,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -167,7 +168,12 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 		}
 		handler = untilDrain(drainCtx, handler)
 	}
-	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	fresh := &freshConns{}
+	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ConnState: fresh.track}
+	// Shutdown waits up to 5 s for a connection that was dialed and never
+	// sent a request (a client's spare); it has nothing to finish, so the
+	// drain closes it at once.
+	hs.RegisterOnShutdown(fresh.close)
 	admin := &http.Server{Handler: adminMux(reg, &draining, ping, conn), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 2)
@@ -325,4 +331,32 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "(devel)"
+}
+
+// freshConns are the connections that have not sent a request yet.
+type freshConns struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+func (f *freshConns) track(c net.Conn, st http.ConnState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conns == nil {
+		f.conns = map[net.Conn]struct{}{}
+	}
+	if st == http.StateNew {
+		f.conns[c] = struct{}{}
+	} else {
+		delete(f.conns, c)
+	}
+}
+
+// close closes every connection that has sent no request.
+func (f *freshConns) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.conns {
+		_ = c.Close()
+	}
 }

@@ -305,8 +305,17 @@ func (g *Guard) beginError(ctx context.Context, err error) error {
 		// Fail closed, with one answer whatever the path: the connection
 		// failed (untyped), the stream client could not reach the ledger,
 		// or the ledger could not reach its store.
-		g.opts.log.WarnContext(ctx, "idempotency ledger unreachable: failing closed", "error", err)
-		return &errcode.Error{Code: errcode.Unavailable, Message: "the idempotency ledger is unreachable", RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
+		// Whose fault, said plainly: the ledger answered (its store is
+		// down, or it is shutting down), or it could not be reached.
+		msg := "the idempotency ledger cannot be reached"
+		switch le.Metadata["cause"] {
+		case "store":
+			msg = "the idempotency ledger is up, but its store is unavailable"
+		case "shutdown":
+			msg = "the idempotency ledger instance is shutting down"
+		}
+		g.opts.log.WarnContext(ctx, msg+": failing closed", "error", err)
+		return &errcode.Error{Code: errcode.Unavailable, Message: msg, RetryAfter: max(unreachableRetryAfter, le.RetryAfter), Err: err}
 	}
 	if le.Code == errcode.Unauthenticated {
 		g.opts.log.ErrorContext(ctx, "the idempotency ledger refused this service's credentials", "error", err)

@@ -6,20 +6,26 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -328,5 +334,55 @@ func TestRunTimeoutLeavesTheOutcomeUnknown(t *testing.T) {
 	clock.Advance(6 * time.Second)
 	if res, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil)); err != nil || res.Replayed || runs.Load() != 1 {
 		t.Fatalf("after the lease: %+v, %v, %d runs; want a takeover that runs", res, err, runs.Load())
+	}
+}
+
+// downStore is a memory store whose claims fail as a store does when its
+// disk or database is gone.
+type downStore struct{ *memory.Store }
+
+func (downStore) Claim(context.Context, ledger.ClaimParams) (ledger.ClaimResult, error) {
+	return ledger.ClaimResult{}, ledger.Unavailable(errors.New("disk gone"))
+}
+
+// TestBlameIsSaidPlainly: the caller is told whose fault an UNAVAILABLE
+// is: a ledger that cannot be reached, or a ledger that answered while its
+// store could not. Nothing runs either way.
+func TestBlameIsSaidPlainly(t *testing.T) {
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "tools", Tenants: []string{"*"}}, nil
+	})
+	conn := servertest.NewServer(t, servertest.Ledger(server.New(ledger.New(downStore{memory.New(memory.Config{})}, ledger.Config{}), server.Config{Auth: auth}))).Dial(t)
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(conn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	_, err = g.Do(t.Context(), call("blame"), counted(&runs, jsonResult("{}"), nil))
+	if le := ledgertest.WantCode(t, err, errcode.Unavailable); le.Message != "the idempotency ledger is up, but its store is unavailable" || !le.Retryable() {
+		t.Fatalf("the store down: %q; want the ledger up and its store named", le.Message)
+	}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := lis.Addr().String()
+	_ = lis.Close() // nothing listens there now
+	dconn, err := grpc.NewClient(down, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dconn.Close() })
+	g, err = guard.New(ledgerv1.NewLedgerServiceClient(dconn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Do(t.Context(), call("blame"), counted(&runs, jsonResult("{}"), nil))
+	if le := ledgertest.WantCode(t, err, errcode.Unavailable); le.Message != "the idempotency ledger cannot be reached" {
+		t.Fatalf("the ledger down: %q", le.Message)
+	}
+	if runs.Load() != 0 {
+		t.Fatalf("ran %d times", runs.Load())
 	}
 }

@@ -63,7 +63,7 @@ var titles = map[errcode.Code]string{
 	errcode.OutcomeUnknown:   "The outcome of an earlier request with this Idempotency-Key is unknown",
 	errcode.KeyExpired:       "The response of this Idempotency-Key is no longer kept",
 	errcode.RetryTooLate:     "This request is too old to be retried",
-	errcode.Unavailable:      "The idempotency ledger cannot be reached",
+	errcode.Unavailable:      "The request cannot be served now", // the detail says whose fault it was
 	errcode.RateLimited:      "Too many requests",
 	errcode.ValidationFailed: "The request cannot be guarded",
 	errcode.OutcomeTooLarge:  "The response was too large to keep",

@@ -20,7 +20,7 @@ func TestDocsShowTheAdvice(t *testing.T) {
 	text := strings.ReplaceAll(string(doc), "`", "")
 	for _, le := range []*errcode.Error{
 		{Code: errcode.InProgress, RetryAfter: 2 * time.Second},
-		{Code: errcode.Unavailable, RetryAfter: time.Second},
+		{Code: errcode.Unavailable, Message: "the idempotency ledger cannot be reached", RetryAfter: time.Second},
 		{Code: errcode.KeyReused},
 		{Code: errcode.KeyMissing},
 		{Code: errcode.KeyInvalid},

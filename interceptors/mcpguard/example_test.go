@@ -13,7 +13,8 @@ import (
 func ExampleAdvice() {
 	for _, le := range []*errcode.Error{
 		{Code: errcode.InProgress, RetryAfter: 2 * time.Second},
-		{Code: errcode.Unavailable, RetryAfter: time.Second},
+		{Code: errcode.Unavailable, Message: "the idempotency ledger cannot be reached", RetryAfter: time.Second},
+		{Code: errcode.Unavailable, Message: "the idempotency ledger is up, but its store is unavailable", RetryAfter: time.Second},
 		{Code: errcode.RateLimited, RetryAfter: 1500 * time.Millisecond},
 		{Code: errcode.KeyReused},
 		{Code: errcode.KeyMissing},
@@ -30,6 +31,7 @@ func ExampleAdvice() {
 	// Output:
 	// IN_PROGRESS: another attempt of this call is still running: retry with the same key after 2s
 	// UNAVAILABLE: the idempotency ledger cannot be reached: retry with the same key after 1s
+	// UNAVAILABLE: the idempotency ledger is up, but its store is unavailable: retry with the same key after 1s
 	// RATE_LIMITED: too many calls: retry with the same key after 1.5s
 	// KEY_REUSED: this idempotency key was used for a different request: do not retry with it; a new intent needs a new key
 	// KEY_MISSING: this tool needs an idempotency key: mint one per intent, send it as _meta["io.idemledger/idempotency-key"] (or the tool's key argument), and reuse it on every retry

@@ -159,7 +159,13 @@ func Advice(le *errcode.Error) string {
 	case errcode.InProgress:
 		return "another attempt of this call is still running: retry with the same key after " + delay(le.RetryAfter)
 	case errcode.Unavailable:
-		return "the idempotency ledger cannot be reached: retry with the same key after " + delay(le.RetryAfter)
+		// Whose fault it was is the error's own message: the ledger, its
+		// store, or the tool (an upstream that hung up, a run timeout).
+		what := "the call cannot be served now"
+		if le.Message != "" {
+			what = oneLine(le.Message)
+		}
+		return what + ": retry with the same key after " + delay(le.RetryAfter)
 	case errcode.RateLimited:
 		return "too many calls: retry with the same key after " + delay(le.RetryAfter)
 	case errcode.ValidationFailed:
