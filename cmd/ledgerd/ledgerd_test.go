@@ -955,3 +955,52 @@ func TestStreamCallsAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleOnAReadOnlyDatabase: an idle ledgerd whose database refuses
+// writes (default_transaction_read_only) reports NOT_SERVING, and its
+// readiness canary backs off: over a few seconds it costs the database a
+// handful of transactions, not hundreds a second.
+func TestIdleOnAReadOnlyDatabase(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	url := crdbtest.NewDatabase(t)
+	p := start(t, "--database-url", url, "--migrate")
+	p.waitServing(t, p.dial(t))
+	db, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(context.WithoutCancel(t.Context())) })
+	var name string
+	if err := db.QueryRow(t.Context(), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(t.Context(), `ALTER DATABASE `+name+` SET default_transaction_read_only = on`); err != nil {
+		t.Fatal(err)
+	}
+	// Sessions read the setting when they start: end ledgerd's.
+	if _, err := db.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, name); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); metricValue(t, p.metrics(t), "idemledger_ready") != 0; time.Sleep(50 * time.Millisecond) { // poll the other process's gauge
+		if time.Now().After(deadline) {
+			t.Fatal("ledgerd stayed ready on a read-only database")
+		}
+	}
+	xacts := func() int64 {
+		t.Helper()
+		var n int64
+		if err := db.QueryRow(t.Context(), `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	_, _ = db.Exec(t.Context(), `SELECT pg_stat_clear_snapshot()`)
+	before := xacts()
+	time.Sleep(4 * time.Second) // count the idle ledgerd's transactions over 4 s of real time: the subject of the test
+	_, _ = db.Exec(t.Context(), `SELECT pg_stat_clear_snapshot()`)
+	after := xacts()
+	t.Logf("%d transactions in 4 s", after-before)
+	if after-before > 40 {
+		t.Fatalf("an idle ledgerd on a read-only database made %d transactions in 4 s; want its canary to back off", after-before)
+	}
+}

@@ -479,10 +479,15 @@ func recovered(log *slog.Logger) recovery.RecoveryHandlerFuncContext {
 // watchHealth reports SERVING while the store takes a write (the canary),
 // checked at once and then every few seconds, and NOT_SERVING otherwise:
 // a store that reads but cannot write (a full disk, a read-only database)
-// is not ready.
+// is not ready. While the store refuses writes the checks back off, from
+// half a second to the serving pace, so that an idle ledgerd costs a
+// failing database a write every few seconds, not a loop of them.
 func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog.Logger) {
+	const servingPause, firstRetry = 5 * time.Second, 500 * time.Millisecond
 	serving := false
 	canary := newCanary()
+	retry := firstRetry
+	opened := st.opened // wakes the watch once, when the store opens
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.Ping(pctx)
@@ -507,16 +512,17 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 				log.InfoContext(ctx, "store answering: SERVING")
 			}
 		}
-		pause, opened := 5*time.Second, st.opened
-		if !serving {
-			pause = 500 * time.Millisecond
+		pause := servingPause
+		if serving {
+			retry = firstRetry
 		} else {
-			opened = nil
+			pause, retry = retry, min(2*retry, servingPause)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-opened:
+			opened = nil // closed for good: waiting on it again would not wait
 		case <-time.After(pause):
 		}
 	}

@@ -589,7 +589,7 @@ func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error
 	attempt := 0
 	return crdbgo.ExecuteCtx(crdbgo.WithMaxRetries(ctx, s.cfg.MaxRetries), func(ctx context.Context, _ ...any) error {
 		if attempt > 0 {
-			if err := sleep(ctx, s.backoff(attempt)); err != nil {
+			if err := backoff.Sleep(ctx, s.backoff(attempt)); err != nil {
 				return err
 			}
 		}
@@ -610,17 +610,6 @@ func (s *Store) retryAmbiguous(ctx context.Context, fn func(context.Context) err
 
 func (s *Store) backoff(attempt int) time.Duration {
 	return backoff.FullJitter(s.cfg.RetryBase, s.cfg.RetryCap, attempt+1) + time.Microsecond
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // isAmbiguous reports whether the statement may or may not have committed:
