@@ -7,7 +7,9 @@ package test
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -245,6 +247,17 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 		!slices.Contains(sc.Capabilities.Drop, corev1.Capability("ALL")) {
 		t.Errorf("%s: security context is not locked down", d.Name)
 	}
+	listeners := map[string]string{}
+	for _, a := range c.Args {
+		name, value, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		listeners[name] = value
+	}
+	health := checkListeners(t, d.Name, listeners)
+	for name, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe} {
+		if probe == nil || probe.GRPC == nil || fmt.Sprint(probe.GRPC.Port) != health {
+			t.Errorf("%s: the %s probe is not gRPC on --health-listen's port %s", d.Name, name, health)
+		}
+	}
 	for _, arg := range []string{"--tokens=", "--tls-cert=", "--health-listen="} {
 		if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, arg) }) {
 			t.Errorf("%s: no %s argument", d.Name, arg)
@@ -295,6 +308,44 @@ func checkSelectors(t *testing.T, objs map[string]any) {
 	}
 }
 
+// ledgerdDefaults are ledgerd's listeners when their flag is not given
+// (cmd/ledgerd: docs/ledgerd.md's table).
+var ledgerdDefaults = map[string]string{
+	"listen": "127.0.0.1:7070", "admin-listen": "127.0.0.1:7071", "http-listen": "127.0.0.1:7072", "health-listen": "",
+}
+
+// checkListeners fails unless ledgerd's listeners, as set (flags or
+// LEDGER_* variables, by flag name) over its defaults, have distinct
+// ports: two on one port, and ledgerd exits at start ("address already
+// in use"). It returns --health-listen's port.
+func checkListeners(t *testing.T, where string, set map[string]string) string {
+	t.Helper()
+	byPort := map[string]string{}
+	health := ""
+	for name, def := range ledgerdDefaults {
+		addr := def
+		if v, ok := set[name]; ok {
+			addr = v
+		}
+		if addr == "" {
+			continue
+		}
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Errorf("%s: --%s=%q: %v", where, name, addr, err)
+			continue
+		}
+		if other, ok := byPort[port]; ok {
+			t.Errorf("%s: --%s and --%s both listen on port %s: ledgerd would not start", where, name, other, port)
+		}
+		byPort[port] = name
+		if name == "health-listen" {
+			health = port
+		}
+	}
+	return health
+}
+
 // TestComposeFile decodes the compose file and checks its wiring: every
 // service that depends on another names one that exists, and the secrets
 // are files in the directory.
@@ -341,4 +392,16 @@ func TestComposeFile(t *testing.T) {
 	if !bytes.Contains(b, []byte("--migrate-only")) {
 		t.Error("the compose file does not migrate")
 	}
+	ledgerd, _ := compose.Services["ledgerd"].(map[string]any)
+	env, _ := ledgerd["environment"].(map[string]any)
+	listeners := map[string]string{}
+	for k, v := range env {
+		if name, ok := strings.CutPrefix(k, "LEDGER_"); ok {
+			listeners[strings.ToLower(strings.ReplaceAll(name, "_", "-"))] = fmt.Sprint(v)
+		}
+	}
+	if len(listeners) == 0 {
+		t.Fatal("the compose file's ledgerd has no LEDGER_* environment")
+	}
+	checkListeners(t, "compose", listeners)
 }
