@@ -240,3 +240,11 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestVersionFlag: idemctl --version prints its build and exits 0.
+func TestVersionFlag(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), []string{"--version"}, strings.NewReader(""), &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "idemctl ") || !strings.Contains(stdout.String(), " go1.") {
+		t.Fatalf("idemctl --version: exit %d, %q %q", code, stdout.String(), stderr.String())
+	}
+}

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -78,11 +79,16 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&g.serverName, "server-name", "", "the name ledgerd's certificate must carry (default: from --addr)")
 	fs.StringVar(&g.output, "o", "table", "output: table or json")
 	fs.DurationVar(&g.timeout, "timeout", 10*time.Second, "bound on each call")
+	printVersion := fs.Bool("version", false, "print the version and exit")
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("IDEMCTL")); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *printVersion {
+		_, _ = fmt.Fprintln(stdout, "idemctl", buildinfo.Read().String())
+		return 0
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()

@@ -27,7 +27,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +45,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -88,7 +88,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if f.version {
-		_, _ = fmt.Fprintln(stdout, "idemproxy", version())
+		_, _ = fmt.Fprintln(stdout, "idemproxy", buildinfo.Read().String())
 		return 0
 	}
 	var level slog.Level
@@ -145,6 +145,12 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	defer ledger.Close()
 
 	reg := prometheus.NewRegistry()
+	bi := buildinfo.Read()
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "idemledger", Name: "build_info",
+		Help:        "The build of this process: its version, VCS revision and Go version, as labels; always 1.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
 
@@ -326,12 +332,7 @@ func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *me
 }
 
 // version is the module version from the build info.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+func version() string { return buildinfo.Read().Version }
 
 // freshConns are the connections that have not sent a request yet.
 type freshConns struct {

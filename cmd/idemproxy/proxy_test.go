@@ -557,3 +557,11 @@ func TestProxyRunTimeout(t *testing.T) {
 		t.Fatalf("after the lease: %s, writes %v; want the takeover's write under token 2", bare(t, res), up.writes())
 	}
 }
+
+// TestVersionFlag: idemproxy --version prints its build and exits 0.
+func TestVersionFlag(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := cli([]string{"--version"}, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "idemproxy ") || !strings.Contains(stdout.String(), " go1.") {
+		t.Fatalf("idemproxy --version: exit %d, %q %q", code, stdout.String(), stderr.String())
+	}
+}

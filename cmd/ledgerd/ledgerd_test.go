@@ -938,6 +938,7 @@ func TestStreamCallsAreCounted(t *testing.T) {
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 1`,
 		`grpc_server_handled_total{grpc_code="Aborted",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 1`,
 		`grpc_server_handling_seconds_count{grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 2`,
+		`idemledger_build_info{goversion="go`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)

@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -152,7 +153,7 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 		return nil, err
 	}
 	d := &daemon{cfg: cfg, log: log, creds: cs, reg: prometheus.NewRegistry(), store: newLateStore(cfg, log), health: health.NewServer()}
-	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	decisions, observe := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
@@ -606,31 +607,8 @@ func codeToLevel(c codes.Code) logging.Level {
 	return logging.LevelError
 }
 
-// version is the module version and the VCS revision ledgerd was built
-// from, as the build info records them: "v1.2.3 rev 0123abcd… 2026-12-01T10:00:00Z go1.26.8",
-// with "(modified)" after the revision when the work tree had changes.
-// A build without VCS stamping (-buildvcs=false) has no revision.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	settings := map[string]string{}
-	for _, s := range bi.Settings {
-		settings[s.Key] = s.Value
-	}
-	if rev := settings["vcs.revision"]; rev != "" {
-		v += " rev " + rev
-		if settings["vcs.modified"] == "true" {
-			v += " (modified)"
-		}
-		if t := settings["vcs.time"]; t != "" {
-			v += " " + t
-		}
-	}
-	return v + " " + bi.GoVersion
-}
+// version is ledgerd's build, as --version prints it.
+func version() string { return buildinfo.Read().String() }
 
 // databaseJob applies the schema migrations (--migrate-only), then the
 // homes file (--apply-homes), or prints what the homes file would run
@@ -671,4 +649,15 @@ func databaseJob(ctx context.Context, cfg config, stdout io.Writer, log *slog.Lo
 		log.InfoContext(ctx, "homes applied", "generation", gen, "statements", len(stmts), "file", cfg.homesFile)
 	}
 	return nil
+}
+
+// buildInfoGauge is idemledger_build_info{version, revision, goversion}, 1:
+// which build a process runs, for dashboards and alerts across a rollout.
+func buildInfoGauge() prometheus.Collector {
+	bi := buildinfo.Read()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "idemledger", Name: "build_info",
+		Help:        "The build of this process: its version, VCS revision and Go version, as labels; always 1.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
+	g.Set(1)
+	return g
 }
