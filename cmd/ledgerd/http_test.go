@@ -22,6 +22,17 @@ import (
 	"github.com/idemledger/idemledger/server"
 )
 
+// withToken starts ledgerd on its embedded store with one write service's
+// token (namespace billing, tenant acme) and args, and returns the token.
+func withToken(t *testing.T, args ...string) (*proc, string) {
+	t.Helper()
+	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
+	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return start(t, append([]string{"--data-dir", t.TempDir(), "--tokens", tokens}, args...)...), token
+}
+
 // connectError is a Connect protocol error as it travels in JSON.
 type connectError struct {
 	Code    string `json:"code"`
@@ -86,11 +97,7 @@ func errorDetail(t *testing.T, body []byte) (connectError, *ledgerv1.ErrorDetail
 // counters.
 func TestHTTPListener(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
-	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	p, token := withToken(t)
 	p.waitServing(t, p.dial(t))
 	begin := `{"tenant":"acme","key":"k-http","fingerprint":"` + ledgertest.Fingerprint("p") + `","method":"http:POST /v1/invoices"}`
 
@@ -188,11 +195,7 @@ func TestStoreMetrics(t *testing.T) {
 // charset, or in another letter case, is JSON.
 func TestHTTPListenerTypesBadInput(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
-	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--max-outcome-bytes", "65536")
+	p, token := withToken(t, "--max-outcome-bytes", "65536")
 	p.waitServing(t, p.dial(t))
 	fp := ledgertest.Fingerprint("p")
 	begin := `{"tenant":"acme","key":"k","fingerprint":"` + fp + `","method":"http:POST /v1/invoices"}`
@@ -266,11 +269,7 @@ func TestHTTPListenerTypesBadInput(t *testing.T) {
 // once.
 func TestHTTPListenerSlowBodies(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	tokens, token := filepath.Join(t.TempDir(), "tokens"), "billing-secret"
-	if err := os.WriteFile(tokens, []byte(server.HashToken(token)+" billing acme\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	p, token := withToken(t)
 	p.waitServing(t, p.dial(t))
 	const n = 50
 	answers := make(chan string, n)
