@@ -95,7 +95,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.ledger.StoreTimeout, "store-timeout", ledger.DefaultStoreTimeout, "bound on every store call, whatever the caller's deadline; SQL sessions get it as statement_timeout and half of it as lock_timeout")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
-	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means --max-outcome-bytes plus 64 KiB")
+	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means four times --max-outcome-bytes plus 64 KiB, so that outcomes up to four times the limit are refused typed (OUTCOME_TOO_LARGE)")
 	fs.IntVar(&c.maxConnections, "max-connections", 10000, "connections served at once on --listen; more wait in the kernel's backlog")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
 	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
@@ -125,7 +125,10 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 		c.ledger.DefaultTombstoneRetention = -1 // ledger.Config: negative turns tombstones off
 	}
 	if c.maxRecvBytes == 0 {
-		c.maxRecvBytes = c.ledger.MaxOutcomeBytes + 64<<10
+		// Room for an outcome four times the limit, so that the ledger,
+		// not gRPC's untyped RESOURCE_EXHAUSTED, refuses a reasonable
+		// outcome that is too large: typed OUTCOME_TOO_LARGE.
+		c.maxRecvBytes = 4*c.ledger.MaxOutcomeBytes + 64<<10
 	}
 	if c.rateBurst == 0 {
 		c.rateBurst = max(int(c.rateLimit), 1)

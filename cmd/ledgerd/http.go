@@ -33,7 +33,8 @@ import (
 // --listen. Without TLS it speaks HTTP/1.1 and cleartext HTTP/2.
 func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Authenticator, cfg config, log *slog.Logger) (*http.Server, string, error) {
 	transcoder, err := vanguardgrpc.NewTranscoder(gs, vanguard.WithDefaultServiceOptions(
-		vanguard.WithMaxMessageBufferBytes(uint32(cfg.maxRecvBytes)), //nolint:gosec // bounded by the flag's check
+		// JSON carries a message's bytes as base64: the gate's bound.
+		vanguard.WithMaxMessageBufferBytes(uint32(jsonBodyLimit(cfg.maxRecvBytes))), //nolint:gosec // bounded by the flag's check
 	))
 	if err != nil {
 		return nil, "", fmt.Errorf("http listener: %w", err)

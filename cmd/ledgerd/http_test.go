@@ -225,9 +225,10 @@ func TestHTTPListenerTypesBadInput(t *testing.T) {
 		}
 	}
 
-	// Over the limit: 413, typed, not retryable; the record is unchanged.
+	// Over the receive limit (by default four times the outcome limit plus
+	// 64 KiB): 413, typed, not retryable; the record is unchanged.
 	big := `{"tenant":"acme","key":"k","token":"1","outcome":{"response":{"@type":"type.googleapis.com/google.protobuf.BytesValue","value":"` +
-		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), 300<<10)) + `"}}}`
+		base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), 400<<10)) + `"}}}`
 	status, b := postJSON(t, p.http, "Complete", token, big)
 	if ce, ed := errorDetail(t, b); status != http.StatusRequestEntityTooLarge || ed.GetCode() != ledgerv1.ErrorCode_ERROR_CODE_OUTCOME_TOO_LARGE || ed.GetRetryable() {
 		t.Fatalf("a body over the limit: %d %s (%s); want 413 OUTCOME_TOO_LARGE, not retryable", status, b, ce.Code)

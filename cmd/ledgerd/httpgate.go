@@ -62,10 +62,9 @@ func connectGate(next http.Handler, auth server.Authenticator, limit int) http.H
 			return
 		}
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyReadTimeout))
-		// JSON carries bytes as base64, and names its fields.
 		maxBody := int64(limit)
 		if codec == "json" {
-			maxBody = 2*maxBody + 64<<10
+			maxBody = int64(jsonBodyLimit(limit))
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		var tooLarge *http.MaxBytesError
@@ -94,6 +93,10 @@ func connectGate(next http.Handler, auth server.Authenticator, limit int) http.H
 		next.ServeHTTP(w, r)
 	})
 }
+
+// jsonBodyLimit is the largest JSON body of a message of at most limit
+// bytes: JSON carries bytes as base64, and names its fields.
+func jsonBodyLimit(limit int) int { return 2*limit + 64<<10 }
 
 // connectUnary reports whether r is a Connect unary call to a method of
 // this process's registry, with its codec ("json" or "proto"). It sets

@@ -629,6 +629,23 @@ func TestMessageSizeLimit(t *testing.T) {
 	if err != nil || look.GetRecord().GetState() != ledgerv1.State_STATE_IN_PROGRESS {
 		t.Fatalf("the record after the refused Complete = %v, %v", look, err)
 	}
+
+	// By default the receive limit leaves room for four times the outcome
+	// limit: the ledger itself refuses such an outcome, typed on the wire
+	// (an ErrorDetail any client reads), not gRPC's bare RESOURCE_EXHAUSTED.
+	q := start(t, "--data-dir", t.TempDir(), "--max-outcome-bytes", "65536")
+	qconn := q.dial(t)
+	q.waitServing(t, qconn)
+	qc := ledgerv1.NewLedgerServiceClient(qconn)
+	res, err = qc.Begin(t.Context(), begin("big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, 4*65536)}}}
+	_, err = qc.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "big", Token: res.GetClaim().GetToken(), Outcome: big})
+	if le := ledgerstatus.FromError(err); !ledgerstatus.IsTyped(err) || le.Code != errcode.OutcomeTooLarge || le.Retryable() {
+		t.Fatalf("an outcome four times the limit = %v; want OUTCOME_TOO_LARGE typed by the ledger, permanent", err)
+	}
 }
 
 // TestMigrateOnly: ledgerd --migrate-only applies the schema and exits 0,
