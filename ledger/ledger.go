@@ -59,6 +59,10 @@ type Config struct {
 	// have waiting at once: 10,000. Past it, a Lookup with a wait is
 	// RATE_LIMITED.
 	MaxWaiters int
+	// MaxWaitersTotal bounds the Lookups with a wait of every namespace
+	// together (20,000): a few namespaces cannot each hold
+	// MaxWaiters. Past it, a Lookup with a wait is RATE_LIMITED.
+	MaxWaitersTotal int
 	// PollInterval is how often the waiters' one shared poller reads the
 	// waited scopes, for changes another ledger instance made: 250 ms.
 	// Changes made by this Ledger wake the waiters at once.
@@ -88,6 +92,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxWaiters <= 0 {
 		c.MaxWaiters = DefaultMaxWaiters
+	}
+	if c.MaxWaitersTotal <= 0 {
+		c.MaxWaitersTotal = DefaultMaxWaitersTotal
 	}
 	if c.MaxOutcomeBytes <= 0 {
 		c.MaxOutcomeBytes = DefaultMaxOutcomeBytes

@@ -10,7 +10,8 @@ import (
 
 // Defaults of the waiters (Config).
 const (
-	DefaultMaxWaiters   = 10000
+	DefaultMaxWaiters      = 10000
+	DefaultMaxWaitersTotal = 20000
 	DefaultPollInterval = 250 * time.Millisecond
 	// pollChunk is the most scopes one GetMany reads.
 	pollChunk = 10000
@@ -76,15 +77,15 @@ type waiters struct {
 	polling bool
 }
 
-// add registers w, and returns false when its namespace holds limit
-// watches already.
-func (ws *waiters) add(w *watch, limit int) bool {
+// add registers w, and returns false when its namespace holds perNS
+// watches already, or every namespace together total.
+func (ws *waiters) add(w *watch, perNS, total int) bool {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if ws.scopes == nil {
 		ws.scopes, ws.perNS = map[Scope]map[*watch]struct{}{}, map[string]int{}
 	}
-	if ws.perNS[w.scope.Namespace] >= limit {
+	if ws.perNS[w.scope.Namespace] >= perNS || ws.n >= total {
 		return false
 	}
 	g := ws.scopes[w.scope]
@@ -210,8 +211,8 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 		w.finish(Record{}, errcode.Wrap(errcode.UpstreamTimeout, ctx.Err(), "lookup wait ended with the call"))
 	})
 	w.mu.Unlock()
-	if !l.waiters.add(w, l.cfg.MaxWaiters) {
-		w.finish(Record{}, &errcode.Error{Code: errcode.RateLimited, Message: "the namespace has too many Lookups waiting", RetryAfter: time.Second})
+	if !l.waiters.add(w, l.cfg.MaxWaiters, l.cfg.MaxWaitersTotal) {
+		w.finish(Record{}, &errcode.Error{Code: errcode.RateLimited, Message: "the ledger has too many Lookups waiting (for the namespace, or in all)", RetryAfter: time.Second})
 		return
 	}
 	if w.isFinished() { // it finished before it was registered

@@ -142,6 +142,27 @@ func TestWaitersAreBoundedPerNamespace(t *testing.T) {
 	}
 }
 
+// TestWaitersAreBoundedInAll: past MaxWaitersTotal, a Lookup with a wait
+// is RATE_LIMITED in every namespace, each under its own bound.
+func TestWaitersAreBoundedInAll(t *testing.T) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 4, MaxWaitersTotal: 6})
+	waitOn(t, l, "a", 3)
+	scopes, _ := waitOn(t, l, "b", 3)
+	_, err := l.Lookup(t.Context(), scopes[0], time.Second)
+	if le := ledgertest.WantCode(t, err, errcode.RateLimited); !le.Retryable() {
+		t.Fatalf("%+v: want retryable", le)
+	}
+	other := ledger.Scope{Namespace: "c", Tenant: "t", Key: "k"}
+	if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: other, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lookup(t.Context(), other, time.Second)
+	ledgertest.WantCode(t, err, errcode.RateLimited)
+	if l.Waiters() != 6 {
+		t.Fatalf("%d waiters, want 6", l.Waiters())
+	}
+}
+
 // TestEndWaitsAnswersEveryWaiter: EndWaits answers every Lookup waiting,
 // and every later one that would wait, at once with a retryable
 // UNAVAILABLE; a Lookup that needs no wait is answered as before.

@@ -92,6 +92,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.ledger.MaxTombstoneRetention, "max-tombstone-retention", ledger.DefaultMaxTombstone, "longest tombstone retention a request may ask")
 	fs.IntVar(&c.ledger.MaxOutcomeBytes, "max-outcome-bytes", ledger.DefaultMaxOutcomeBytes, "largest stored outcome")
 	fs.IntVar(&c.ledger.MaxWaiters, "max-waiters", ledger.DefaultMaxWaiters, "Lookups with a wait one namespace may have waiting at once; past it, RATE_LIMITED")
+	fs.IntVar(&c.ledger.MaxWaitersTotal, "max-waiters-total", ledger.DefaultMaxWaitersTotal, "Lookups with a wait every namespace together may have waiting at once; past it, RATE_LIMITED")
 	fs.DurationVar(&c.ledger.StoreTimeout, "store-timeout", ledger.DefaultStoreTimeout, "bound on every store call, whatever the caller's deadline; SQL sessions get it as statement_timeout and half of it as lock_timeout")
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")

@@ -168,7 +168,7 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	d.storeMetrics(ctx)
 	l := ledger.New(d.store, cfg.ledger)
 	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "lookup_waiters",
-		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters)."}, func() float64 { return float64(l.Waiters()) }))
+		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters, in all by --max-waiters-total)."}, func() float64 { return float64(l.Waiters()) }))
 	d.ledgerSrv = server.New(l, srvCfg)
 	ledgerv1.RegisterLedgerServiceServer(d.grpc, d.ledgerSrv)
 	ledgerv1.RegisterAdminServiceServer(d.grpc, server.NewAdmin(l, srvCfg))
