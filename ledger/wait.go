@@ -12,7 +12,7 @@ import (
 const (
 	DefaultMaxWaiters      = 10000
 	DefaultMaxWaitersTotal = 20000
-	DefaultPollInterval = 250 * time.Millisecond
+	DefaultPollInterval    = 250 * time.Millisecond
 	// pollChunk is the most scopes one GetMany reads.
 	pollChunk = 10000
 )
