@@ -61,6 +61,9 @@ type httpConfig struct {
 	Upstream     string       `yaml:"upstream"`
 	Tenant       tenantConfig `yaml:"tenant"`
 	MaxBodyBytes int64        `yaml:"max_body_bytes"`
+	// MaxResponseBytes bounds a protected route's response the proxy
+	// relays (16 MiB when absent): past it, 409 OUTCOME_TOO_LARGE.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// RunTimeout is the run timeout of a route that sets none:
 	// defaultRunTimeout when absent.
 	RunTimeout duration               `yaml:"run_timeout"`
@@ -251,8 +254,8 @@ func (h *httpConfig) check() error {
 	if h.Tenant.Argument != "" || (h.Tenant.Static == "") == (h.Tenant.Header == "") {
 		return errors.New("http.tenant needs exactly one of static and header")
 	}
-	if h.MaxBodyBytes < 0 {
-		return errors.New("http.max_body_bytes must not be negative")
+	if h.MaxBodyBytes < 0 || h.MaxResponseBytes < 0 {
+		return errors.New("http.max_body_bytes and http.max_response_bytes must not be negative")
 	}
 	if len(h.Routes) == 0 {
 		return errors.New("http.routes names no route to protect")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -80,6 +81,12 @@ func httpProxyOn(t *testing.T, ledger, upstream string, route routeConfig) strin
 	var cfg fileConfig
 	cfg.Ledger.Address = ledger
 	cfg.HTTP = &httpConfig{Upstream: upstream, Tenant: tenantConfig{Header: "X-Tenant"}, Routes: map[string]routeConfig{"POST /v1/invoices": route}}
+	return httpProxyWith(t, cfg)
+}
+
+// httpProxyWith runs idemproxy in HTTP mode with cfg.
+func httpProxyWith(t *testing.T, cfg fileConfig) string {
+	t.Helper()
 	if err := cfg.check(); err != nil {
 		t.Fatal(err)
 	}
@@ -257,5 +264,34 @@ func TestHTTPModeRunTimeout(t *testing.T) {
 	again := postInvoice(t, base, "hung", `{"amount":1}`)
 	if again.status != http.StatusCreated || !strings.Contains(again.body, `"token":"2"`) {
 		t.Fatalf("after the lease: %+v; want the takeover's write under token 2", again)
+	}
+}
+
+// TestHTTPModeBoundsWhatItRelays: a protected response over
+// max_response_bytes is not held in the proxy's memory: the request ran
+// once, and it and its retry answer 409 OUTCOME_TOO_LARGE.
+func TestHTTPModeBoundsWhatItRelays(t *testing.T) {
+	var writes atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/invoices", func(w http.ResponseWriter, _ *http.Request) {
+		writes.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 64<<10))
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	var cfg fileConfig
+	cfg.Ledger.Address = ledgerAddr(t)
+	cfg.HTTP = &httpConfig{Upstream: srv.URL, Tenant: tenantConfig{Static: "acme"}, MaxResponseBytes: 4 << 10,
+		Routes: map[string]routeConfig{"POST /v1/invoices": {}}}
+	base := httpProxyWith(t, cfg)
+	for range 2 {
+		r := postInvoice(t, base, "big", `{}`)
+		if r.status != http.StatusConflict || !strings.Contains(r.body, "OUTCOME_TOO_LARGE") {
+			t.Fatalf("a response over the relay bound: %+v; want 409 OUTCOME_TOO_LARGE", r)
+		}
+	}
+	if writes.Load() != 1 {
+		t.Fatalf("the upstream wrote %d times, want 1", writes.Load())
 	}
 }

@@ -62,6 +62,9 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 	default:
 		opts = append(opts, httpguard.WithTenant(httpguard.Tenant(cfg.Tenant.Static)))
 	}
+	if cfg.MaxResponseBytes > 0 {
+		opts = append(opts, httpguard.WithMaxResponseBytes(cfg.MaxResponseBytes))
+	}
 	if cfg.MaxBodyBytes > 0 {
 		opts = append(opts, httpguard.WithMaxBodyBytes(cfg.MaxBodyBytes))
 	}

@@ -63,7 +63,7 @@ type Policy struct {
 	// hangs up does not end it, its outcome is recorded, and the retry
 	// gets the replay. A run still going at RunTimeout is ended, and its
 	// outcome is unknown (the claim runs out; it is not released). 0
-	// means DefaultRunTimeout.
+	// means one hour, the longest lease the ledger grants.
 	RunTimeout time.Duration
 	// Retention is how long the outcome is kept for replays; 0 means the
 	// ledger's default (24 h).
@@ -108,13 +108,13 @@ func (p Policy) check() error {
 	return nil
 }
 
-// DefaultRunTimeout bounds a run whose policy sets none: the longest
+// defaultRunTimeout bounds a run whose policy sets none: the longest
 // lease the ledger grants, so that no run is unbounded.
-const DefaultRunTimeout = time.Hour
+const defaultRunTimeout = time.Hour
 
 func (p Policy) runTimeout() time.Duration {
 	if p.RunTimeout <= 0 {
-		return DefaultRunTimeout
+		return defaultRunTimeout
 	}
 	return p.RunTimeout
 }

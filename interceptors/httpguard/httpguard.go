@@ -37,6 +37,7 @@ import (
 	"mime"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -48,6 +49,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
 // Header names the middleware reads and writes.
@@ -134,6 +136,7 @@ type options struct {
 	routes  map[string]Route
 	tenant  TenantFunc
 	maxBody int64
+	maxResp int64
 }
 
 // WithRoute protects the route registered on the ServeMux with pattern.
@@ -145,6 +148,15 @@ func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } 
 // WithMaxBodyBytes bounds the request bodies read (1 MiB); a larger one is
 // answered 413.
 func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n } }
+
+// defaultMaxResponseBytes is WithMaxResponseBytes's default.
+const defaultMaxResponseBytes = 16 << 20
+
+// WithMaxResponseBytes bounds the response of a protected route that the
+// middleware buffers before it is stored and sent (16 MiB). Past it the
+// rest is dropped, and the request, which ran, answers 409
+// OUTCOME_TOO_LARGE, as does every retry: its answer was not kept.
+func WithMaxResponseBytes(n int64) Option { return func(o *options) { o.maxResp = n } }
 
 // Guard is the middleware's state. It is safe for concurrent use.
 type Guard struct {
@@ -164,12 +176,15 @@ type route struct {
 // New returns a Guard for the routes named with WithRoute, running them
 // under g.
 func New(g *guard.Guard, opts ...Option) (*Guard, error) {
-	o := options{routes: map[string]Route{}, maxBody: DefaultMaxBodyBytes}
+	o := options{routes: map[string]Route{}, maxBody: DefaultMaxBodyBytes, maxResp: defaultMaxResponseBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.tenant == nil {
 		return nil, errors.New("httpguard: no tenant function (WithTenant)")
+	}
+	if o.maxResp <= 0 {
+		return nil, errors.New("httpguard: the response limit must be positive")
 	}
 	if o.maxBody <= 0 {
 		return nil, errors.New("httpguard: the body limit must be positive")
@@ -287,11 +302,16 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			next.ServeHTTP(w, r) // no key, key optional: unprotected, unbuffered
 			return guard.Outcome{}, nil
 		}
-		live = newRecorder()
+		live = newRecorder(g.opts.maxResp)
 		unknown := new(atomic.Bool)
 		next.ServeHTTP(live, r.WithContext(context.WithValue(ctx, unknownKey{}, unknown)))
 		if unknown.Load() {
 			return guard.Outcome{}, guard.ErrOutcomeUnknown
+		}
+		if live.overflow {
+			le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{"applied": "true", "limitBytes": strconv.FormatInt(g.opts.maxResp, 10)},
+				Message: fmt.Sprintf("the request ran, but its response is larger than the %d bytes relayed, so it was neither sent nor kept: do not retry this intent", g.opts.maxResp)}
+			return guard.Outcome{Status: ledgerstatus.Encode(le)}, nil
 		}
 		out, err := encode(rt, live.response())
 		if err == nil && rt.release(live.status) {
@@ -303,7 +323,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 	case err != nil:
 		writeProblem(w, err)
 	case !res.Protected:
-	case !res.Replayed && live != nil:
+	case !res.Replayed && live != nil && !live.overflow:
 		live.writeTo(w) // the first answer, every header of it
 	default:
 		replay(w, res.Outcome)

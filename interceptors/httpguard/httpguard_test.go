@@ -1,6 +1,7 @@
 package httpguard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -475,5 +476,32 @@ func TestRunOutlivesItsCaller(t *testing.T) {
 	again := post(t, url, `"k"`, `{}`)
 	if again.status != http.StatusCreated || again.body != `{"run":1}` || again.header.Get(httpguard.ReplayedHeader) != "true" || runs.Load() != 1 {
 		t.Fatalf("the retry = %+v, %d runs; want the first run's response, replayed", again, runs.Load())
+	}
+}
+
+// TestResponseOverTheLimit: a protected response larger than the
+// middleware buffers is dropped, not held in memory: the request, which
+// ran, and every retry answer 409 OUTCOME_TOO_LARGE, and it runs once.
+func TestResponseOverTheLimit(t *testing.T) {
+	var runs atomic.Int64
+	g, err := httpguard.New(coreGuard(t, ledgerClient(t)), httpguard.WithTenant(httpguard.Tenant("acme")),
+		httpguard.WithRoute("POST /v1/things", httpguard.Route{}), httpguard.WithMaxResponseBytes(1<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/things", g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		for range 64 { // 64 KiB, in writes of 1 KiB
+			_, _ = w.Write(bytes.Repeat([]byte("x"), 1<<10))
+		}
+	})))
+	url := serve(t, mux)
+	for range 2 {
+		wantProblem(t, post(t, url, `"big"`, `{}`), http.StatusConflict, errcode.OutcomeTooLarge)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", runs.Load())
 	}
 }

@@ -7,15 +7,20 @@ import (
 
 // recorder buffers a handler's response, so that it can be stored before
 // it is sent. A protected route's response is sent once the handler
-// returns: it does not stream.
+// returns: it does not stream. Past limit bytes of body the rest is
+// dropped, and overflow says so.
 type recorder struct {
 	header      http.Header
 	status      int
 	wroteHeader bool
 	body        bytes.Buffer
+	limit       int64
+	overflow    bool
 }
 
-func newRecorder() *recorder { return &recorder{header: http.Header{}, status: http.StatusOK} }
+func newRecorder(limit int64) *recorder {
+	return &recorder{header: http.Header{}, status: http.StatusOK, limit: limit}
+}
 
 func (r *recorder) Header() http.Header { return r.header }
 
@@ -26,8 +31,15 @@ func (r *recorder) WriteHeader(status int) {
 	r.status, r.wroteHeader = status, true
 }
 
+// Write buffers b, or drops it past the limit; it never fails, so that a
+// handler (a reverse proxy's copy) ends as it would, not with a panic.
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if r.overflow || int64(r.body.Len()+len(b)) > r.limit {
+		r.overflow = true
+		r.body.Reset()
+		return len(b), nil
+	}
 	return r.body.Write(b)
 }
 
