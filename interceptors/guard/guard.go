@@ -237,7 +237,11 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 			if waitUntil.IsZero() {
 				waitUntil = waitBound(ctx, call.Policy.maxWait())
 			}
-			if !g.wait(ctx, call, errcode.As(err), waitUntil) {
+			end := g.wait(ctx, call, errcode.As(err), waitUntil)
+			if end.stop != nil {
+				return Result{}, end.stop
+			}
+			if !end.again {
 				return Result{}, err
 			}
 			continue

@@ -386,3 +386,50 @@ func TestBlameIsSaidPlainly(t *testing.T) {
 		t.Fatalf("ran %d times", runs.Load())
 	}
 }
+
+// TestShutdownEndsAWaitingDuplicate: a duplicate waiting (WAIT) for the
+// first attempt on a ledger that starts to shut down is answered at once,
+// UNAVAILABLE with a retry hint, to retry on another instance; it does
+// not wait out its bound.
+func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "tools", Tenants: []string{"*"}}, nil
+	})
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	srv := server.New(l, server.Config{Auth: auth})
+	g, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(srv)).Dial(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := g.Do(t.Context(), call("draining"), func(context.Context) (guard.Outcome, error) {
+			close(started)
+			<-release
+			return jsonResult("{}"), nil
+		})
+		first <- err
+	}()
+	<-started
+	dup := make(chan error, 1)
+	var runs atomic.Int64
+	go func() {
+		c := call("draining")
+		c.Policy = guard.Policy{MaxWait: time.Minute}
+		_, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
+		dup <- err
+	}()
+	for l.Waiters() == 0 {
+		time.Sleep(time.Millisecond) // poll until the duplicate waits at the ledger
+	}
+	srv.Drain()
+	le := ledgertest.WantCode(t, <-dup, errcode.Unavailable)
+	if !le.Retryable() || le.RetryAfter <= 0 || !strings.Contains(le.Message, "shutting down") {
+		t.Fatalf("the waiting duplicate at shutdown: %+v; want UNAVAILABLE, retryable, naming the shutdown", le)
+	}
+	close(release)
+	if err := <-first; err != nil || runs.Load() != 0 {
+		t.Fatalf("the first attempt: %v; the duplicate ran %d times", err, runs.Load())
+	}
+}

@@ -42,11 +42,13 @@ func waitBound(ctx context.Context, maxWait time.Duration) time.Time {
 // answer to change: its outcome stored, its key released (Lookup with a
 // wait wakes on both), or its lease run out (the wait ends then). It
 // returns false when the bound is reached or ctx ends first: the
-// duplicate then gets IN_PROGRESS. Otherwise the guard Begins again.
-func (g *Guard) wait(ctx context.Context, call Call, inProgress *errcode.Error, until time.Time) bool {
+// duplicate then gets IN_PROGRESS. A ledger that is shutting down ends
+// the wait with its UNAVAILABLE (stop), which the duplicate gets at once,
+// to retry elsewhere. Otherwise the guard Begins again.
+func (g *Guard) wait(ctx context.Context, call Call, inProgress *errcode.Error, until time.Time) waitEnd {
 	left := time.Until(until)
 	if left <= 0 || ctx.Err() != nil {
-		return false
+		return waitEnd{}
 	}
 	w := min(left, maxLookupWait)
 	if end, err := time.Parse(time.RFC3339Nano, inProgress.Metadata["leaseExpiresAt"]); err == nil {
@@ -55,16 +57,27 @@ func (g *Guard) wait(ctx context.Context, call Call, inProgress *errcode.Error, 
 		w = min(w, inProgress.RetryAfter)
 	}
 	if w <= 0 {
-		return true // the lease ran out: Begin takes over
+		return waitEnd{again: true} // the lease ran out: Begin takes over
 	}
 	_, err := g.ledger.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: call.Tenant, Key: call.Key, Wait: durationpb.New(w)})
-	if err != nil && ledgerstatus.FromError(err).Code != errcode.NotFound {
+	if le := ledgerstatus.FromError(err); le != nil && le.Code != errcode.NotFound {
+		if le.Code == errcode.Unavailable && le.Metadata["cause"] == "shutdown" {
+			return waitEnd{stop: &errcode.Error{Code: errcode.Unavailable, Message: "the idempotency ledger instance is shutting down",
+				RetryAfter: max(le.RetryAfter, unreachableRetryAfter), Metadata: map[string]string{"cause": "shutdown"}, Err: err}}
+		}
 		// The ledger cannot wait for us (too many waiters, a failure):
 		// Begin again after a short pause.
 		pause := min(time.Until(until), backoff.FullJitter(20*time.Millisecond, 500*time.Millisecond, 2))
 		if backoff.Sleep(ctx, pause) != nil {
-			return false
+			return waitEnd{}
 		}
 	}
-	return ctx.Err() == nil && time.Now().Before(until)
+	return waitEnd{again: ctx.Err() == nil && time.Now().Before(until)}
+}
+
+// waitEnd is how a wait ended: Begin again, give up (IN_PROGRESS), or
+// stop with an error of its own.
+type waitEnd struct {
+	again bool
+	stop  *errcode.Error
 }
