@@ -2,12 +2,18 @@ package pebble
 
 import (
 	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -60,5 +66,88 @@ func TestUpperBound(t *testing.T) {
 		if got := upperBound(tc.in); !bytes.Equal(got, tc.want) {
 			t.Errorf("upperBound(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestCorruptBlockIsInternal: 16 KiB of random bytes in the middle of a
+// table. Either Open refuses the store (it saw the damage), or the process
+// stays up: the reads of the keys the damaged block holds fail INTERNAL,
+// not retryable, the others are answered, and Ping (readiness) says the
+// store is damaged. Pebble's default would end the process at the first
+// read of the block.
+func TestCorruptBlockIsInternal(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	outcome := ledgertest.Response(string(bytes.Repeat([]byte("o"), 300)))
+	for i := range n {
+		sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("k-%05d", i)}
+		res, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: outcome}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tables, err := filepath.Glob(filepath.Join(dir, DirName, "*.sst"))
+	if err != nil || len(tables) == 0 {
+		t.Fatalf("no table to damage: %v, %v", tables, err)
+	}
+	var largest string
+	var size int64
+	for _, f := range tables {
+		if st, err := os.Stat(f); err == nil && st.Size() > size {
+			largest, size = f, st.Size()
+		}
+	}
+	if size < 64<<10 {
+		t.Fatalf("the largest table is %d bytes: too small to damage a block in its middle", size)
+	}
+	f, err := os.OpenFile(largest, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, 16<<10)
+	_, _ = rand.Read(junk)
+	if _, err := f.WriteAt(junk, size/2-8<<10); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+
+	s, err = Open(dir, Config{})
+	if errors.Is(err, ErrRefused) {
+		return // refused at start: the check saw the damage
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	damaged, fine := 0, 0
+	for i := range n {
+		_, err := s.Get(t.Context(), ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("k-%05d", i)})
+		switch le := errcode.As(err); {
+		case err == nil:
+			fine++
+		case le.Code == errcode.Internal && !le.Retryable():
+			damaged++
+		default:
+			t.Fatalf("key %d: %v; want its record or INTERNAL", i, err)
+		}
+	}
+	if damaged == 0 || fine == 0 {
+		t.Fatalf("%d keys damaged, %d fine; want some of each", damaged, fine)
+	}
+	if err := s.Ping(t.Context()); errcode.Of(err) != errcode.Internal {
+		t.Fatalf("Ping of a damaged store = %v; want INTERNAL (not ready)", err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -108,6 +109,8 @@ type Store struct {
 	open   sync.RWMutex
 	db     *pebbledb.DB
 	closed bool
+
+	damage *damage // what Pebble reported damaged, for Ping
 }
 
 var _ ledger.Store = (*Store)(nil)
@@ -139,10 +142,15 @@ func Open(dir string, cfg Config) (*Store, error) {
 	}
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
+	damage := &damage{}
 	db, err := pebbledb.Open(path, &pebbledb.Options{
 		Cache:        cache,
 		MemTableSize: cfg.MemTableSize,
 		Logger:       quiet{},
+		// A damaged block fails the reads of the keys it holds, typed
+		// INTERNAL, and turns readiness off; Pebble's default would end
+		// the process on the first read of it.
+		EventListener: &pebbledb.EventListener{DataCorruption: damage.note},
 		// A marker says a ledger was here: never start an empty one.
 		ErrorIfNotExists: want != "",
 	})
@@ -160,12 +168,22 @@ func Open(dir string, cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created}
+	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created, damage: damage}
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
 	}
 	return s, nil
+}
+
+// damage remembers the first damaged file Pebble reported.
+type damage struct{ first atomic.Pointer[string] }
+
+func (d *damage) note(info pebbledb.DataCorruptionInfo) {
+	path := info.Path
+	if d.first.CompareAndSwap(nil, &path) {
+		fmt.Fprintf(os.Stderr, "pebble: on-disk corruption in %s: %v\n", info.Path, info.Details)
+	}
 }
 
 // quiet drops Pebble's informational log lines and keeps its errors.
@@ -219,6 +237,9 @@ func (s *Store) with(f func(db *pebbledb.DB) error) error {
 func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if path := s.damage.first.Load(); path != nil {
+		return errcode.Errorf(errcode.Internal, "the embedded store is damaged (%s): restore it from a backup", *path)
 	}
 	return s.classify("ping", s.with(func(db *pebbledb.DB) error {
 		_, err := get(db, identityKey)
@@ -494,6 +515,8 @@ func (s *Store) classify(op string, err error) error {
 	switch {
 	case errors.Is(err, recordkv.ErrCorrupt):
 		return errcode.Wrap(errcode.Internal, err, "the ledger could not read a record")
+	case pebbledb.IsCorruptionError(err):
+		return errcode.Wrap(errcode.Internal, err, "the embedded store is damaged where this record is kept")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ledger.TimedOut(err)
 	default:
