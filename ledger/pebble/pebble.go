@@ -160,6 +160,11 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil && pebbledb.IsCorruptionError(err) {
 		return nil, refuse("%s is damaged (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
 	}
+	if err != nil && errors.Is(err, fs.ErrNotExist) {
+		// The store is there but a file it lists (its MANIFEST, a table)
+		// is not: no retry brings it back.
+		return nil, refuse("%s is missing a file it needs (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
 	}

@@ -142,6 +142,53 @@ func TestRefusesADamagedStore(t *testing.T) {
 	}
 }
 
+// TestRefusesAStoreMissingAFile: a store whose MANIFEST or a table was
+// deleted is refused (ErrRefused: ledgerd exits, it does not retry),
+// and the message says a file is missing, not that the store was emptied
+// or replaced.
+func TestRefusesAStoreMissingAFile(t *testing.T) {
+	for _, c := range []struct{ name, glob string }{
+		{"manifest", "MANIFEST-*"},
+		{"table", "*.sst"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			// A small memtable, so that the records reach tables.
+			s := open(t, dir, pebble.Config{MemTableSize: 64 << 10})
+			l := ledger.New(s, ledger.Config{})
+			for i := range 2000 {
+				k := fmt.Sprintf("k-%d", i)
+				res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: scope(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := l.Complete(t.Context(), scope(k), res.Claim.Token, ledgertest.Response("inv")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			files, err := filepath.Glob(filepath.Join(dir, pebble.DirName, c.glob))
+			if err != nil || len(files) == 0 {
+				t.Fatalf("no %s to delete: %v", c.name, err)
+			}
+			for _, f := range files {
+				if err := os.Remove(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s, err = pebble.Open(dir, pebble.Config{})
+			if err == nil {
+				_ = s.Close()
+			}
+			if !errors.Is(err, pebble.ErrRefused) || !strings.Contains(err.Error(), "missing a file") || strings.Contains(err.Error(), "replaced") {
+				t.Fatalf("Open of a store without its %s = %v, want ErrRefused saying a file is missing", c.name, err)
+			}
+		})
+	}
+}
+
 func TestSecondOpenFails(t *testing.T) {
 	dir := t.TempDir()
 	open(t, dir, pebble.Config{})
