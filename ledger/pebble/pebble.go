@@ -161,9 +161,10 @@ func Open(dir string, cfg Config) (*Store, error) {
 		return nil, refuse("%s is damaged (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
 	}
 	if err != nil && errors.Is(err, fs.ErrNotExist) {
-		// The store is there but a file it lists (its MANIFEST, a table)
-		// is not: no retry brings it back.
-		return nil, refuse("%s is missing a file it needs (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
+		// The store is there but a file it lists is not: its MANIFEST or
+		// a table was deleted, or a truncated MANIFEST lists tables long
+		// compacted away. No retry brings the file back.
+		return nil, refuse("%s is missing a file it needs, or its MANIFEST is truncated (%v): restore it from a backup; started as a new, empty ledger it would run every retry's write again", path, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)

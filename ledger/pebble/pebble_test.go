@@ -143,13 +143,25 @@ func TestRefusesADamagedStore(t *testing.T) {
 }
 
 // TestRefusesAStoreMissingAFile: a store whose MANIFEST or a table was
-// deleted is refused (ErrRefused: ledgerd exits, it does not retry),
-// and the message says a file is missing, not that the store was emptied
-// or replaced.
+// deleted, or whose MANIFEST was cut to half (it then lists tables long
+// compacted away), is refused (ErrRefused: ledgerd exits, it does not
+// retry), and the message says a file is missing, not that the store was
+// emptied or replaced.
 func TestRefusesAStoreMissingAFile(t *testing.T) {
-	for _, c := range []struct{ name, glob string }{
-		{"manifest", "MANIFEST-*"},
-		{"table", "*.sst"},
+	halve := func(f string) error {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		return os.Truncate(f, st.Size()/2)
+	}
+	for _, c := range []struct {
+		name, glob string
+		damage     func(string) error
+	}{
+		{"manifest deleted", "MANIFEST-*", os.Remove},
+		{"manifest halved", "MANIFEST-*", halve},
+		{"tables deleted", "*.sst", os.Remove},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -171,10 +183,10 @@ func TestRefusesAStoreMissingAFile(t *testing.T) {
 			}
 			files, err := filepath.Glob(filepath.Join(dir, pebble.DirName, c.glob))
 			if err != nil || len(files) == 0 {
-				t.Fatalf("no %s to delete: %v", c.name, err)
+				t.Fatalf("no %s: %v", c.glob, err)
 			}
 			for _, f := range files {
-				if err := os.Remove(f); err != nil {
+				if err := c.damage(f); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -183,7 +195,7 @@ func TestRefusesAStoreMissingAFile(t *testing.T) {
 				_ = s.Close()
 			}
 			if !errors.Is(err, pebble.ErrRefused) || !strings.Contains(err.Error(), "missing a file") || strings.Contains(err.Error(), "replaced") {
-				t.Fatalf("Open of a store without its %s = %v, want ErrRefused saying a file is missing", c.name, err)
+				t.Fatalf("Open of a store, %s, = %v, want ErrRefused saying a file is missing", c.name, err)
 			}
 		})
 	}
