@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,7 +44,7 @@ func TestMain(m *testing.M) {
 // startLedgerd runs ledgerd on its embedded store with a write service
 // (billing, token billing-secret) and an admin (ops-alice, token
 // ops-secret), and returns its gRPC address and its log.
-func startLedgerd(t *testing.T) (string, *syncBuffer) {
+func startLedgerd(t *testing.T) (string, *ledgertest.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
@@ -62,7 +61,7 @@ func startLedgerd(t *testing.T) (string, *syncBuffer) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &ledgertest.Buffer{}
 	addr := make(chan string, 1)
 	done := make(chan struct{})
 	go func() {
@@ -221,24 +220,6 @@ func TestHashToken(t *testing.T) {
 	if code := run(t.Context(), []string{"hash-token"}, strings.NewReader(""), &bytes.Buffer{}, &stderr); code != 2 {
 		t.Fatalf("no token on standard input: exit %d", code)
 	}
-}
-
-// syncBuffer is a buffer one goroutine writes while another reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestVersionFlag: idemctl --version prints its build and exits 0.

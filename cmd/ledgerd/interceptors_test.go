@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -18,6 +16,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -29,28 +28,11 @@ func (panicking) Begin(context.Context, *ledgerv1.BeginRequest) (*ledgerv1.Begin
 	panic("handler bug")
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestInterceptorsRecoverLogAndCount: a panicking handler answers a typed
 // INTERNAL, the panic and the call are logged, the call is counted, and the
 // server goes on serving.
 func TestInterceptorsRecoverLogAndCount(t *testing.T) {
-	var logs syncBuffer
+	var logs ledgertest.Buffer
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	metrics := grpcprom.NewServerMetrics()
 	reg := prometheus.NewRegistry()

@@ -1,13 +1,11 @@
 package grpcguard_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -108,7 +106,7 @@ func TestFailClosedIsOneAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = conn.Close() })
-		var logs syncBuffer
+		var logs ledgertest.Buffer
 		svc := &invoices{}
 		g := newGuard(t, api.client(t, conn), guard.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 		client := serveGuard(t, g, svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)
@@ -130,22 +128,4 @@ func TestFailClosedIsOneAnswer(t *testing.T) {
 	if answers[unaryAPI] != answers[streamAPI] {
 		t.Fatalf("unary: %s; stream: %s; want one answer", answers[unaryAPI], answers[streamAPI])
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a logger that several goroutines use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
