@@ -2,11 +2,13 @@ package pebble
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,5 +151,140 @@ func TestCorruptBlockIsInternal(t *testing.T) {
 	}
 	if err := s.Ping(t.Context()); errcode.Of(err) != errcode.Internal {
 		t.Fatalf("Ping of a damaged store = %v; want INTERNAL (not ready)", err)
+	}
+}
+
+// TestRefusesALostLog damages the write-ahead log of a running store, as
+// a crash leaves it (no clean close), whose identity is in a table and
+// whose records are in the log alone: deleted, cut to half, or 8 KiB of
+// it zeroed in the middle. Pebble opens each quietly, behind the writes
+// it acknowledged; Open refuses it, and opens it once the watermark is
+// removed, without the lost records.
+func TestRefusesALostLog(t *testing.T) {
+	zero := func(f string) error {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		h, err := os.OpenFile(f, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		_, err = h.WriteAt(make([]byte, 8<<10), st.Size()/2)
+		return err
+	}
+	halve := func(f string) error {
+		st, err := os.Stat(f)
+		if err != nil {
+			return err
+		}
+		return os.Truncate(f, st.Size()/2)
+	}
+	for _, c := range []struct {
+		name   string
+		damage func(string) error
+	}{
+		{"deleted", os.Remove},
+		{"halved", halve},
+		{"8 KiB zeroed", zero},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, err := Open(dir, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			l := ledger.New(s, ledger.Config{})
+			const n = 1566
+			for i := range n {
+				sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("k-%d", i)}
+				res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("inv")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// What Run does every WatermarkInterval.
+			if err := s.mark.save(); err != nil {
+				t.Fatal(err)
+			}
+			// The crash: a copy of the directory as the open store left it.
+			crashed := t.TempDir()
+			if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+				t.Fatal(err)
+			}
+			store := filepath.Join(crashed, DirName)
+			logs, err := filepath.Glob(filepath.Join(store, "*.log"))
+			if err != nil || len(logs) == 0 {
+				t.Fatalf("no write-ahead log: %v", err)
+			}
+			// The live log: the newest (names sort by number).
+			if err := c.damage(logs[len(logs)-1]); err != nil {
+				t.Fatal(err)
+			}
+			reopened, err := Open(crashed, Config{})
+			if err == nil {
+				_ = reopened.Close()
+			}
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "write-ahead log") {
+				t.Fatalf("Open of a store whose log was %s = %v, want ErrRefused naming the write-ahead log", c.name, err)
+			}
+			if err := os.Remove(filepath.Join(crashed, WatermarkFileName)); err != nil {
+				t.Fatal(err)
+			}
+			reopened, err = Open(crashed, Config{})
+			if err != nil {
+				t.Fatalf("Open once the loss is accepted: %v", err)
+			}
+			defer reopened.Close()
+			last := ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("k-%d", n-1)}
+			if rec, err := reopened.Get(t.Context(), last); errcode.Of(err) != errcode.NotFound {
+				t.Fatalf("the last record once the loss is accepted: %+v, %v; want NOT_FOUND (it was in the lost log)", rec, err)
+			}
+		})
+	}
+}
+
+// TestRunKeepsTheWatermark: while Run runs, the watermark file catches up
+// with the last acknowledged write; Run ends with its context.
+func TestRunKeepsTheWatermark(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir, Config{WatermarkInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "k"}
+	if _, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	want := s.mark.acked.Load()
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx, func(err error) { t.Error(err) }) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, WatermarkFileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(string(b)) == fmt.Sprint(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watermark file says %q after 10 s; want %d", b, want)
+		}
+		time.Sleep(time.Millisecond) // Run writes it on its own ticker
+	}
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -73,6 +73,11 @@ type Config struct {
 	CacheSize int64
 	// MemTableSize is the size of a memtable, in bytes: 16 MiB.
 	MemTableSize uint64
+	// WatermarkInterval is how often Run records the last acknowledged
+	// write in WatermarkFileName: 1 s. Damage to the write-ahead log that
+	// loses writes acknowledged before the last record is refused at Open;
+	// a loss of only the writes of the last interval goes unseen.
+	WatermarkInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -90,6 +95,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MemTableSize == 0 {
 		c.MemTableSize = 16 << 20
+	}
+	if c.WatermarkInterval <= 0 {
+		c.WatermarkInterval = time.Second
 	}
 	return c
 }
@@ -110,7 +118,8 @@ type Store struct {
 	db     *pebbledb.DB
 	closed bool
 
-	damage *damage // what Pebble reported damaged, for Ping
+	damage *damage     // what Pebble reported damaged, for Ping
+	mark   *watermark // the last acknowledged write
 }
 
 var _ ledger.Store = (*Store)(nil)
@@ -174,7 +183,12 @@ func Open(dir string, cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created, damage: damage}
+	mark, err := openWatermark(db, dir)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created, damage: damage, mark: mark}
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
@@ -226,7 +240,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.db.Close()
+	return errors.Join(s.db.Close(), s.mark.save())
 }
 
 // with runs f on the open database, or says it is closed.
@@ -427,7 +441,11 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 			if err := put(b, key, cur, rec); err != nil {
 				return err
 			}
-			return b.Commit(pebbledb.Sync)
+			if err := b.Commit(pebbledb.Sync); err != nil {
+				return err
+			}
+			s.mark.ack(b)
+			return nil
 		})
 	})
 	if err != nil {

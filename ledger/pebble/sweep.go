@@ -103,7 +103,34 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 // time and at most Config.SweepShare of the time while a backlog lasts,
 // until ctx ends; onError, when set, hears of failed sweeps.
 func (s *Store) Run(ctx context.Context, onError func(error)) error {
+	saved := make(chan struct{})
+	go func() {
+		defer close(saved)
+		s.keepWatermark(ctx, onError)
+	}()
+	defer func() { <-saved }()
 	return ledger.RunPacedSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.cfg.SweepShare, s.Sweep, onError)
+}
+
+// keepWatermark records the last acknowledged write every
+// Config.WatermarkInterval until ctx ends. onError hears the first of a
+// run of failures (a full disk fails every one).
+func (s *Store) keepWatermark(ctx context.Context, onError func(error)) {
+	t := time.NewTicker(s.cfg.WatermarkInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := s.mark.save()
+		if err != nil && !failing && onError != nil {
+			onError(err)
+		}
+		failing = err != nil
+	}
 }
 
 // SweepShare is the share of the time Run spends sweeping a backlog.
