@@ -118,7 +118,7 @@ type Store struct {
 	db     *pebbledb.DB
 	closed bool
 
-	damage *damage     // what Pebble reported damaged, for Ping
+	damage *damage    // what Pebble reported damaged, for Ping
 	mark   *watermark // the last acknowledged write
 }
 
