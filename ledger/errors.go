@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -20,6 +21,13 @@ func Unavailable(err error) *errcode.Error {
 	return &errcode.Error{Code: errcode.Unavailable, Message: "the ledger's store is unavailable", RetryAfter: StoreRetryAfter, Err: err,
 		Metadata: map[string]string{"cause": "store"}}
 }
+
+// ErrMustRestart is in the chain of an error of a store that failed in a
+// way it cannot mend while the process runs (the embedded store after a
+// failed write of its log): every call is refused until the process
+// restarts and opens the store again. ledgerd reports it on /healthz, so
+// that its supervisor restarts it.
+var ErrMustRestart = errors.New("ledger: the store must be reopened: restart the process")
 
 // TimedOut is what every store answers when a call's context ended, or a
 // bound on the call ran out, before the store answered: UPSTREAM_TIMEOUT,

@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -68,3 +71,47 @@ func TestReadinessNeedsAWrite(t *testing.T) {
 }
 
 func (s *fullDisk) Run(ctx context.Context, _ func(error)) error { <-ctx.Done(); return nil }
+
+// failed is a store that failed for good: its Ping says it must be
+// reopened (the embedded store after a failed write of its log).
+type failed struct{ fullDisk }
+
+func (*failed) Ping(context.Context) error {
+	return ledger.Unavailable(fmt.Errorf("%w: pebble: fatal commit error: no space left on device", ledger.ErrMustRestart))
+}
+
+// TestLivenessAsksForARestart: /healthz is 200 while the store works or
+// is merely full, and 503 once the store says only a restart mends it, so
+// that the supervisor restarts ledgerd.
+func TestLivenessAsksForARestart(t *testing.T) {
+	st := newLateStore(config{}, slog.New(slog.DiscardHandler))
+	h := health.NewServer()
+	srv, err := startAdmin("127.0.0.1:0", prometheus.NewRegistry(), h, st.mustRestart, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	live := func() int {
+		t.Helper()
+		r, err := http.Get("http://" + srv.Addr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		return r.StatusCode
+	}
+	if got := live(); got != http.StatusOK {
+		t.Fatalf("/healthz before the store opens = %d, want 200", got)
+	}
+	var s store = &fullDisk{Store: memory.New(memory.Config{})}
+	s.(*fullDisk).full.Store(true)
+	st.s.Store(&s)
+	if got := live(); got != http.StatusOK {
+		t.Fatalf("/healthz with a full disk = %d, want 200", got)
+	}
+	s = &failed{fullDisk{Store: memory.New(memory.Config{})}}
+	st.s.Store(&s)
+	if got := live(); got != http.StatusServiceUnavailable {
+		t.Fatalf("/healthz with a failed store = %d, want 503", got)
+	}
+}

@@ -274,7 +274,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		}
 	}
 	if d.cfg.adminListen != "" {
-		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.log); err != nil {
+		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.store.mustRestart, d.log); err != nil {
 			return err
 		}
 	}
@@ -529,16 +529,23 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 	}
 }
 
-// startAdmin serves /metrics, /healthz (the process is up) and /readyz (the
-// store answers) over HTTP.
-func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, log *slog.Logger) (*http.Server, error) {
+// startAdmin serves /metrics, /healthz (the process is up, and its store
+// needs no restart: mustRestart) and /readyz (the store answers) over
+// HTTP.
+func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, log *slog.Logger) (*http.Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := mustRestart(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		res, err := h.Check(r.Context(), &healthpb.HealthCheckRequest{})
 		if err != nil || res.GetStatus() != healthpb.HealthCheckResponse_SERVING {

@@ -190,6 +190,20 @@ func (l *lateStore) Ping(ctx context.Context) error {
 // Run opens the store, retrying every second or so until it opens or ctx
 // ends, serves from it, runs its expiry sweeper until ctx ends, and then
 // closes it. Call it once, and end ctx only after the gRPC server drained.
+// mustRestart says why the store must be opened again by a restart of
+// ledgerd (ledger.ErrMustRestart: the embedded store after a failed write
+// of its log), nil while it need not: /healthz, for the supervisor.
+func (l *lateStore) mustRestart(ctx context.Context) error {
+	s, err := l.get()
+	if err != nil {
+		return nil
+	}
+	if err := s.Ping(ctx); errors.Is(err, ledger.ErrMustRestart) {
+		return err
+	}
+	return nil
+}
+
 func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	var s store
 	var closeStore func()

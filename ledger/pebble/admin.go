@@ -163,7 +163,7 @@ func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.Purg
 		if err := b.Delete(key, nil); err != nil {
 			return err
 		}
-		return b.Commit(pebbledb.NoSync)
+		return s.commit(b, pebbledb.NoSync)
 	})
 }
 

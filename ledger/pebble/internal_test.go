@@ -7,12 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -286,5 +291,133 @@ func TestRunKeepsTheWatermark(t *testing.T) {
 	cancel()
 	if err := <-ran; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFullDiskRefusesWrites: with less free space than the reserve, every
+// write is refused UNAVAILABLE, retryable, saying the disk is full, and
+// Pebble is not written; reads are served; writes resume with room.
+func TestFullDiskRefusesWrites(t *testing.T) {
+	s, err := Open(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	claim := func(k string) (ledger.ClaimResult, error) {
+		return s.Claim(t.Context(), ledger.ClaimParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: k},
+			Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+	}
+	if _, err := claim("before"); err != nil {
+		t.Fatal(err)
+	}
+	s.cfg.DiskReserve = 1 << 62 // more than any disk has free
+	before := visibleSeq(s.db)
+	_, err = claim("full")
+	if le := errcode.As(err); le.Code != errcode.Unavailable || !le.Retryable() || le.RetryAfter <= 0 || !strings.Contains(le.Message, "disk") {
+		t.Fatalf("a claim on a full disk = %v; want a retryable UNAVAILABLE with a hint, saying the disk is full", err)
+	}
+	if after := visibleSeq(s.db); after != before {
+		t.Fatalf("the refused claim wrote to Pebble: sequence %d, then %d", before, after)
+	}
+	if _, err := s.Get(t.Context(), ledger.Scope{Namespace: "ns", Tenant: "t", Key: "before"}); err != nil {
+		t.Fatalf("a read on a full disk: %v", err)
+	}
+	if err := s.Ping(t.Context()); err != nil {
+		t.Fatalf("Ping on a full disk (reads work; the canary's write says not ready): %v", err)
+	}
+	s.cfg.DiskReserve = 0 // room again
+	if _, err := claim("full"); err != nil {
+		t.Fatalf("a claim once room returned: %v", err)
+	}
+}
+
+// TestFailedLogWriteFailsTheStore: the log's writes fail (ENOSPC) under
+// concurrent claims, in a child process. Pebble is broken from then on;
+// the process goes on, every call is answered UNAVAILABLE with
+// ledger.ErrMustRestart, none hangs, and none is told its write is done.
+// The child then exits without closing the store, as the restart that
+// ErrMustRestart asks for, and the store opens with every record it
+// acknowledged.
+func TestFailedLogWriteFailsTheStore(t *testing.T) {
+	const acked = 50
+	scope := func(k string) ledger.Scope { return ledger.Scope{Namespace: "ns", Tenant: "t", Key: k} }
+	if dir := os.Getenv("PEBBLE_FAILED_STORE_DIR"); dir != "" {
+		failTheStore(t, dir, acked, scope)
+		if t.Failed() {
+			os.Exit(1)
+		}
+		os.Exit(0) // the restart: a failed store is not closed
+	}
+	dir := t.TempDir()
+	child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestFailedLogWriteFailsTheStore$", "-test.v")
+	child.Env = append(os.Environ(), "PEBBLE_FAILED_STORE_DIR="+dir)
+	out, err := child.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("the store failed")) {
+		t.Fatalf("the child: %v\n%s", err, out)
+	}
+	s, err := Open(dir, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range acked {
+		if _, err := s.Get(t.Context(), scope(fmt.Sprintf("acked-%d", i))); err != nil {
+			t.Fatalf("acknowledged record %d after the restart: %v", i, err)
+		}
+	}
+}
+
+// failTheStore is the child of TestFailedLogWriteFailsTheStore.
+func failTheStore(t *testing.T, dir string, acked int, scope func(string) ledger.Scope) {
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && strings.HasSuffix(op.Path, ".log") {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	s, err := Open(dir, Config{fs: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(ctx context.Context, k string) (ledger.ClaimResult, error) {
+		return s.Claim(ctx, ledger.ClaimParams{Scope: scope(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+	}
+	for i := range acked {
+		if _, err := claim(t.Context(), fmt.Sprintf("acked-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	errs := make(chan error, 16)
+	for i := range cap(errs) {
+		go func() {
+			_, err := claim(ctx, fmt.Sprintf("lost-%d", i))
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		err := <-errs
+		if le := errcode.As(err); le.Code != errcode.Unavailable || !le.Retryable() {
+			t.Errorf("a claim as the log fails = %v; want UNAVAILABLE, retryable (and never a done write or a hang)", err)
+		}
+	}
+	if err := s.Ping(t.Context()); !errors.Is(err, ledger.ErrMustRestart) {
+		t.Errorf("Ping of a failed store = %v; want ledger.ErrMustRestart", err)
+	}
+	if _, err := s.Get(t.Context(), scope("acked-1")); errcode.Of(err) != errcode.Unavailable {
+		t.Errorf("a read of a failed store = %v; want UNAVAILABLE (its memory may hold writes its log lacks)", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, ledger.ErrMustRestart) {
+			t.Errorf("Close of a failed store = %v; want ledger.ErrMustRestart", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Close of a failed store hangs")
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -73,11 +74,18 @@ type Config struct {
 	CacheSize int64
 	// MemTableSize is the size of a memtable, in bytes: 16 MiB.
 	MemTableSize uint64
+	// DiskReserve is the free space, in bytes, below which the store
+	// refuses writes (UNAVAILABLE, retryable) so that Pebble never meets a
+	// full disk: 0 means the smaller of 64 MiB and 5% of the volume.
+	DiskReserve int64
 	// WatermarkInterval is how often Run records the last acknowledged
 	// write in WatermarkFileName: 1 s. Damage to the write-ahead log that
 	// loses writes acknowledged before the last record is refused at Open;
 	// a loss of only the writes of the last interval goes unseen.
 	WatermarkInterval time.Duration
+
+	// fs is the file system of the store, for tests: nil means the disk.
+	fs vfs.FS
 }
 
 func (c Config) withDefaults() Config {
@@ -99,6 +107,9 @@ func (c Config) withDefaults() Config {
 	if c.WatermarkInterval <= 0 {
 		c.WatermarkInterval = time.Second
 	}
+	if c.fs == nil {
+		c.fs = vfs.Default
+	}
 	return c
 }
 
@@ -118,7 +129,10 @@ type Store struct {
 	db     *pebbledb.DB
 	closed bool
 
+	fs     vfs.FS
+	path   string     // the store's directory
 	damage *damage    // what Pebble reported damaged, for Ping
+	fail   *failure   // what broke Pebble, if anything did
 	mark   *watermark // the last acknowledged write
 }
 
@@ -146,16 +160,20 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(path); want != "" && errors.Is(err, fs.ErrNotExist) {
+	if _, err := cfg.fs.Stat(path); want != "" && errors.Is(err, fs.ErrNotExist) {
 		return nil, lostStore(dir, want)
 	}
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
-	damage := &damage{}
-	db, err := pebbledb.Open(path, &pebbledb.Options{
+	damage, fail := &damage{}, &failure{}
+	log := &logger{fail: fail, seen: map[string]*logLimit{}}
+	log.opening.Store(true)
+	defer log.opening.Store(false)
+	db, err := openDB(path, &pebbledb.Options{
+		FS:           cfg.fs,
 		Cache:        cache,
 		MemTableSize: cfg.MemTableSize,
-		Logger:       quiet{},
+		Logger:       log,
 		// A damaged block fails the reads of the keys it holds, typed
 		// INTERNAL, and turns readiness off; Pebble's default would end
 		// the process on the first read of it.
@@ -178,22 +196,49 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pebble: open %s: %w", path, err)
 	}
-	id, created, err := identity(db, dir, want)
+	id, created, mark, err := check(db, dir, want)
 	if err != nil {
-		_ = db.Close()
+		if fail.err() == nil {
+			_ = db.Close()
+		}
 		return nil, err
 	}
-	mark, err := openWatermark(db, dir)
-	if err != nil {
-		_ = db.Close()
-		return nil, err
-	}
-	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created, damage: damage, mark: mark}
+	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created,
+		fs: cfg.fs, path: path, damage: damage, fail: fail, mark: mark}
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
 	}
 	return s, nil
+}
+
+// openDB opens Pebble; a fatal error on the way is an error, not the end
+// of the process.
+func openDB(path string, opts *pebbledb.Options) (db *pebbledb.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("pebble: open %s: %v", path, r)
+		}
+	}()
+	return pebbledb.Open(path, opts)
+}
+
+// check reads the identity of the store Pebble opened and checks it, and
+// its sequence, against the marker and the watermark in dir; a fatal error
+// on the way (a full disk fails the identity's write) is an error.
+func check(db *pebbledb.DB, dir, want string) (id string, created bool, mark *watermark, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("pebble: open %s: %v", dir, r)
+		}
+	}()
+	if id, created, err = identity(db, dir, want); err != nil {
+		return "", false, nil, err
+	}
+	if mark, err = openWatermark(db, dir); err != nil {
+		return "", false, nil, err
+	}
+	return id, created, mark, nil
 }
 
 // damage remembers the first damaged file Pebble reported.
@@ -204,18 +249,6 @@ func (d *damage) note(info pebbledb.DataCorruptionInfo) {
 	if d.first.CompareAndSwap(nil, &path) {
 		fmt.Fprintf(os.Stderr, "pebble: on-disk corruption in %s: %v\n", info.Path, info.Details)
 	}
-}
-
-// quiet drops Pebble's informational log lines and keeps its errors.
-type quiet struct{}
-
-func (quiet) Infof(string, ...any) {}
-func (quiet) Errorf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
-}
-func (quiet) Fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
-	os.Exit(1)
 }
 
 // Identity returns the ledger's identity.
@@ -240,6 +273,11 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	if err := s.fail.err(); err != nil {
+		// A failed Pebble may wait forever in Close; the process's
+		// exit lets go of its files.
+		return err
+	}
 	return errors.Join(s.db.Close(), s.mark.save())
 }
 
@@ -249,6 +287,9 @@ func (s *Store) with(f func(db *pebbledb.DB) error) error {
 	defer s.open.RUnlock()
 	if s.closed {
 		return errClosed
+	}
+	if err := s.fail.err(); err != nil {
+		return err
 	}
 	return f(s.db)
 }
@@ -421,6 +462,9 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 	if err := ctx.Err(); err != nil {
 		return s.classify(op, err)
 	}
+	if err := s.room(); err != nil {
+		return err
+	}
 	key := recordKey(scope)
 	var ruleErr error
 	err := waitFor(ctx, func() error {
@@ -441,7 +485,7 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 			if err := put(b, key, cur, rec); err != nil {
 				return err
 			}
-			if err := b.Commit(pebbledb.Sync); err != nil {
+			if err := s.commit(b, pebbledb.Sync); err != nil {
 				return err
 			}
 			s.mark.ack(b)
@@ -534,6 +578,9 @@ func waitFor(ctx context.Context, f func() error) error {
 func (s *Store) classify(op string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if e := (*errcode.Error)(nil); errors.As(err, &e) {
+		return e // the store's own answer: a full disk, a failed store
 	}
 	err = fmt.Errorf("pebble: %s: %w", op, err)
 	switch {

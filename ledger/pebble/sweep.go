@@ -95,7 +95,7 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 				return err
 			}
 		}
-		return b.Commit(pebbledb.NoSync)
+		return s.commit(b, pebbledb.NoSync)
 	})
 }
 

@@ -1,0 +1,170 @@
+package pebble
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/errcode"
+)
+
+// What the store does on a bad day of its disk:
+//
+//   - A disk short of room: every write is refused, UNAVAILABLE and
+//     retryable, while the disk has less free space than Config.DiskReserve,
+//     so that Pebble, whose first failed log write breaks it for good, does
+//     not meet a full disk. Reads go on; writes resume when room returns.
+//   - A failed write of Pebble's log all the same (the disk filled between
+//     the check and the write, or failed): Pebble can write no more, and may
+//     hold in memory writes its log lacks. The store fails: every call after
+//     it is refused, UNAVAILABLE, with ledger.ErrMustRestart, and the process
+//     goes on answering. A restart opens the store from what its log holds.
+//   - Pebble's error lines (a flush failing on a full disk retries every
+//     second or faster) are rate-limited per kind of line.
+
+// diskFull is the refusal of a write while the disk is short of room.
+func diskFull(free, reserve uint64) error {
+	return &errcode.Error{
+		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{"cause": "store"},
+		Message: fmt.Sprintf("the disk of the ledger's embedded store is full (%d bytes free, below the %d it keeps in reserve): "+
+			"writes resume when room is made", free, reserve),
+	}
+}
+
+// room refuses a write while the store's disk has less free space than
+// its reserve; a disk whose usage cannot be read is let through.
+func (s *Store) room() error {
+	du, err := s.fs.GetDiskUsage(s.path)
+	if err != nil {
+		return nil
+	}
+	reserve := uint64(s.cfg.DiskReserve)
+	if s.cfg.DiskReserve == 0 {
+		reserve = min(64<<20, du.TotalBytes/20)
+	}
+	if du.AvailBytes < reserve {
+		return diskFull(du.AvailBytes, reserve)
+	}
+	return nil
+}
+
+// failure is the first fatal error Pebble reported; once set, the store
+// refuses every call.
+type failure struct{ first atomic.Pointer[string] }
+
+// note records msg as the failure if it is the first, and says so on
+// stderr once.
+func (f *failure) note(msg string) {
+	if f.first.CompareAndSwap(nil, &msg) {
+		fmt.Fprintf(os.Stderr, "pebble: the store failed and takes no more calls until ledgerd restarts: %s\n", msg)
+	}
+}
+
+// err is the refusal of a call to a failed store, nil while it works.
+func (f *failure) err() error {
+	msg := f.first.Load()
+	if msg == nil {
+		return nil
+	}
+	return &errcode.Error{
+		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{"cause": "store"},
+		Message: "the ledger's embedded store failed a write and must be reopened: restart ledgerd (once its disk has room)",
+		Err:     fmt.Errorf("%w: %s", ledger.ErrMustRestart, *msg),
+	}
+}
+
+// fatal is what Fatalf panics with on the commit path, for commit to
+// recover.
+type fatal struct{ msg string }
+
+// commitFatalf is the format of Pebble's fatal commit error, the one
+// Fatalf call made on the goroutine of the caller of Apply.
+const commitFatalf = "pebble: fatal commit error: %v"
+
+// commit commits b. A failed commit breaks Pebble (a Fatalf, or a panic
+// of a later commit that meets the broken log): it fails the store, and
+// is answered as the failure.
+func (s *Store) commit(b *pebbledb.Batch, opts *pebbledb.WriteOptions) (err error) {
+	if err := s.fail.err(); err != nil {
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			msg := fmt.Sprint(r)
+			if f, ok := r.(fatal); ok {
+				msg = f.msg
+			}
+			s.fail.note(msg)
+			err = s.fail.err()
+		}
+	}()
+	return b.Commit(opts)
+}
+
+// logger is Pebble's logger for one store: informational lines dropped,
+// error lines rate-limited, and a fatal error failing the store instead
+// of ending the process.
+type logger struct {
+	fail    *failure
+	opening atomic.Bool // in Open, whose goroutine meets every fatal error
+	mu      sync.Mutex
+	seen    map[string]*logLimit // by format
+}
+
+// logLimit is the state of one kind of line: when it was last written,
+// and how many were dropped since.
+type logLimit struct {
+	last    time.Time
+	dropped int
+}
+
+// logEvery is the least time between two lines of one kind.
+const logEvery = 10 * time.Second
+
+func (*logger) Infof(string, ...any) {}
+
+func (l *logger) Errorf(format string, args ...any) {
+	l.mu.Lock()
+	lim := l.seen[format]
+	if lim == nil {
+		lim = &logLimit{}
+		l.seen[format] = lim
+	}
+	now := time.Now()
+	if !lim.last.IsZero() && now.Sub(lim.last) < logEvery {
+		lim.dropped++
+		l.mu.Unlock()
+		return
+	}
+	dropped := lim.dropped
+	lim.last, lim.dropped = now, 0
+	l.mu.Unlock()
+	line := fmt.Sprintf("pebble: "+format, args...)
+	if dropped > 0 {
+		line += fmt.Sprintf(" (and %d more like it in the last %s)", dropped, logEvery)
+	}
+	fmt.Fprintln(os.Stderr, line)
+}
+
+// Fatalf fails the store. On the commit path, and in Open, it panics, for
+// commit or Open to recover: returning would let Apply report a failed
+// write as done. Any other fatal error is met by one of Pebble's own
+// goroutines (a flush, a compaction), which it parks for good: returning
+// would let Pebble go on from a state it calls fatal, and a panic would
+// end the process.
+func (l *logger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if l.opening.Load() {
+		panic(fatal{msg})
+	}
+	l.fail.note(msg)
+	if format == commitFatalf {
+		panic(fatal{msg})
+	}
+	select {}
+}
