@@ -194,11 +194,11 @@ func (l *lateStore) Ping(ctx context.Context) error {
 // ledgerd (ledger.ErrMustRestart: the embedded store after a failed write
 // of its log), nil while it need not: /healthz, for the supervisor.
 func (l *lateStore) mustRestart(ctx context.Context) error {
-	s, err := l.get()
-	if err != nil {
-		return nil
+	s := l.s.Load()
+	if s == nil {
+		return nil // not open yet: it opens by itself
 	}
-	if err := s.Ping(ctx); errors.Is(err, ledger.ErrMustRestart) {
+	if err := (*s).Ping(ctx); errors.Is(err, ledger.ErrMustRestart) {
 		return err
 	}
 	return nil

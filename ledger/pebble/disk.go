@@ -2,6 +2,7 @@ package pebble
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,7 @@ func diskFull(free, reserve uint64) error {
 func (s *Store) room() error {
 	du, err := s.fs.GetDiskUsage(s.path)
 	if err != nil {
-		return nil
+		return nil //nolint:nilerr // a disk whose usage cannot be read (a file system in memory) takes the write
 	}
 	reserve := uint64(s.cfg.DiskReserve)
 	if s.cfg.DiskReserve == 0 {
@@ -114,6 +115,8 @@ type logger struct {
 	opening atomic.Bool // in Open, whose goroutine meets every fatal error
 	mu      sync.Mutex
 	seen    map[string]*logLimit // by format
+	out     io.Writer            // nil: stderr
+	now     func() time.Time     // nil: the wall clock
 }
 
 // logLimit is the state of one kind of line: when it was last written,
@@ -136,6 +139,9 @@ func (l *logger) Errorf(format string, args ...any) {
 		l.seen[format] = lim
 	}
 	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
 	if !lim.last.IsZero() && now.Sub(lim.last) < logEvery {
 		lim.dropped++
 		l.mu.Unlock()
@@ -148,7 +154,11 @@ func (l *logger) Errorf(format string, args ...any) {
 	if dropped > 0 {
 		line += fmt.Sprintf(" (and %d more like it in the last %s)", dropped, logEvery)
 	}
-	fmt.Fprintln(os.Stderr, line)
+	out := l.out
+	if out == nil {
+		out = os.Stderr
+	}
+	fmt.Fprintln(out, line)
 }
 
 // Fatalf fails the store. On the commit path, and in Open, it panics, for

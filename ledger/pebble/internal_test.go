@@ -421,3 +421,23 @@ func failTheStore(t *testing.T, dir string, acked int, scope func(string) ledger
 		t.Error("Close of a failed store hangs")
 	}
 }
+
+// TestPebbleErrorLinesAreRateLimited: a flush failing in a loop (a full
+// disk) writes one line per kind per logEvery, which says how many it
+// dropped.
+func TestPebbleErrorLinesAreRateLimited(t *testing.T) {
+	var out bytes.Buffer
+	clock := ledgertest.NewClock(ledgertest.Start)
+	l := &logger{fail: &failure{}, seen: map[string]*logLimit{}, out: &out, now: clock.Now}
+	for range 1000 {
+		l.Errorf("background error: %v", syscall.ENOSPC)
+		clock.Advance(time.Millisecond)
+	}
+	l.Errorf("another kind: %d", 1)
+	clock.Advance(logEvery)
+	l.Errorf("background error: %v", syscall.ENOSPC)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[2], "and 999 more like it") {
+		t.Fatalf("1,001 lines of one kind and one of another wrote:\n%s\nwant 3, the last counting the 999 dropped", out.String())
+	}
+}
