@@ -97,7 +97,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.rateLimit, "rate-limit", 0, "calls a second per namespace (token bucket); 0 turns the limit off")
 	fs.IntVar(&c.rateBurst, "rate-burst", 0, "burst of the rate limit; 0 means one second's worth")
 	fs.IntVar(&c.maxRecvBytes, "max-recv-bytes", 0, "largest request message; 0 means four times --max-outcome-bytes plus 64 KiB, so that outcomes up to four times the limit are refused typed (OUTCOME_TOO_LARGE)")
-	fs.IntVar(&c.maxConnections, "max-connections", 10000, "connections served at once on --listen; more wait in the kernel's backlog")
+	fs.IntVar(&c.maxConnections, "max-connections", 10000, "connections served at once on --listen, and on --http-listen; at the bound a new one takes the place of the connection idle longest (no call in flight, nothing read for 1 s), or waits")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for in-flight calls before it cuts them")
 	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
 	fs.DurationVar(&c.censusInterval, "census-interval", 5*time.Minute, "how often idemledger_records{state} counts the records (a read of every record); 0 turns it off")

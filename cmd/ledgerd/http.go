@@ -12,7 +12,6 @@ import (
 
 	"connectrpc.com/vanguard"
 	"connectrpc.com/vanguard/vanguardgrpc"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 
 	"github.com/idemledger/idemledger/server"
@@ -31,7 +30,7 @@ import (
 // authentication (the bearer token in Authorization, or the client
 // certificate), rate limit, validation, interceptors and counters as
 // --listen. Without TLS it speaks HTTP/1.1 and cleartext HTTP/2.
-func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Authenticator, cfg config, log *slog.Logger) (*http.Server, string, error) {
+func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Authenticator, conns *connLimit, cfg config, log *slog.Logger) (*http.Server, string, error) {
 	transcoder, err := vanguardgrpc.NewTranscoder(gs, vanguard.WithDefaultServiceOptions(
 		// JSON carries a message's bytes as base64: the gate's bound.
 		vanguard.WithMaxMessageBufferBytes(uint32(jsonBodyLimit(cfg.maxRecvBytes))), //nolint:gosec // bounded by the flag's check
@@ -58,8 +57,9 @@ func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Au
 		MaxHeaderBytes:    64 << 10, // read before a call is authenticated: bounded
 		IdleTimeout:       15 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnState:         conns.connState,
 	}
-	lis = netutil.LimitListener(lis, cfg.maxConnections)
+	lis = conns.listen(lis)
 	go func() {
 		var err error
 		if tlsConf != nil {

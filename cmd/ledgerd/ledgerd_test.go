@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -1020,5 +1021,75 @@ func TestIdleOnAReadOnlyDatabase(t *testing.T) {
 	t.Logf("%d transactions in 4 s", after-before)
 	if after-before > 40 {
 		t.Fatalf("an idle ledgerd on a read-only database made %d transactions in 4 s; want its canary to back off", after-before)
+	}
+}
+
+// TestConnectionFloodLeavesRoom: 200 idle TCP connections, held open and
+// sending nothing, on each of the gRPC and HTTP listeners of a ledgerd
+// with --max-connections 50. A new client is served within its 5 s
+// deadline all the same: it takes the place of an idle connection, which
+// is shed and counted. A connection with a call in flight (a Lookup
+// waiting on a running key, which sends nothing meanwhile) is not shed.
+func TestConnectionFloodLeavesRoom(t *testing.T) {
+	p := start(t, "--data-dir", t.TempDir(), "--max-connections", "50")
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	client := ledgerv1.NewLedgerServiceClient(conn)
+	claim, err := client.Begin(t.Context(), begin("running"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		res, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "running", Wait: durationpb.New(20 * time.Second)})
+		if err == nil && res.GetRecord().GetState() != ledgerv1.State_STATE_COMPLETED {
+			err = fmt.Errorf("the waiting Lookup answered %v", res)
+		}
+		waited <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1"); time.Sleep(10 * time.Millisecond) { // poll the other process's gauge
+		if time.Now().After(deadline) {
+			t.Fatal("the Lookup never waited")
+		}
+	}
+	for _, addr := range []string{p.grpc, p.http} {
+		for range 200 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}
+	fresh, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := ledgerv1.NewLedgerServiceClient(fresh).Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "k"}); ledgerstatus.FromError(err).Code != errcode.NotFound {
+		t.Fatalf("a new gRPC client under a flood of idle connections: %v; want its answer (NOT_FOUND) within 5 s", err)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second}
+	res, err := hc.Post("http://"+p.http+"/idemledger.v1.LedgerService/Lookup", "application/json", strings.NewReader(`{"tenant":"acme","key":"k"}`))
+	if err != nil {
+		t.Fatalf("a new HTTP client under a flood of idle connections: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Fatalf("a new HTTP client under a flood: %d, want 404 (no record)", res.StatusCode)
+	}
+	if _, err := client.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "running", Token: claim.GetClaim().GetToken(), Outcome: invoice}); err != nil {
+		t.Fatalf("Complete on the busy connection after the flood: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the Lookup waiting through the flood: %v", err)
+	}
+	m := p.metrics(t)
+	for _, l := range []string{"grpc", "http"} {
+		if n := metricValue(t, m, `idemledger_connections_shed_total{listener="`+l+`"}`); n < 1 {
+			t.Errorf("%s: %v idle connections shed; want some", l, n)
+		}
 	}
 }

@@ -28,7 +28,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/grpclog"
@@ -135,6 +134,8 @@ type daemon struct {
 	ledgerSrv *server.Server
 	grpc      *grpc.Server
 	health    *health.Server
+	conns     *connLimit // gRPC's
+	httpConns *connLimit
 
 	// Set by listen.
 	lis        net.Listener
@@ -157,6 +158,11 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	decisions, observe := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
+	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemledger", Name: "connections_shed_total",
+		Help: "Idle connections closed to make room for a new one at --max-connections, by listener (grpc, http)."}, []string{"listener"})
+	d.reg.MustRegister(shed)
+	d.conns = newConnLimit(cfg.maxConnections, shed.WithLabelValues("grpc"))
+	d.httpConns = newConnLimit(cfg.maxConnections, shed.WithLabelValues("http"))
 	// A call on a Stream is counted by the same metrics as its unary
 	// call: the alerts on Begin's latency and errors see write services.
 	srvCfg := server.Config{Auth: cs.authenticator(), Logger: log, Observe: observe, StreamMaxAge: cfg.streamMaxAge,
@@ -195,6 +201,7 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 	cfg := d.cfg
 	return []grpc.ServerOption{
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
+		grpc.StatsHandler(d.conns),
 		grpc.Creds(d.creds.transport()),
 		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
@@ -243,10 +250,10 @@ func (d *daemon) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 	d.health.SetServingStatus(ledgerv1.LedgerService_ServiceDesc.ServiceName, st)
 }
 
-// listen opens every listener: gRPC (bounded by --max-connections: past
-// it, new clients queue in the kernel's backlog instead of exhausting
-// file descriptors), the plaintext health port, HTTP and admin. On an
-// error it closes what it opened.
+// listen opens every listener: gRPC and HTTP (each bounded by
+// --max-connections, where a newcomer sheds an idle connection or waits:
+// connLimit), the plaintext health port and admin. On an error it closes
+// what it opened.
 func (d *daemon) listen(ctx context.Context) (err error) {
 	defer func() {
 		if err != nil {
@@ -257,7 +264,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	d.lis = netutil.LimitListener(lis, d.cfg.maxConnections)
+	d.lis = d.conns.listen(lis)
 	if d.cfg.healthListen != "" {
 		hl, err := net.Listen("tcp", d.cfg.healthListen)
 		if err != nil {
@@ -269,7 +276,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		go func() { _ = d.healthOnly.Serve(hl) }()
 	}
 	if d.cfg.httpListen != "" {
-		if d.http, d.httpAddr, err = startHTTP(d.cfg.httpListen, d.grpc, d.creds.httpTLS(), d.creds.authenticator(), d.cfg, d.log); err != nil {
+		if d.http, d.httpAddr, err = startHTTP(d.cfg.httpListen, d.grpc, d.creds.httpTLS(), d.creds.authenticator(), d.httpConns, d.cfg, d.log); err != nil {
 			return err
 		}
 	}
