@@ -90,6 +90,10 @@ type mcpConfig struct {
 		Command []string `yaml:"command"`
 	} `yaml:"upstream"`
 	Tenant tenantConfig `yaml:"tenant"`
+	// MaxResultBytes bounds one message of the upstream the proxy relays
+	// (16 MiB when absent): a tool result past it is answered
+	// OUTCOME_TOO_LARGE, not retryable.
+	MaxResultBytes int64 `yaml:"max_result_bytes"`
 	// RunTimeout is the run timeout of a tool that sets none:
 	// defaultRunTimeout when absent.
 	RunTimeout duration              `yaml:"run_timeout"`
@@ -176,6 +180,9 @@ func (c fileConfig) check() error {
 	}
 	if n != 1 {
 		return errors.New("mcp.tenant needs exactly one of static, header and argument")
+	}
+	if m.MaxResultBytes < 0 {
+		return errors.New("mcp.max_result_bytes must not be negative")
 	}
 	if len(m.Tools) == 0 {
 		return errors.New("mcp.tools names no tool to guard")

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os/exec"
@@ -21,30 +23,76 @@ import (
 
 // upstream is the MCP server behind the proxy: one client session, over
 // Streamable HTTP or to a stdio child process, dialed when first needed
-// and again after it breaks.
+// and again after it breaks. Each message it sends is bounded
+// (max_result_bytes: relay.go). No timeout of its own bounds a call: the
+// tool's run timeout does, and the caller's context for the rest.
 type upstream struct {
-	transport func() mcp.Transport
+	transport func() (mcp.Transport, error)
 	log       *slog.Logger
+	limit     int64 // the relay bound
 
 	mu sync.Mutex
 	cs *mcp.ClientSession
 }
 
 func newUpstream(c *mcpConfig, log *slog.Logger) *upstream {
-	u := &upstream{log: log}
+	u := &upstream{log: log, limit: c.MaxResultBytes}
+	if u.limit == 0 {
+		u.limit = defaultMaxResultBytes
+	}
 	if c.Upstream.URL != "" {
 		url := c.Upstream.URL
-		u.transport = func() mcp.Transport {
-			return &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Timeout: 5 * time.Minute}}
+		client := &http.Client{Transport: &boundedTransport{base: http.DefaultTransport, limit: u.limit}}
+		u.transport = func() (mcp.Transport, error) {
+			return &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: client}, nil
 		}
 	} else {
 		argv := c.Upstream.Command
-		u.transport = func() mcp.Transport {
-			cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // the operator's configured upstream
-			return &mcp.CommandTransport{Command: cmd}
+		u.transport = func() (mcp.Transport, error) {
+			return startChild(exec.Command(argv[0], argv[1:]...), u.limit) //nolint:gosec // the operator's configured upstream
 		}
 	}
 	return u
+}
+
+// startChild starts a stdio upstream, its messages bounded.
+func startChild(cmd *exec.Cmd, limit int64) (mcp.Transport, error) {
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the upstream MCP server: %w", err)
+	}
+	return &mcp.IOTransport{Reader: &child{Reader: &boundedLines{in: bufio.NewReader(stdout), limit: limit}, cmd: cmd, stdin: stdin}, Writer: stdin}, nil
+}
+
+// child is the stdio upstream's output; closing it ends the process: its
+// input closed, then, if it has not exited within 5 s, killed.
+type child struct {
+	io.Reader
+	cmd   *exec.Cmd
+	stdin io.Closer
+	once  sync.Once
+}
+
+func (c *child) Close() error {
+	c.once.Do(func() {
+		_ = c.stdin.Close()
+		exited := make(chan struct{})
+		go func() { _ = c.cmd.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-exited
+		}
+	})
+	return nil
 }
 
 // session returns the live session, dialing one if there is none.
@@ -55,7 +103,11 @@ func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, error) {
 		return u.cs, nil
 	}
 	c := mcp.NewClient(&mcp.Implementation{Name: "idemproxy", Version: version()}, nil)
-	cs, err := c.Connect(ctx, u.transport(), nil)
+	t, err := u.transport()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := c.Connect(ctx, t, nil)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the upstream MCP server: %w", err)
 	}
@@ -128,6 +180,10 @@ func (u *upstream) forward(next mcp.MethodHandler) mcp.MethodHandler {
 			return nil, fmt.Errorf("%w: %w: %w", errUpstreamDown, status.Error(codes.Unavailable, "upstream down"), err)
 		}
 		res, err := call(ctx, cs, method, req.GetParams())
+		if method == "tools/call" && isTooLarge(err) {
+			// The tool ran; its answer is not relayed, and says so.
+			return tooLargeResult(u.limit), nil
+		}
 		if err != nil && !answered(err) {
 			u.broken(cs, err)
 			if method == "tools/call" {

@@ -104,7 +104,9 @@ type goUpstream struct {
 	mu     sync.Mutex
 	rows   []uint64 // the claim token of each write
 	echoes atomic.Int64
-	hangUp atomic.Bool // the next create_invoice writes, then its connection is cut
+	// reports counts the runs of big_report.
+	reports atomic.Int64
+	hangUp  atomic.Bool // the next create_invoice writes, then its connection is cut
 	// hold, when set, runs first in every create_invoice, with the claim's
 	// attempt: a test holds the write there; false writes nothing.
 	hold func(ctx context.Context, attempt uint32) bool
@@ -112,6 +114,12 @@ type goUpstream struct {
 
 func (u *goUpstream) serve(t testing.TB) string {
 	t.Helper()
+	return u.serveWith(t, nil)
+}
+
+// server is the upstream's MCP server. Its tool big_report answers a text
+// of the size it is asked for.
+func (u *goUpstream) server() *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "upstream", Version: "v1"}, nil)
 	type args struct {
 		Customer    string `json:"customer"`
@@ -133,7 +141,21 @@ func (u *goUpstream) serve(t testing.TB) string {
 		u.echoes.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "echo"}}}, nil, nil
 	})
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	type size struct {
+		Bytes int `json:"bytes"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "big_report"}, func(_ context.Context, _ *mcp.CallToolRequest, a size) (*mcp.CallToolResult, any, error) {
+		u.reports.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("r", a.Bytes)}}}, nil, nil
+	})
+	return s
+}
+
+// serveWith serves the upstream over Streamable HTTP with opts.
+func (u *goUpstream) serveWith(t testing.TB, opts *mcp.StreamableHTTPOptions) string {
+	t.Helper()
+	s := u.server()
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, opts)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -208,7 +230,7 @@ func TestProxyGuardsTheNamedTools(t *testing.T) {
 	}
 	// Everything else passes through: tools/list, an unguarded tool.
 	list, err := cs.ListTools(t.Context(), nil)
-	if err != nil || len(list.Tools) != 2 {
+	if err != nil || len(list.Tools) != 3 { // create_invoice, echo, big_report
 		t.Fatalf("tools/list through the proxy: %v, %v", list, err)
 	}
 	for range 2 {

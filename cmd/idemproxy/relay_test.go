@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+)
+
+// TestMain serves goUpstream over stdio when the proxy under test starts
+// this binary as its stdio upstream.
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMPROXY_TEST_STDIO_UPSTREAM") != "" {
+		_ = (&goUpstream{}).server().Run(context.Background(), &mcp.StdioTransport{})
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// stdioUpstream is goUpstream in a child process, over stdio.
+func stdioUpstream(t *testing.T) func(*mcpConfig) {
+	t.Setenv("IDEMPROXY_TEST_STDIO_UPSTREAM", "1") // the child inherits it
+	return byCommand(os.Args[0], "-test.run=^$")
+}
+
+// TestProxyBoundsWhatItRelays: a tool result over max_result_bytes, over
+// Streamable HTTP (events or JSON) or stdio, is not relayed: the agent
+// gets OUTCOME_TOO_LARGE, not retryable, saying the tool ran; the retry
+// gets the same answer without a second run; the session goes on; and
+// over stdio, a 48 MiB result costs the proxy's process no more than a
+// few MiB of allocation.
+func TestProxyBoundsWhatItRelays(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		upstream func(*testing.T, *goUpstream) func(*mcpConfig)
+	}{
+		{"StreamableHTTPEvents", func(t *testing.T, u *goUpstream) func(*mcpConfig) { return byURL(u.serve(t)) }},
+		{"StreamableHTTPJSON", func(t *testing.T, u *goUpstream) func(*mcpConfig) {
+			return byURL(u.serveWith(t, &mcp.StreamableHTTPOptions{JSONResponse: true}))
+		}},
+		{"Stdio", func(t *testing.T, _ *goUpstream) func(*mcpConfig) { return stdioUpstream(t) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := &goUpstream{}
+			cfg := config(ledgerAddr(t), c.upstream(t, up), policyConfig{})
+			cfg.MCP.Tools["big_report"] = toolConfig{}
+			cfg.MCP.MaxResultBytes = 1 << 20
+			endpoint, _ := proxy(t, cfg)
+			cs := connect(t, endpoint, nil)
+			report := func(key string, size int) *mcp.CallToolResult {
+				t.Helper()
+				res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "big_report", Arguments: map[string]any{"bytes": size},
+					Meta: mcp.Meta{mcpguard.KeyMeta: key}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			size := 2 << 20
+			if c.name == "Stdio" {
+				size = 48 << 20
+			}
+			var before runtime.MemStats
+			runtime.ReadMemStats(&before)
+			first := report("big", size)
+			var after runtime.MemStats
+			runtime.ReadMemStats(&after)
+			info, ok := mcpguard.ErrorFromResult(first)
+			if !ok || info.Code != "OUTCOME_TOO_LARGE" || info.Retryable {
+				t.Fatalf("a %d-byte result over a 1 MiB bound: %s; want OUTCOME_TOO_LARGE, not retryable", size, bare(t, first))
+			}
+			if again := report("big", size); bare(t, again) != bare(t, first) || again.Meta[mcpguard.ReplayedMeta] != true {
+				t.Fatalf("the retry: %s; want the first answer, replayed", bare(t, again))
+			}
+			if small := report("small", 100); small.IsError {
+				t.Fatalf("a small result after the large one: %s", bare(t, small))
+			}
+			if c.name == "Stdio" {
+				if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+					t.Fatalf("relaying a 48 MiB result over a 1 MiB bound allocated %d MiB in the proxy's process", grew>>20)
+				}
+			} else if n := up.reports.Load(); n != 2 {
+				t.Fatalf("big_report ran %d times; want 2 (the large one once, the small one)", n)
+			}
+		})
+	}
+}
