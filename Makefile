@@ -2,6 +2,7 @@
 SHELL := /usr/bin/env bash
 BUF := bin/buf
 GOLANGCI := bin/golangci-lint
+PROTOC_PLUGINS := bin/protoc-gen-go bin/protoc-gen-go-grpc
 # Every package of every module of the workspace (go.work).
 PKGS := github.com/idemledger/idemledger/...
 # The npm projects the tests run with node (their lockfiles are committed).
@@ -35,7 +36,7 @@ test-short: ## Run the tests that need no PostgreSQL and no module proxy.
 
 lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module, go vet, buf lint, no file over 512 KiB in git.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/\|/gen/\|^internal/testpb/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	@set -e; for m in $(MODULES) tools/buf tools/lint; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
+	@set -e; for m in $(MODULES) tools/buf tools/lint tools/protoc; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
 	go vet $(PKGS)
 	@set -e; for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(CURDIR)/$(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...); done
 	$(BUF) lint
@@ -62,9 +63,12 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 20s).
 bench: ## Run the benchmarks (compare runs with benchstat).
 	go test -run '^$$' -bench . -benchmem $(PKGS)
 
-buf: $(BUF)
+buf: $(BUF) $(PROTOC_PLUGINS)
 $(BUF): tools/buf/go.mod tools/buf/go.sum
 	cd tools/buf && GOWORK=off go build -o ../../$(BUF) github.com/bufbuild/buf/cmd/buf
+# buf's local Go plugins, pinned in tools/protoc (never in a module consumers import).
+$(PROTOC_PLUGINS): tools/protoc/go.mod tools/protoc/go.sum
+	cd tools/protoc && GOWORK=off go build -o ../../bin/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
 golangci: $(GOLANGCI)
 $(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
