@@ -12,7 +12,7 @@ GENERATED := gen examples/gen internal/testpb examples/ledger-ts/src/gen
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
+.PHONY: help build run test release npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -23,8 +23,13 @@ build: ## Build every package and command of every module.
 run: ## Start ledgerd on its embedded store (dev mode, loopback, ./ledgerd-data).
 	go run ./cmd/ledgerd
 
-test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL).
+test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL), and the release test.
 	go test -race -count=1 $(PKGS)
+	cd tools/release && GOWORK=off go test -count=1 ./...
+
+release: ## Tag every module at VERSION (make release VERSION=v0.1.0) on a release commit; push the tags it prints.
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
+	cd tools/release && GOWORK=off go run . -version $(VERSION)
 
 npm: ## Install the npm packages of the TypeScript interoperability tests (npm ci, from the lockfiles).
 	@if command -v npm >/dev/null; then for d in $(NPM_DIRS); do \
@@ -36,9 +41,10 @@ test-short: ## Run the tests that need no PostgreSQL and no module proxy.
 
 lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module, go vet, buf lint, no file over 512 KiB in git.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/\|/gen/\|^internal/testpb/')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	@set -e; for m in $(MODULES) tools/buf tools/lint tools/protoc; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
+	@set -e; for m in $(MODULES) tools/buf tools/lint tools/protoc tools/release; do (cd $$m && GOWORK=off go mod tidy -diff) || { echo "go mod tidy would change $$m"; exit 1; }; done
 	go vet $(PKGS)
 	@set -e; for m in $(MODULES); do echo "golangci-lint $$m"; (cd $$m && $(CURDIR)/$(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...); done
+	cd tools/release && GOWORK=off $(CURDIR)/$(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...
 	$(BUF) lint
 	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 524288 {print $$2}'); if [ -n "$$big" ]; then echo "files over 512 KiB in git (a binary?):"; echo "$$big"; exit 1; fi
 

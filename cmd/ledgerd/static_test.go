@@ -123,3 +123,41 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("ledgerd --version = %q; want ledgerd, a module version, rev %s, ..., the Go version", out, strings.TrimSpace(string(head)))
 	}
 }
+
+// TestImageStampsTheVersion runs the Dockerfile's build command as it is
+// written, with its VERSION and REVISION build arguments set and without
+// VCS stamping (the image's build context has no .git): the binary's
+// --version prints them.
+func TestImageStampsTheVersion(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	if testing.Short() {
+		t.Skip("builds ledgerd")
+	}
+	dockerfile, err := os.ReadFile("../../deploy/docker/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ldflags string
+	for _, line := range strings.Split(string(dockerfile), "\n") {
+		if _, rest, ok := strings.Cut(line, `go build -trimpath -ldflags="`); ok {
+			ldflags, _, _ = strings.Cut(rest, `"`)
+		}
+	}
+	if !strings.Contains(ldflags, "${VERSION}") || !strings.Contains(ldflags, "${REVISION}") {
+		t.Fatalf("the Dockerfile's build stamps no VERSION and REVISION: -ldflags=%q", ldflags)
+	}
+	ldflags = strings.NewReplacer("${VERSION}", "v9.8.7", "${REVISION}", "abc123").Replace(ldflags)
+	bin := filepath.Join(t.TempDir(), "ledgerd")
+	build := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags="+ldflags, "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("the Dockerfile's go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(string(out)); len(f) < 5 || f[1] != "v9.8.7" || f[2] != "rev" || f[3] != "abc123" {
+		t.Fatalf("ledgerd --version = %q; want ledgerd v9.8.7 rev abc123 …", out)
+	}
+}

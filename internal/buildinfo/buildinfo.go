@@ -21,6 +21,12 @@ type Info struct {
 	GoVersion string
 }
 
+// stampedVersion and stampedRevision are set by a build without the
+// module's VCS at hand (the container image's: its context has no .git),
+// with -ldflags "-X <this package>.stampedVersion=v0.1.0 -X …stampedRevision=…".
+// They win over what the toolchain stamped.
+var stampedVersion, stampedRevision string
+
 // Read returns this binary's build.
 func Read() Info {
 	bi, ok := debug.ReadBuildInfo()
@@ -31,6 +37,7 @@ func Read() Info {
 	if info.Version == "" {
 		info.Version = "(devel)"
 	}
+
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
@@ -40,6 +47,12 @@ func Read() Info {
 		case "vcs.time":
 			info.Time = s.Value
 		}
+	}
+	if stampedVersion != "" {
+		info.Version = stampedVersion
+	}
+	if stampedRevision != "" {
+		info.Revision, info.Modified, info.Time = stampedRevision, false, ""
 	}
 	return info
 }

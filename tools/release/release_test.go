@@ -116,11 +116,8 @@ func main() {
 	if mf, err := os.ReadFile(filepath.Join(consumer, "go.mod")); err != nil || strings.Contains(string(mf), "replace") {
 		t.Fatalf("the consumer's go.mod:\n%s%v", mf, err)
 	}
-	run(tmp, "go", "install",
-		"github.com/idemledger/idemledger/cmd/ledgerd@v0.1.0",
-		"github.com/idemledger/idemledger/cmd/idemproxy@v0.1.0",
-		"github.com/idemledger/idemledger/cmd/idemctl@v0.1.0")
 	for _, cmd := range []string{"ledgerd", "idemproxy", "idemctl"} {
+		run(tmp, "go", "install", "github.com/idemledger/idemledger/cmd/"+cmd+"@v0.1.0")
 		if out := run(tmp, filepath.Join(bin, cmd), "--version"); !strings.Contains(out, "v0.1.0") {
 			t.Errorf("%s --version from go install @v0.1.0 printed %q", cmd, out)
 		}
