@@ -15,7 +15,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
-var createInvoice = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+var createInvoiceHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
 
 // An HTTP API protects POST /v1/invoices: the README shows part of this
 // function's body (a test keeps the two alike).
@@ -29,12 +29,13 @@ func Example() {
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 	defer ledger.Close()
 
-	// The route is the ServeMux pattern; the key is the Idempotency-Key
-	// header, the tenant the X-Tenant header.
 	g, err := guard.New(ledger)
 	if err != nil {
 		log.Fatal(err)
 	}
+
+	// g is the guard, as above. The route is the ServeMux pattern; the key
+	// is the Idempotency-Key header, the tenant the X-Tenant header.
 	hg, err := httpguard.New(g,
 		httpguard.WithRoute("POST /v1/invoices", httpguard.Route{Policy: guard.Policy{Lease: 30 * time.Second}}),
 		httpguard.WithTenant(httpguard.TenantFromHeader("X-Tenant")))
@@ -42,7 +43,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/invoices", hg.Middleware(createInvoice))
+	mux.Handle("POST /v1/invoices", hg.Middleware(createInvoiceHandler))
 	fmt.Println("protected")
 	// Output: protected
 }

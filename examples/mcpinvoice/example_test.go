@@ -22,7 +22,7 @@ type invoiceArgs struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-func createInvoice(context.Context, *mcp.CallToolRequest, invoiceArgs) (*mcp.CallToolResult, map[string]any, error) {
+func createInvoiceTool(context.Context, *mcp.CallToolRequest, invoiceArgs) (*mcp.CallToolResult, map[string]any, error) {
 	return nil, map[string]any{"id": "inv_1"}, nil
 }
 
@@ -38,12 +38,14 @@ func Example() {
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 	defer ledger.Close()
 
-	// The key travels in _meta or in the idempotency_key argument; the
-	// tenant comes from the X-Tenant header.
 	g, err := guard.New(ledger)
 	if err != nil {
 		log.Fatal(err)
 	}
+
+	// g is the guard (guard.New(ledger), as above). The key travels in _meta
+	// or in the idempotency_key argument; the tenant comes from the X-Tenant
+	// header.
 	mg, err := mcpguard.New(g,
 		mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{Lease: 30 * time.Second})),
 		mcpguard.WithTenant(mcpguard.TenantFromHeader("X-Tenant")))
@@ -52,7 +54,7 @@ func Example() {
 	}
 	in, _ := jsonschema.For[invoiceArgs](nil)
 	server := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
-	mcp.AddTool(server, &mcp.Tool{Name: "create_invoice", InputSchema: mcpguard.KeySchema(in, "")}, createInvoice)
+	mcp.AddTool(server, &mcp.Tool{Name: "create_invoice", InputSchema: mcpguard.KeySchema(in, "")}, createInvoiceTool)
 	server.AddReceivingMiddleware(mg.Middleware())
 	fmt.Println("guarded")
 	// Output: guarded
