@@ -30,6 +30,7 @@ func TestTracingEnabled(t *testing.T) {
 		{"", "", ""}:                          false,
 		{"http://collector:4317", "", ""}:     true,
 		{"", "otlp", ""}:                      true,
+		{"", "console", ""}:                   true,
 		{"http://collector:4317", "none", ""}: false,
 		{"http://collector:4317", "", "true"}: false,
 	} {
