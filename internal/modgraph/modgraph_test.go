@@ -4,6 +4,7 @@
 package modgraph
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -131,4 +132,147 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr)
 	}
 	return string(out)
+}
+
+// floorModules are the modules a write service imports, whose requirements
+// are floors: the lowest versions they build and pass their tests with.
+var floorModules = []string{".", "interceptors/mcpguard"}
+
+// TestReadmeGivesTheFloors: the README's table of floors names exactly the
+// direct requirements of the floor modules, at the versions they require.
+func TestReadmeGivesTheFloors(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := readmeFloors(t, filepath.Join(root, "README.md"))
+	seen := map[string]bool{}
+	for _, m := range floorModules {
+		for path, version := range directRequirements(t, filepath.Join(root, m)) {
+			seen[path] = true
+			switch floor, ok := table[path]; {
+			case !ok:
+				t.Errorf("%s requires %s %s, which the README's floors do not give", m, path, version)
+			case floor != version:
+				t.Errorf("%s requires %s %s; the README gives the floor %s", m, path, version, floor)
+			}
+		}
+	}
+	for path := range table {
+		if !seen[path] {
+			t.Errorf("the README gives a floor for %s, which no floor module requires", path)
+		}
+	}
+}
+
+// TestServiceAtTheFloorsKeepsThem makes a throwaway write service pinned at
+// the floors of grpc and protobuf, then adds an import of every
+// write-service package and tidies: no module of the service's go.mod may
+// move. (mcpguard brings the MCP SDK, whose own requirements are newer.)
+func TestServiceAtTheFloorsKeepsThem(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the Go module proxy or a warm module cache")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	floors := readmeFloors(t, filepath.Join(root, "README.md"))
+	grpc, protobuf := floors["google.golang.org/grpc"], floors["google.golang.org/protobuf"]
+	if grpc == "" || protobuf == "" {
+		t.Fatalf("the README gives no floor for grpc or protobuf: %v", floors)
+	}
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "go.mod"), "module example.com/writeservice\n\ngo 1.26.0\n\n"+
+		"require (\n\tgoogle.golang.org/grpc "+grpc+"\n\tgoogle.golang.org/protobuf "+protobuf+"\n)\n\n"+
+		"replace github.com/idemledger/idemledger => "+root+"\n")
+	own := "\t_ \"google.golang.org/grpc\"\n\t_ \"google.golang.org/protobuf/proto\"\n"
+	write(t, filepath.Join(dir, "main.go"), "package main\n\nimport (\n"+own+")\n\nfunc main() {}\n")
+	gocmd(t, dir, "mod", "tidy")
+	before := requirements(t, dir)
+	if before["google.golang.org/grpc"] != grpc {
+		t.Fatalf("the service starts at grpc %s, not %s", before["google.golang.org/grpc"], grpc)
+	}
+
+	imports := own
+	for _, p := range writeServicePackages {
+		imports += "\t_ \"" + p + "\"\n"
+	}
+	write(t, filepath.Join(dir, "main.go"), "package main\n\nimport (\n"+imports+")\n\nfunc main() {}\n")
+	gocmd(t, dir, "get", "github.com/idemledger/idemledger@v0.0.0-00010101000000-000000000000")
+	gocmd(t, dir, "mod", "tidy")
+	gocmd(t, dir, "build", "./...")
+	for path, version := range requirements(t, dir) {
+		if was, ok := before[path]; ok && was != version {
+			t.Errorf("the service's %s moved from %s to %s", path, was, version)
+		}
+	}
+}
+
+// readmeFloors reads the README's table of floors: each module path of a
+// row, with the row's version.
+func readmeFloors(t *testing.T, readme string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n### Floors\n")
+	if !ok {
+		t.Fatal("the README has no Floors section")
+	}
+	floors := map[string]string{}
+	for _, line := range strings.Split(section, "\n") {
+		if strings.HasPrefix(line, "#") {
+			break
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 || !strings.HasPrefix(strings.TrimSpace(cells[2]), "`v") {
+			continue
+		}
+		version := strings.Trim(strings.TrimSpace(cells[2]), "`")
+		modules, _, _ := strings.Cut(cells[1], "(")
+		for _, m := range strings.Split(modules, ",") {
+			floors[strings.Trim(strings.TrimSpace(m), "`")] = version
+		}
+	}
+	if len(floors) == 0 {
+		t.Fatal("the README's Floors section has no table")
+	}
+	return floors
+}
+
+// directRequirements are the requirements of the module in dir that it
+// does not mark indirect, this repository's own modules left out.
+func directRequirements(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	return goMod(t, dir, false)
+}
+
+// requirements are every requirement of the module in dir, indirect ones
+// included, this repository's own modules left out.
+func requirements(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	return goMod(t, dir, true)
+}
+
+func goMod(t *testing.T, dir string, indirect bool) map[string]string {
+	t.Helper()
+	var mod struct {
+		Require []struct {
+			Path     string
+			Version  string
+			Indirect bool
+		}
+	}
+	if err := json.Unmarshal([]byte(gocmd(t, dir, "mod", "edit", "-json")), &mod); err != nil {
+		t.Fatal(err)
+	}
+	reqs := map[string]string{}
+	for _, r := range mod.Require {
+		if (indirect || !r.Indirect) && !strings.HasPrefix(r.Path, "github.com/idemledger/") {
+			reqs[r.Path] = r.Version
+		}
+	}
+	return reqs
 }
