@@ -39,18 +39,27 @@ import (
 // the database URL a throwaway PostgreSQL database. Nothing else changes:
 // the arguments and environment are those the manifests render.
 
-// ledgerdBinary is ledgerd, built once.
-var ledgerdBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "deploy-ledgerd")
+// ledgerdBinary is ledgerd, built once; invoiceBinary the example invoice
+// service that compose runs beside it; grpcurlBinary the grpcurl that the
+// runbook's commands call (a tool of this module).
+var (
+	ledgerdBinary = sync.OnceValues(func() (string, error) { return build("../../cmd/ledgerd") })
+	invoiceBinary = sync.OnceValues(func() (string, error) { return build("../../examples/invoice/cmd/invoice-server") })
+	grpcurlBinary = sync.OnceValues(func() (string, error) { return build("github.com/fullstorydev/grpcurl/cmd/grpcurl") })
+)
+
+// build builds the main package pkg into a temporary directory.
+func build(pkg string) (string, error) {
+	dir, err := os.MkdirTemp("", "deploy-bin")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "ledgerd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/ledgerd").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build ledgerd: %w\n%s", err, out)
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %w\n%s", pkg, err, out)
 	}
 	return bin, nil
-})
+}
 
 // world is what the rewritten containers find: the files of Secrets and
 // ConfigMaps by name and key, and where each listening port moved.
@@ -199,11 +208,17 @@ type proc struct {
 	err    error
 }
 
-// run starts the binary with args and env (and nothing else of this
+// run starts ledgerd with args and env (and nothing else of this
 // process's environment); it is killed when the test ends.
 func run(t *testing.T, args, env []string) *proc {
 	t.Helper()
-	bin, err := ledgerdBinary()
+	return runBinary(t, ledgerdBinary, args, env)
+}
+
+// runBinary is run for the binary that binary builds.
+func runBinary(t *testing.T, binary func() (string, error), args, env []string) *proc {
+	t.Helper()
+	bin, err := binary()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +244,7 @@ func run(t *testing.T, args, env []string) *proc {
 		_ = cmd.Process.Kill()
 		<-p.exited
 		if t.Failed() {
-			t.Logf("ledgerd %s:\n%s", strings.Join(args, " "), p.log.String())
+			t.Logf("%s %s:\n%s", filepath.Base(bin), strings.Join(args, " "), p.log.String())
 		}
 	})
 	return p
@@ -387,14 +402,25 @@ func TestComposeStartsLedgerd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs ledgerd on PostgreSQL")
 	}
+	startCompose(t, false)
+}
+
+// composeService is what the tests take of a compose service.
+type composeService struct {
+	Command     []string          `json:"command"`
+	Environment map[string]string `json:"environment"`
+	Secrets     []string          `json:"secrets"`
+	Ports       []string          `json:"ports"`
+}
+
+// startCompose runs the compose file's migrate service, then starts its
+// ledgerd (and, with invoice, its invoice service) and waits until they
+// are ready. It returns where each published port (localhost:<port>) moved.
+func startCompose(t *testing.T, invoice bool) map[string]string {
+	t.Helper()
 	b, err := os.ReadFile("../docker/compose.yaml")
 	if err != nil {
 		t.Fatal(err)
-	}
-	type service struct {
-		Command     []string          `json:"command"`
-		Environment map[string]string `json:"environment"`
-		Secrets     []string          `json:"secrets"`
 	}
 	var compose struct {
 		Services map[string]any `json:"services"`
@@ -408,7 +434,7 @@ func TestComposeStartsLedgerd(t *testing.T) {
 	url := crdbtest.NewDatabase(t)
 	ports := map[string]string{}
 	w := &world{t: t, ports: ports}
-	container := func(s service) (args, env []string) {
+	container := func(s composeService) (args, env []string) {
 		secrets := t.TempDir()
 		for _, name := range s.Secrets {
 			data, err := os.ReadFile(filepath.Join("../docker", compose.Secrets[name].File))
@@ -427,6 +453,9 @@ func TestComposeStartsLedgerd(t *testing.T) {
 				return url
 			case strings.HasPrefix(value, "/run/secrets/"):
 				return filepath.Join(secrets, strings.TrimPrefix(value, "/run/secrets/"))
+			case name == "INVOICE_LEDGER": // ledgerd's service name and port
+				_, port, _ := net.SplitHostPort(value)
+				return ports[port]
 			}
 			return value
 		}
@@ -444,13 +473,13 @@ func TestComposeStartsLedgerd(t *testing.T) {
 		}
 		return args, env
 	}
-	decode := func(name string) service {
+	decode := func(name string) composeService {
 		t.Helper()
 		b, err := yaml.Marshal(compose.Services[name])
 		if err != nil {
 			t.Fatal(err)
 		}
-		var s service
+		var s composeService
 		if err := yaml.Unmarshal(b, &s); err != nil {
 			t.Fatalf("compose service %s: %v", name, err)
 		}
@@ -473,6 +502,28 @@ func TestComposeStartsLedgerd(t *testing.T) {
 			w.waitServing("compose ledgerd", ports[port], "idemledger.v1.LedgerService")
 		}
 	}
+	published := map[string]string{} // localhost:<host port> -> where its container port moved
+	publish := func(s composeService) {
+		for _, p := range s.Ports {
+			host, container, _ := strings.Cut(p, ":")
+			if ports[container] == "" {
+				t.Fatalf("compose publishes %s, on which nothing listens", p)
+			}
+			published["localhost:"+host] = ports[container]
+		}
+	}
+	publish(ledgerd)
+	if invoice {
+		s := decode("invoice")
+		args, env := container(s)
+		w.exited = runBinary(t, invoiceBinary, args, env).exited
+		publish(s)
+		for _, p := range s.Ports {
+			host, _, _ := strings.Cut(p, ":")
+			w.waitServing("compose invoice", published["localhost:"+host], "")
+		}
+	}
+	return published
 }
 
 // selfSigned is a CA and a server certificate for 127.0.0.1 it signed, as
