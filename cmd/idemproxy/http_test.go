@@ -121,13 +121,20 @@ type reply struct {
 
 func postInvoice(t *testing.T, base, key, body string) reply {
 	t.Helper()
+	return postInvoiceKeyed(t, base, `"`+key+`"`, body)
+}
+
+// postInvoiceKeyed is postInvoice with the Idempotency-Key header's value
+// as given.
+func postInvoiceKeyed(t *testing.T, base, header, body string) reply {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/invoices", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Tenant", "acme")
-	req.Header.Set(httpguard.KeyHeader, `"`+key+`"`)
+	req.Header.Set(httpguard.KeyHeader, header)
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +142,23 @@ func postInvoice(t *testing.T, base, key, body string) reply {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return reply{res.StatusCode, res.Header, string(b)}
+}
+
+// TestHTTPModeTakesBareKeys: a bare UUID that starts with a digit, and
+// stripe-go's own key, pass the proxy, and are the same keys quoted.
+func TestHTTPModeTakesBareKeys(t *testing.T) {
+	api := &invoiceAPI{}
+	base := httpProxy(t, api.serve(t), routeConfig{})
+	for _, key := range []string{"0e03978e-40d5-43e8-bc93-6894a57f9324", "1796182444475302461_B8TIFA"} {
+		first := postInvoiceKeyed(t, base, key, `{"amount":1}`)
+		again := postInvoice(t, base, key, `{"amount":1}`)
+		if first.status != http.StatusCreated || again.body != first.body || again.header.Get(httpguard.ReplayedHeader) != "true" {
+			t.Fatalf("%s: %+v, then quoted %+v", key, first, again)
+		}
+	}
+	if w := api.writes(); len(w) != 2 {
+		t.Fatalf("%d writes, want 2: %v", len(w), w)
+	}
 }
 
 // TestHTTPMode: the proxy in front of an HTTP API that has no idempotency

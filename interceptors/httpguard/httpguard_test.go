@@ -210,13 +210,33 @@ func TestStoredAndReplayed(t *testing.T) {
 	}
 }
 
+// TestBareKeys: a key sent unquoted, as stock clients send a UUID or
+// stripe-go its own keys, is the same key as its sf-string.
+func TestBareKeys(t *testing.T) {
+	a := &api{}
+	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
+	for _, key := range []string{"0e03978e-40d5-43e8-bc93-6894a57f9324", "1796182444475302461_B8TIFA"} {
+		first := post(t, url, key, `{}`)
+		if first.status != http.StatusCreated || first.header.Get(httpguard.ReplayedHeader) != "" {
+			t.Fatalf("%s: %+v", key, first)
+		}
+		again := post(t, url, `"`+key+`"`, `{}`)
+		if again.status != http.StatusCreated || again.header.Get(httpguard.ReplayedHeader) != "true" || again.body != first.body {
+			t.Fatalf("%s quoted: %+v, want the replay of %+v", key, again, first)
+		}
+	}
+	if a.runs.Load() != 2 {
+		t.Fatalf("%d runs, want 2", a.runs.Load())
+	}
+}
+
 // TestKeyRows: docs/contract.md's key rows: missing where required, malformed, reused
 // with another request.
 func TestKeyRows(t *testing.T) {
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	wantProblem(t, post(t, url, "", `{}`), http.StatusBadRequest, errcode.KeyMissing)
-	for _, bad := range []string{`"unterminated`, `1234`, `"k", "j"`, `""`, `"bad key"`} {
+	for _, bad := range []string{`"unterminated`, `k, j`, `"k", "j"`, `""`, `"bad key"`} {
 		wantProblem(t, post(t, url, bad, `{}`), http.StatusBadRequest, errcode.KeyInvalid)
 	}
 	post(t, url, `"k"`, `{"amount":1}`)

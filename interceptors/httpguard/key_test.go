@@ -1,0 +1,64 @@
+package httpguard
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemledger/idemledger/ledger/errcode"
+)
+
+// TestRequestKeyForms holds the boundary cases of part 3's "Keys as
+// clients send them": an sf-string, or the whole trimmed unquoted value of
+// 1 to 255 printable ASCII bytes without '"', ',' or ';'.
+func TestRequestKeyForms(t *testing.T) {
+	longest := strings.Repeat("k", 255)
+	for _, c := range []struct {
+		name   string
+		values []string // the header's lines; nil for none
+		want   string   // the key; "" with ok for none
+		ok     bool
+	}{
+		{"no header", nil, "", true},
+		{"sf-string", []string{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`}, "8e03978e-40d5-43e8-bc93-6894a57f9324", true},
+		{"bare UUID starting with a digit", []string{"0e03978e-40d5-43e8-bc93-6894a57f9324"}, "0e03978e-40d5-43e8-bc93-6894a57f9324", true},
+		{"stripe-go's own key", []string{"1796182444475302461_B8TIFA"}, "1796182444475302461_B8TIFA", true},
+		{"digits only", []string{"1234"}, "1234", true},
+		{"a token", []string{"k-token"}, "k-token", true},
+		{"trimmed", []string{" \tk-1 \t"}, "k-1", true},
+		{"sf-string trimmed", []string{`  "k-1"  `}, "k-1", true},
+		{"sf-string with an escaped quote", []string{`"a\"b"`}, `a"b`, true},
+		{"every printable byte but the three", []string{"!#$%&'()*+-./09:<=>?@AZ[\\]^_`az{|}~"}, "!#$%&'()*+-./09:<=>?@AZ[\\]^_`az{|}~", true},
+		{"255 bytes", []string{longest}, longest, true},
+		{"256 bytes", []string{longest + "k"}, "", false},
+		{"empty", []string{""}, "", false},
+		{"blank", []string{"  "}, "", false},
+		{"empty sf-string", []string{`""`}, "", false},
+		{"unterminated", []string{`"unterminated`}, "", false},
+		{"a list", []string{`"k", "j"`}, "", false},
+		{"a bare list", []string{"k,j"}, "", false},
+		{"parameters", []string{"k;a=1"}, "", false},
+		{"sf-string with parameters", []string{`"k";a=1`}, "", false},
+		{"a quote inside", []string{`a"b`}, "", false},
+		{"a space inside", []string{"bad key"}, "", false},
+		{"a control byte", []string{"k\x01"}, "", false},
+		{"non-ASCII", []string{"clé"}, "", false},
+		{"two header lines", []string{"k", "k"}, "", false},
+		{"sf-integer", []string{`"k" 1`}, "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/", nil)
+			for _, v := range c.values {
+				r.Header.Add(KeyHeader, v)
+			}
+			key, err := requestKey(r)
+			switch {
+			case c.ok && (err != nil || key != c.want):
+				t.Fatalf("%q: %q, %v; want %q", c.values, key, err, c.want)
+			case !c.ok && errcode.Of(err) != errcode.KeyInvalid:
+				t.Fatalf("%q: %q, %v; want KEY_INVALID", c.values, key, err)
+			}
+		})
+	}
+}
