@@ -66,8 +66,11 @@ type httpConfig struct {
 	MaxResponseBytes int64 `yaml:"max_response_bytes"`
 	// RunTimeout is the run timeout of a route that sets none:
 	// defaultRunTimeout when absent.
-	RunTimeout duration               `yaml:"run_timeout"`
-	Routes     map[string]routeConfig `yaml:"routes"`
+	RunTimeout duration `yaml:"run_timeout"`
+	// Stripe answers every route by Stripe's conventions as well
+	// (httpguard.Route.Stripe), for clients written for a Stripe-shaped API.
+	Stripe bool                   `yaml:"stripe"`
+	Routes map[string]routeConfig `yaml:"routes"`
 }
 
 // defaultRunTimeout bounds an upstream call whose tool or route, and
@@ -82,6 +85,9 @@ type routeConfig struct {
 	Methods      []string `yaml:"methods"`
 	Release      []int    `yaml:"release"`
 	StoreHeaders []string `yaml:"store_headers"`
+	// Stripe answers the route by Stripe's conventions as well
+	// (httpguard.Route.Stripe).
+	Stripe bool `yaml:"stripe"`
 }
 
 type mcpConfig struct {
@@ -268,7 +274,7 @@ func (h *httpConfig) check() error {
 		return errors.New("http.routes names no route to protect")
 	}
 	for pattern, r := range h.Routes {
-		if _, err := r.route(time.Duration(h.RunTimeout)); err != nil {
+		if _, err := r.route(time.Duration(h.RunTimeout), h.Stripe); err != nil {
 			return fmt.Errorf("http.routes.%q: %w", pattern, err)
 		}
 		for _, s := range r.Release {
@@ -282,12 +288,12 @@ func (h *httpConfig) check() error {
 
 // route is the httpguard.Route the file describes, under its section's
 // default run timeout.
-func (r routeConfig) route(runTimeout time.Duration) (httpguard.Route, error) {
+func (r routeConfig) route(runTimeout time.Duration, stripe bool) (httpguard.Route, error) {
 	p, err := r.policy(runTimeout)
 	if err != nil {
 		return httpguard.Route{}, err
 	}
-	route := httpguard.Route{Policy: p, Methods: r.Methods, StoreHeaders: r.StoreHeaders}
+	route := httpguard.Route{Policy: p, Methods: r.Methods, StoreHeaders: r.StoreHeaders, Stripe: r.Stripe || stripe}
 	if len(r.Release) > 0 {
 		release := slices.Clone(r.Release)
 		route.Release = func(status int) bool { return slices.Contains(release, status) }

@@ -51,6 +51,7 @@ func (a *invoiceAPI) serve(t *testing.T) string {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", fmt.Sprintf("/v1/invoices/inv_%d", n))
+		w.Header().Set("Request-Id", fmt.Sprintf("req_%d", n))
 		w.WriteHeader(http.StatusCreated)
 		_, _ = fmt.Fprintf(w, `{"id":"inv_%d","token":%q,"request":%s}`, n, r.Header.Get(ClaimTokenHeader), body)
 	})
@@ -158,6 +159,33 @@ func TestHTTPModeTakesBareKeys(t *testing.T) {
 	}
 	if w := api.writes(); len(w) != 2 {
 		t.Fatalf("%d writes, want 2: %v", len(w), w)
+	}
+}
+
+// TestHTTPModeStripe: with stripe: true, the proxy answers by Stripe's
+// conventions: a replay says Idempotent-Replayed and keeps the upstream's
+// Request-Id, a reused key is 400 idempotency_error, and each answer of
+// the guard says Stripe-Should-Retry.
+func TestHTTPModeStripe(t *testing.T) {
+	api := &invoiceAPI{}
+	upstream := api.serve(t)
+	for _, section := range []bool{true, false} {
+		var cfg fileConfig
+		cfg.Ledger.Address = ledgerAddr(t)
+		cfg.HTTP = &httpConfig{Upstream: upstream, Tenant: tenantConfig{Header: "X-Tenant"}, Stripe: section,
+			Routes: map[string]routeConfig{"POST /v1/invoices": {Stripe: !section}}}
+		base := httpProxyWith(t, cfg)
+		first := postInvoice(t, base, "stripe-1", `{"amount":1}`)
+		again := postInvoice(t, base, "stripe-1", `{"amount":1}`)
+		if again.header.Get("Idempotent-Replayed") != "true" || again.header.Get("Stripe-Should-Retry") != "false" ||
+			again.header.Get("Request-Id") == "" || again.header.Get("Request-Id") != first.header.Get("Request-Id") {
+			t.Fatalf("section %v: the replay %v of %v", section, again.header, first.header)
+		}
+		reused := postInvoice(t, base, "stripe-1", `{"amount":2}`)
+		if reused.status != http.StatusBadRequest || reused.header.Get("Stripe-Should-Retry") != "false" ||
+			!strings.Contains(reused.body, `"type":"idempotency_error"`) || !strings.Contains(reused.body, `"code":"key_reused"`) {
+			t.Fatalf("section %v: a reused key: %+v", section, reused)
+		}
 	}
 }
 

@@ -69,7 +69,7 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		opts = append(opts, httpguard.WithMaxBodyBytes(cfg.MaxBodyBytes))
 	}
 	for pattern, rc := range cfg.Routes {
-		route, err := rc.route(time.Duration(cfg.RunTimeout))
+		route, err := rc.route(time.Duration(cfg.RunTimeout), cfg.Stripe)
 		if err != nil {
 			return nil, err
 		}

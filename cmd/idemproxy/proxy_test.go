@@ -496,7 +496,7 @@ func TestExampleConfiguration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	patch, err := cfg.HTTP.Routes["PATCH /v1/invoices/{id}"].route(time.Duration(cfg.HTTP.RunTimeout))
+	patch, err := cfg.HTTP.Routes["PATCH /v1/invoices/{id}"].route(time.Duration(cfg.HTTP.RunTimeout), cfg.HTTP.Stripe)
 	if err != nil || !patch.Release(500) || patch.Release(400) || len(cfg.HTTP.Routes) != 2 {
 		t.Fatalf("the HTTP example: %+v, %v", cfg.HTTP, err)
 	}

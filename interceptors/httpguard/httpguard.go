@@ -62,6 +62,7 @@ const (
 	FirstAttemptHeader = "Idempotency-First-Attempt-At"
 	// ReplayedHeader is "true" on a replayed response.
 	ReplayedHeader = "Idempotency-Replayed"
+
 	// MethodPrefix names a route's method in the ledger.
 	MethodPrefix = "http:"
 	// DefaultMaxBodyBytes is the largest request body read: 1 MiB.
@@ -112,6 +113,16 @@ type Route struct {
 	// when it did not, an error when it cannot tell. The claim is in the
 	// request's context.
 	Reconcile func(r *http.Request) (*Response, error)
+	// Stripe answers the route by Stripe's conventions as well, for
+	// clients written for a Stripe-shaped API (stripe-go and the other
+	// Stripe SDKs). A replay carries Idempotent-Replayed beside
+	// Idempotency-Replayed, and the handler's Request-Id. Every answer of
+	// the guard says Stripe-Should-Retry: false on a replay and on a
+	// permanent error, whose body is a Stripe error object (a reused key
+	// is 400 idempotency_error); true on a retryable one, whose body stays
+	// the problem, so that a Stripe SDK retries it (it never retries a
+	// Stripe error object, whatever the header says).
+	Stripe bool
 }
 
 // TenantFunc returns the tenant a request acts for. An error that is not
@@ -216,6 +227,9 @@ func New(g *guard.Guard, opts ...Option) (*Guard, error) {
 			return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
 		}
 		rt := &route{Route: r, method: path, release: r.Release, stored: append(slices.Clone(DefaultStoredHeaders), r.StoreHeaders...)}
+		if r.Stripe {
+			rt.stored = append(rt.stored, stripeRequestIDHeader)
+		}
 		if rt.release == nil {
 			rt.release = DefaultRelease
 		}
@@ -258,7 +272,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 	c := guard.Call{Method: method, Policy: rt.Policy}
 	key, err := requestKey(r)
 	if err != nil {
-		writeProblem(w, err)
+		rt.fail(w, err)
 		return
 	}
 	c.Key = key
@@ -267,22 +281,22 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
 				err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
 			}
-			writeProblem(w, err)
+			rt.fail(w, err)
 			return
 		}
 		if v := r.Header.Get(FirstAttemptHeader); v != "" {
 			if c.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-				writeProblem(w, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
+				rt.fail(w, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
 				return
 			}
 		}
 		body, err := readBody(r, g.opts.maxBody)
 		if err != nil {
-			writeProblem(w, err)
+			rt.fail(w, err)
 			return
 		}
 		if c.Fingerprint, err = requestPrint(method, r.Header.Get("Content-Type"), body); err != nil {
-			writeProblem(w, err)
+			rt.fail(w, err)
 			return
 		}
 	}
@@ -321,12 +335,12 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 	})
 	switch {
 	case err != nil:
-		writeProblem(w, err)
+		rt.fail(w, err)
 	case !res.Protected:
 	case !res.Replayed && live != nil && !live.overflow:
 		live.writeTo(w) // the first answer, every header of it
 	default:
-		replay(w, res.Outcome)
+		rt.replay(w, res.Outcome)
 	}
 }
 
@@ -449,20 +463,34 @@ func encode(rt *route, res *Response) (guard.Outcome, error) {
 }
 
 // replay writes a stored outcome.
-func replay(w http.ResponseWriter, out guard.Outcome) {
+func (rt *route) replay(w http.ResponseWriter, out guard.Outcome) {
 	if out.Response == nil || out.Response.GetTypeUrl() != responseTypeURL {
-		writeProblem(w, storedError(out))
+		rt.fail(w, storedError(out))
 		return
 	}
 	var res Response
 	if err := json.Unmarshal(out.Response.GetValue(), &res); err != nil || res.Status < 100 {
-		writeProblem(w, errcode.Errorf(errcode.Internal, "the stored response does not decode"))
+		rt.fail(w, errcode.Errorf(errcode.Internal, "the stored response does not decode"))
 		return
 	}
 	for k, v := range res.Header {
 		w.Header()[k] = v
 	}
 	w.Header().Set(ReplayedHeader, "true")
+	if rt.Stripe {
+		w.Header().Set(stripeReplayedHeader, "true")
+		w.Header().Set(stripeShouldRetryHeader, "false") // a retry gets this same answer
+	}
 	w.WriteHeader(res.Status)
 	_, _ = w.Write(res.Body)
+}
+
+// fail answers err: a problem, or on a Stripe route a Stripe error object
+// where err is permanent.
+func (rt *route) fail(w http.ResponseWriter, err error) {
+	if rt.Stripe {
+		writeStripeError(w, err)
+		return
+	}
+	writeProblem(w, err)
 }

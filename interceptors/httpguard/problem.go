@@ -31,8 +31,8 @@ func ProblemType(code errcode.Code) string {
 	return "https://idemledger.io/problems/" + strings.ReplaceAll(strings.ToLower(code.String()), "_", "-")
 }
 
-// Status is the HTTP status of a ledger or guard error, as docs/contract.md maps them.
-func Status(le *errcode.Error) int {
+// httpStatus is the HTTP status of a ledger or guard error, as docs/contract.md maps them.
+func httpStatus(le *errcode.Error) int {
 	switch le.Code {
 	case errcode.KeyMissing, errcode.KeyInvalid, errcode.ValidationFailed:
 		return http.StatusBadRequest
@@ -72,13 +72,25 @@ var titles = map[errcode.Code]string{
 
 // writeProblem answers err as a problem. A body over the limit is 413.
 func writeProblem(w http.ResponseWriter, err error) {
+	le, p := problemOf(err)
+	b, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	if le.Retryable() && le.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(le.RetryAfter.Seconds())), 10))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(b)
+}
+
+// problemOf is err as the ledger's error and as a problem.
+func problemOf(err error) (*errcode.Error, Problem) {
 	var big *tooLarge
 	if errors.As(err, &big) {
 		err = errcode.Errorf(errcode.ValidationFailed, "%s", big.Error())
 	}
 	le := ledgerstatus.FromError(err)
 	p := Problem{
-		Type: ProblemType(le.Code), Title: titles[le.Code], Status: Status(le), Detail: le.Message,
+		Type: ProblemType(le.Code), Title: titles[le.Code], Status: httpStatus(le), Detail: le.Message,
 		Code: le.Code.String(), Retryable: le.Retryable(), RetryAfterMS: le.RetryAfter.Milliseconds(),
 	}
 	if big != nil {
@@ -87,11 +99,53 @@ func writeProblem(w http.ResponseWriter, err error) {
 	if p.Title == "" {
 		p.Title = "Internal error"
 	}
-	b, _ := json.Marshal(p)
-	w.Header().Set("Content-Type", "application/problem+json")
-	if le.Retryable() && le.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(le.RetryAfter.Seconds())), 10))
+	return le, p
+}
+
+// Stripe's headers, on a Stripe route (Route.Stripe).
+const (
+	stripeReplayedHeader    = "Idempotent-Replayed" // "true" on a replay, beside ReplayedHeader
+	stripeShouldRetryHeader = "Stripe-Should-Retry" // whether a Stripe SDK should retry the answer
+	stripeRequestIDHeader   = "Request-Id"          // the handler's request id, stored and replayed
+)
+
+// stripeError is the error object of a Stripe-shaped API
+// (https://docs.stripe.com/api/errors), as a Stripe route answers a
+// permanent error of the guard: {"error": {...}}.
+type stripeError struct {
+	Type    string `json:"type"`    // idempotency_error, invalid_request_error or api_error
+	Code    string `json:"code"`    // the ledger's code, lowercased: key_reused
+	Message string `json:"message"` // the problem's detail
+	DocURL  string `json:"doc_url"` // the problem's type URI
+}
+
+// writeStripeError answers err on a Stripe route: with Stripe-Should-Retry,
+// and a Stripe error object where err is permanent. A retryable err keeps
+// its problem body: a Stripe SDK never retries a Stripe error object (bar a
+// 429 lock_timeout), whatever Stripe-Should-Retry says, and retries any
+// other body the header says to.
+func writeStripeError(w http.ResponseWriter, err error) {
+	le, p := problemOf(err)
+	if le.Retryable() {
+		w.Header().Set(stripeShouldRetryHeader, "true")
+		writeProblem(w, err)
+		return
 	}
+	w.Header().Set(stripeShouldRetryHeader, "false")
+	e := stripeError{Type: "invalid_request_error", Code: strings.ToLower(p.Code), Message: p.Detail, DocURL: p.Type}
+	switch le.Code {
+	case errcode.KeyReused:
+		e.Type, p.Status = "idempotency_error", http.StatusBadRequest // as Stripe answers a reused key
+	case errcode.KeyExpired, errcode.RetryTooLate, errcode.OutcomeUnknown:
+		e.Type = "idempotency_error"
+	case errcode.KeyMissing, errcode.KeyInvalid, errcode.ValidationFailed:
+	default:
+		e.Type = "api_error"
+	}
+	b, _ := json.Marshal(struct {
+		Error stripeError `json:"error"`
+	}{e})
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(b)
 }
