@@ -132,6 +132,24 @@ type toolConfig struct {
 	// KeyArgument names the argument that carries the key; absent takes
 	// mcpguard.DefaultKeyArgument, "" takes the key from _meta only.
 	KeyArgument *string `yaml:"key_argument"`
+	// UpstreamDeclaresKey says the upstream tool declares the key argument
+	// itself: the proxy then forwards it, and leaves the tool's schema as
+	// the upstream wrote it. Otherwise the proxy adds the argument to the
+	// tool's input schema in tools/list, described for a model, and removes
+	// it from the arguments before the upstream.
+	UpstreamDeclaresKey bool `yaml:"upstream_declares_key"`
+}
+
+// keyArgument is the argument the proxy advertises and strips for the
+// tool: "" when it neither advertises nor strips one.
+func (t toolConfig) keyArgument() string {
+	if t.UpstreamDeclaresKey {
+		return ""
+	}
+	if t.KeyArgument != nil {
+		return *t.KeyArgument
+	}
+	return mcpguard.DefaultKeyArgument
 }
 
 // duration is a time.Duration written as "30s" in the file.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os/exec"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
 )
 
 // upstream is the MCP server behind the proxy: one client session, over
@@ -30,15 +32,23 @@ type upstream struct {
 	transport func() (mcp.Transport, error)
 	log       *slog.Logger
 	limit     int64 // the relay bound
+	// keys is, by guarded tool, the key argument the proxy advertises in
+	// tools/list and removes before the upstream (toolConfig.keyArgument).
+	keys map[string]string
 
 	mu sync.Mutex
 	cs *mcp.ClientSession
 }
 
 func newUpstream(c *mcpConfig, log *slog.Logger) *upstream {
-	u := &upstream{log: log, limit: c.MaxResultBytes}
+	u := &upstream{log: log, limit: c.MaxResultBytes, keys: map[string]string{}}
 	if u.limit == 0 {
 		u.limit = defaultMaxResultBytes
+	}
+	for name, t := range c.Tools {
+		if arg := t.keyArgument(); arg != "" {
+			u.keys[name] = arg
+		}
 	}
 	if c.Upstream.URL != "" {
 		url := c.Upstream.URL
@@ -179,7 +189,10 @@ func (u *upstream) forward(next mcp.MethodHandler) mcp.MethodHandler {
 			// transient), and its retry runs afresh.
 			return nil, fmt.Errorf("%w: %w: %w", errUpstreamDown, status.Error(codes.Unavailable, "upstream down"), err)
 		}
-		res, err := call(ctx, cs, method, req.GetParams())
+		res, err := call(ctx, cs, method, u.stripKey(req.GetParams()))
+		if list, ok := res.(*mcp.ListToolsResult); ok && err == nil {
+			u.advertiseKeys(list)
+		}
 		if method == "tools/call" && isTooLarge(err) {
 			// The tool ran; its answer is not relayed, and says so.
 			return tooLargeResult(u.limit), nil
@@ -194,6 +207,63 @@ func (u *upstream) forward(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		return res, err
 	}
+}
+
+// advertiseKeys adds each guarded tool's key argument to its input schema,
+// an optional string described for a model as mcpguard.KeySchema does, so
+// that a model learns to send it.
+func (u *upstream) advertiseKeys(list *mcp.ListToolsResult) {
+	for _, tool := range list.Tools {
+		arg, ok := u.keys[tool.Name]
+		if !ok {
+			continue
+		}
+		schema, _ := tool.InputSchema.(map[string]any)
+		if schema == nil {
+			schema = map[string]any{"type": "object"}
+		}
+		props, _ := schema["properties"].(map[string]any)
+		if _, declared := props[arg]; declared {
+			continue // the upstream's own
+		}
+		out := maps.Clone(schema)
+		out["properties"] = maps.Clone(props)
+		if out["properties"] == nil {
+			out["properties"] = map[string]any{}
+		}
+		out["properties"].(map[string]any)[arg] = map[string]any{
+			"type": "string", "minLength": 1, "maxLength": 255, "description": mcpguard.KeyDescription,
+		}
+		tool.InputSchema = out
+	}
+}
+
+// stripKey is params with a guarded tool's key argument removed, so that
+// an upstream whose schema does not declare it is not sent it.
+func (u *upstream) stripKey(params mcp.Params) mcp.Params {
+	p, ok := params.(*mcp.CallToolParamsRaw)
+	if !ok {
+		return params
+	}
+	arg, ok := u.keys[p.Name]
+	if !ok {
+		return params
+	}
+	var args map[string]json.RawMessage
+	if json.Unmarshal(p.Arguments, &args) != nil || args == nil {
+		return params // not an object: the upstream says what it makes of it
+	}
+	if _, sent := args[arg]; !sent {
+		return params
+	}
+	delete(args, arg)
+	b, err := json.Marshal(args)
+	if err != nil {
+		return params
+	}
+	stripped := *p
+	stripped.Arguments = b
+	return &stripped
 }
 
 // errUpstreamDown is the error of a call the proxy could not send.

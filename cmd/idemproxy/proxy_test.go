@@ -575,3 +575,93 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("idemproxy --version: exit %d, %q %q", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestProxyAdvertisesAndStripsTheKey: the proxy's tools/list adds the key
+// argument to a guarded tool's input schema, described for a model; a
+// call that carries the key there reaches an upstream whose schema does
+// not declare it without it, and its retry is a replay. With
+// upstream_declares_key the argument is the upstream's own: advertised as
+// it wrote it, and forwarded.
+func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
+	up := &goUpstream{}
+	upstreamURL := up.serve(t)
+	// The upstream's schema is strict: sent the key, it refuses the call.
+	direct := connect(t, upstreamURL, http.DefaultTransport)
+	if res, err := direct.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{
+		"customer": "cus_1", "currency": "EUR", "amount_cents": 1, mcpguard.DefaultKeyArgument: "k",
+	}}); err == nil && !res.IsError {
+		t.Fatal("the upstream took an argument its schema does not declare: the test proves nothing")
+	}
+	if len(up.writes()) != 0 {
+		t.Fatalf("the refused direct call wrote: %v", up.writes())
+	}
+
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(upstreamURL), policyConfig{}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	tools, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		props, _ := tool.InputSchema.(map[string]any)["properties"].(map[string]any)
+		key, advertised := props[mcpguard.DefaultKeyArgument].(map[string]any)
+		switch tool.Name {
+		case "create_invoice":
+			if !advertised || key["type"] != "string" || key["description"] != mcpguard.KeyDescription || props["customer"] == nil {
+				t.Fatalf("create_invoice's schema through the proxy: %v", tool.InputSchema)
+			}
+		default:
+			if advertised {
+				t.Fatalf("%s is not guarded, yet its schema has the key: %v", tool.Name, tool.InputSchema)
+			}
+		}
+	}
+	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{
+		"customer": "cus_1", "currency": "EUR", "amount_cents": 4200, mcpguard.DefaultKeyArgument: "arg-key-1",
+	}}
+	first, err := cs.CallTool(t.Context(), params)
+	if err != nil || first.IsError {
+		t.Fatalf("a call with the key argument: %v %+v", err, first)
+	}
+	again, err := cs.CallTool(t.Context(), params)
+	if err != nil || again.Meta[mcpguard.ReplayedMeta] != true || bare(t, again) != bare(t, first) {
+		t.Fatalf("its retry: %v %+v, want the replay of %+v", err, again, first)
+	}
+	if w := up.writes(); len(w) != 1 {
+		t.Fatalf("%d writes, want 1", len(w))
+	}
+
+	// An upstream that declares the key itself gets it.
+	var seen atomic.Value
+	own := mcp.NewServer(&mcp.Implementation{Name: "own-key", Version: "v1"}, nil)
+	type args struct {
+		Customer       string `json:"customer"`
+		IdempotencyKey string `json:"idempotency_key" jsonschema:"the upstream's own words"`
+	}
+	mcp.AddTool(own, &mcp.Tool{Name: "create_invoice"}, func(_ context.Context, _ *mcp.CallToolRequest, a args) (*mcp.CallToolResult, map[string]any, error) {
+		seen.Store(a.IdempotencyKey)
+		return nil, map[string]any{"id": "inv_own"}, nil
+	})
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return own }, nil))
+	t.Cleanup(srv.Close)
+	cfg := config(ledgerAddr(t), byURL(srv.URL), policyConfig{})
+	tc := cfg.MCP.Tools["create_invoice"]
+	tc.UpstreamDeclaresKey = true
+	cfg.MCP.Tools["create_invoice"] = tc
+	endpoint, _ = proxy(t, cfg)
+	cs = connect(t, endpoint, http.DefaultTransport)
+	tools, err = cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := tools.Tools[0].InputSchema.(map[string]any)["properties"].(map[string]any)[mcpguard.DefaultKeyArgument].(map[string]any)
+	if key["description"] != "the upstream's own words" {
+		t.Fatalf("the upstream's own key argument through the proxy: %v", tools.Tools[0].InputSchema)
+	}
+	if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "idempotency_key": "own-1"}}); err != nil || res.IsError {
+		t.Fatalf("a call to the upstream that declares the key: %v %+v", err, res)
+	}
+	if seen.Load() != "own-1" {
+		t.Fatalf("the upstream that declares the key got %v", seen.Load())
+	}
+}
