@@ -319,6 +319,7 @@ func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *me
 	srv := mcp.NewServer(&mcp.Implementation{Name: "idemproxy", Version: version()}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{
 			Tools: &mcp.ToolCapabilities{}, Resources: &mcp.ResourceCapabilities{}, Prompts: &mcp.PromptCapabilities{},
+			Experimental: map[string]any{mcpguard.IdempotencyCapability: map[string]any{}}, // it reads SEP-3182's idempotencyKey
 		},
 	})
 	// Each call wraps the handler so far: forward is innermost, then the
@@ -327,7 +328,7 @@ func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *me
 	srv.AddReceivingMiddleware(g.Middleware())
 	srv.AddReceivingMiddleware(m.observe(cfg.Tools))
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	mux.Handle("/mcp", mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
 	return mux, nil
 }
 

@@ -665,3 +665,31 @@ func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
 		t.Fatalf("the upstream that declares the key got %v", seen.Load())
 	}
 }
+
+// TestProxyReadsSEP3182: the proxy advertises tools.idempotency, and an
+// agent whose client sends its key as SEP-3182's idempotencyKey parameter
+// (mcpguard.Transport and ClientMiddleware) gets one write and the replay.
+func TestProxyReadsSEP3182(t *testing.T) {
+	up := &goUpstream{}
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{}))
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	c.AddSendingMiddleware(mcpguard.ClientMiddleware())
+	cs, err := c.Connect(t.Context(), mcpguard.Transport(&mcp.StreamableClientTransport{Endpoint: endpoint}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	if _, ok := cs.InitializeResult().Capabilities.Experimental[mcpguard.IdempotencyCapability]; !ok {
+		t.Fatalf("the proxy's experimental capabilities: %v", cs.InitializeResult().Capabilities.Experimental)
+	}
+	ctx := idemclient.WithKey(t.Context(), "sep-through-proxy")
+	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200}}
+	first, err := cs.CallTool(ctx, params)
+	if err != nil || first.IsError {
+		t.Fatalf("%v %+v", err, first)
+	}
+	again, err := cs.CallTool(ctx, params)
+	if err != nil || again.Meta[mcpguard.ReplayedMeta] != true || bare(t, again) != bare(t, first) || len(up.writes()) != 1 {
+		t.Fatalf("the retry: %v %+v, %d writes", err, again, len(up.writes()))
+	}
+}

@@ -73,7 +73,12 @@ func (t *Tools) Guard(g *guard.Guard, opts ...mcpguard.Option) (*mcpguard.Guard,
 
 // Server returns the MCP server with the three tools, guarded by g.
 func (t *Tools) Server(g *mcpguard.Guard) (*mcp.Server, error) {
-	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
+	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, &mcp.ServerOptions{
+		// It reads SEP-3182's idempotencyKey parameter, served through
+		// mcpguard.Handler (Streamable HTTP) or mcpguard.Transport (stdio).
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{},
+			Experimental: map[string]any{mcpguard.IdempotencyCapability: map[string]any{}}},
+	})
 	in, err := jsonschema.For[CreateArgs](nil)
 	if err != nil {
 		return nil, err

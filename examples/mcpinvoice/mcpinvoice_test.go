@@ -43,7 +43,7 @@ func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	srv := httptest.NewServer(mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)))
 	t.Cleanup(srv.Close)
 	return srv.URL, tools
 }
@@ -73,6 +73,40 @@ type tsResult struct {
 }
 
 // TestTypeScriptClient drives the Go tool server with the official
+// TestTypeScriptClientSEP3182: the official TypeScript SDK's client sees
+// the server advertise tools.idempotency, and sends its key as SEP-3182's
+// idempotencyKey parameter: a call, its retry (the replay), a changed
+// argument under that key (KEY_REUSED), and a key argument that wins over
+// the parameter.
+func TestTypeScriptClientSEP3182(t *testing.T) {
+	url, tools := serve(t)
+	var out struct {
+		Experimental            map[string]any
+		First, Retry, Changed   tsResult
+		ArgumentWins, ParamOnly tsResult
+	}
+	if err := json.Unmarshal(node(t, "sep3182.mjs", url), &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := out.Experimental[mcpguard.IdempotencyCapability]; !ok {
+		t.Fatalf("the server's experimental capabilities, as the TypeScript client read them: %v", out.Experimental)
+	}
+	if out.First.IsError || out.Retry.Meta[mcpguard.ReplayedMeta] != true || string(out.Retry.StructuredContent) != string(out.First.StructuredContent) {
+		t.Fatalf("first %+v, retry %+v: want the first result replayed", out.First, out.Retry)
+	}
+	if info, _ := out.Changed.Meta[mcpguard.ErrorMeta].(map[string]any); !out.Changed.IsError || info["code"] != "KEY_REUSED" {
+		t.Fatalf("a changed argument under the parameter's key: %+v", out.Changed)
+	}
+	// The argument's key is the first call's: a replay, though the
+	// parameter names another key; that other key alone then runs anew.
+	if out.ArgumentWins.Meta[mcpguard.ReplayedMeta] != true || out.ParamOnly.IsError || out.ParamOnly.Meta[mcpguard.ReplayedMeta] == true {
+		t.Fatalf("argument over parameter: %+v, then the parameter alone: %+v", out.ArgumentWins, out.ParamOnly)
+	}
+	if rows := tools.Store.Rows(); len(rows) != 2 {
+		t.Fatalf("%d invoice rows, want 2", len(rows))
+	}
+}
+
 // TypeScript SDK's client: a call, its retry with the same _meta key (a
 // replay, the same content), a changed argument under that key
 // (KEY_REUSED as a tool result), and a call without a key (KEY_MISSING).

@@ -274,7 +274,9 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 	return fromOutcome(t, res.Outcome, res.Replayed)
 }
 
-// callKey is the call's key: the key argument's, else the _meta one's.
+// callKey is the call's key, by part 3's precedence: the key argument's,
+// else SEP-3182's idempotencyKey parameter (which Handler and Transport
+// put in _meta), else _meta's.
 func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
 		var args map[string]json.RawMessage
@@ -289,6 +291,15 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 				}
 			}
 		}
+	}
+	switch v := req.Params.Meta[paramKeyMeta].(type) {
+	case nil:
+	case string:
+		if v != "" {
+			return v, nil
+		}
+	default:
+		return "", errcode.Errorf(errcode.KeyInvalid, "the %s parameter is not a string", paramKey)
 	}
 	switch v := req.Params.Meta[KeyMeta].(type) {
 	case nil:

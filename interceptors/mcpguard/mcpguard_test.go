@@ -58,7 +58,12 @@ type tools struct {
 // newServer is an MCP server with create_invoice (typed, key argument
 // declared), echo (unprotected) and raw (a low-level handler).
 func (ts *tools) newServer(g *mcpguard.Guard, inner ...mcp.Middleware) *mcp.Server {
-	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
+	return ts.newServerWith(g, nil, inner...)
+}
+
+// newServerWith is newServer with the server's options.
+func (ts *tools) newServerWith(g *mcpguard.Guard, opts *mcp.ServerOptions, inner ...mcp.Middleware) *mcp.Server {
+	s := mcp.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, opts)
 	in, err := jsonschema.For[invoiceIn](nil)
 	if err != nil {
 		panic(err)

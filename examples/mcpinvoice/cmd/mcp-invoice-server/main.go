@@ -98,7 +98,7 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 		return err
 	}
 	if c.stdio {
-		err := srv.Run(ctx, &mcp.StdioTransport{})
+		err := srv.Run(ctx, mcpguard.Transport(&mcp.StdioTransport{}))
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
@@ -110,7 +110,7 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	mux.Handle("/mcp", mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
