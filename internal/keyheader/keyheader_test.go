@@ -1,18 +1,16 @@
-package httpguard
+package keyheader
 
 import (
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// TestRequestKeyForms holds the boundary cases of part 3's "Keys as
+// TestForms holds the boundary cases of part 3's "Keys as
 // clients send them": an sf-string, or the whole trimmed unquoted value of
 // 1 to 255 printable ASCII bytes without '"', ',' or ';'.
-func TestRequestKeyForms(t *testing.T) {
+func TestForms(t *testing.T) {
 	longest := strings.Repeat("k", 255)
 	for _, c := range []struct {
 		name   string
@@ -48,11 +46,7 @@ func TestRequestKeyForms(t *testing.T) {
 		{"sf-integer", []string{`"k" 1`}, "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := httptest.NewRequest(http.MethodPost, "/", nil)
-			for _, v := range c.values {
-				r.Header.Add(KeyHeader, v)
-			}
-			key, err := requestKey(r)
+			key, err := Parse("Idempotency-Key", c.values)
 			switch {
 			case c.ok && (err != nil || key != c.want):
 				t.Fatalf("%q: %q, %v; want %q", c.values, key, err, c.want)
