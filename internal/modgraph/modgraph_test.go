@@ -136,7 +136,7 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 
 // floorModules are the modules a write service imports, whose requirements
 // are floors: the lowest versions they build and pass their tests with.
-var floorModules = []string{".", "interceptors/mcpguard"}
+var floorModules = []string{".", "interceptors/mcpguard", "interceptors/connectguard"}
 
 // TestReadmeGivesTheFloors: the README's table of floors names exactly the
 // direct requirements of the floor modules, at the versions they require.

@@ -37,7 +37,7 @@ func TestReleaseServesAConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"v0.1.0", "interceptors/mcpguard/v0.1.0", "ledger/pebble/v0.1.0", "cmd/ledgerd/v0.1.0"} {
+	for _, want := range []string{"v0.1.0", "interceptors/mcpguard/v0.1.0", "interceptors/connectguard/v0.1.0", "ledger/pebble/v0.1.0", "cmd/ledgerd/v0.1.0"} {
 		if !contains(tags, want) {
 			t.Errorf("no tag %s among %v", want, tags)
 		}
@@ -89,6 +89,7 @@ func TestReleaseServesAConsumer(t *testing.T) {
 import (
 	"fmt"
 
+	"github.com/idemledger/idemledger/interceptors/connectguard"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/interceptors/idemclient"
@@ -96,7 +97,7 @@ import (
 )
 
 func main() {
-	fmt.Println(grpcguard.UnaryServerInterceptor != nil, httpguard.New != nil, mcpguard.New != nil, idemclient.WithKey != nil)
+	fmt.Println(grpcguard.UnaryServerInterceptor != nil, httpguard.New != nil, mcpguard.New != nil, connectguard.New != nil, idemclient.WithKey != nil)
 }
 `,
 	}
@@ -109,8 +110,9 @@ func main() {
 		"github.com/idemledger/idemledger/interceptors/grpcguard@v0.1.0",
 		"github.com/idemledger/idemledger/interceptors/httpguard@v0.1.0",
 		"github.com/idemledger/idemledger/interceptors/mcpguard@v0.1.0",
+		"github.com/idemledger/idemledger/interceptors/connectguard@v0.1.0",
 		"github.com/idemledger/idemledger/interceptors/idemclient@v0.1.0")
-	if out := run(consumer, "go", "run", "."); strings.TrimSpace(out) != "true true true true" {
+	if out := run(consumer, "go", "run", "."); strings.TrimSpace(out) != "true true true true true" {
 		t.Fatalf("the consumer printed %q", out)
 	}
 	if mf, err := os.ReadFile(filepath.Join(consumer, "go.mod")); err != nil || strings.Contains(string(mf), "replace") {
