@@ -103,6 +103,10 @@ func release(repo, version, proxy string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	cache, err := goEnv("GOMODCACHE")
+	if err != nil {
+		return nil, err
+	}
 	when, err := git(repo, "show", "-s", "--format=%cI", "HEAD")
 	if err != nil {
 		return nil, err
@@ -128,8 +132,14 @@ func release(repo, version, proxy string) ([]string, error) {
 			// modules released so far.
 			tidy := exec.Command("go", "mod", "tidy")
 			tidy.Dir = dir
-			tidy.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod",
-				"GOPROXY=file://"+filepath.ToSlash(proxy)+","+upstream, "GONOSUMDB="+root) // not in the checksum database yet
+			// A module cache of the release's own: this machine's may hold
+			// another build of these modules at this version (an earlier
+			// release test's), which would win over the proxy. The other
+			// modules come from this machine's cache where it has them.
+			tidy.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod -modcacherw",
+				"GOMODCACHE="+filepath.Join(tmp, "modcache"),
+				"GOPROXY=file://"+filepath.ToSlash(proxy)+",file://"+filepath.ToSlash(filepath.Join(cache, "cache", "download"))+","+upstream,
+				"GONOSUMDB="+root) // not in the checksum database yet
 			if out, err := tidy.CombinedOutput(); err != nil {
 				return nil, fmt.Errorf("go mod tidy in %s: %w\n%s", m.dir, err, out)
 			}
