@@ -237,14 +237,18 @@ func (c *Client) call(ctx context.Context, req *ledgerv1.StreamRequest) (res *le
 // sent, or its stream ended with OK before answering it.
 var errNotRun = errors.New("ledgerclient: the call did not run")
 
-// callOn sends req on s and waits for its answer.
+// callOn sends req on s, which admitted it (session), and waits for its
+// answer.
 func (c *Client) callOn(ctx context.Context, s *session, req *ledgerv1.StreamRequest) (*ledgerv1.StreamResponse, error) {
 	req.Id = c.ids.Add(1)
 	answer := make(chan *ledgerv1.StreamResponse, 1)
 	if !s.add(req.GetId(), answer) {
+		s.release()
 		return nil, errNotRun
 	}
-	if err := s.send(req); err != nil {
+	err := s.send(req)
+	s.release()
+	if err != nil {
 		s.remove(req.GetId())
 		return nil, errNotRun
 	}
@@ -261,13 +265,17 @@ func (c *Client) callOn(ctx context.Context, s *session, req *ledgerv1.StreamReq
 	case <-ctx.Done():
 		s.remove(req.GetId())
 		// Cancel it on the server too; the answer, if any, is dropped.
-		_ = s.send(&ledgerv1.StreamRequest{Id: req.GetId(), Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
+		s.trySend(&ledgerv1.StreamRequest{Id: req.GetId(), Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
 
-// session returns the open stream, or opens one. Opening waits for the
-// connection at most as long as ctx lets it.
+// session returns the open stream, or opens one, with a call admitted on
+// it: the stream stays open to sends until the call is sent (callOn) or
+// released, even if the server asks for a new stream in between. So a
+// call that picked a stream is sent on it, and a server that drains every
+// stream as soon as it opens (at shutdown) still gets every call. Opening
+// waits for the connection at most as long as ctx lets it.
 func (c *Client) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
 	if c.closed {
@@ -279,18 +287,22 @@ func (c *Client) session(ctx context.Context) (*session, error) {
 		// A stream outlives the call that opens it: it has a context of its own.
 		sctx, cancel := context.WithCancel(metadata.NewOutgoingContext(context.Background(), c.md))
 		s = &session{ready: make(chan struct{}), ended: make(chan struct{}), cancel: cancel, pending: map[uint64]chan *ledgerv1.StreamResponse{}}
+		s.sendable = sync.NewCond(&s.mu)
 		c.cur = s
 		c.live[s] = struct{}{}
 		go c.open(sctx, s) //nolint:contextcheck // the stream outlives the call that opens it
 	}
+	s.admit() // under c.mu: before retire can take s out of c.cur
 	c.mu.Unlock()
 	select {
 	case <-s.ready:
 		if s.stream == nil {
+			s.release()
 			return nil, s.err
 		}
 		return s, nil
 	case <-ctx.Done():
+		s.release()
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 }
@@ -342,6 +354,14 @@ func (c *Client) retire(s *session) {
 		return
 	}
 	go func() {
+		// The calls admitted on s are sent first: the server answers
+		// them, as it does every call until the client closes its side.
+		s.mu.Lock()
+		for s.unsent > 0 {
+			s.sendable.Wait()
+		}
+		s.closing = true
+		s.mu.Unlock()
 		s.sendMu.Lock()
 		defer s.sendMu.Unlock()
 		_ = s.stream.CloseSend()
@@ -354,12 +374,33 @@ type session struct {
 	cancel  context.CancelFunc
 	stream  ledgerv1.LedgerService_StreamClient
 	sendMu  sync.Mutex
-	retired atomic.Bool // the server asked for a new stream: send nothing more
+	retired atomic.Bool // the server asked for a new stream: the calls admitted go out, then the side closes
 
-	mu      sync.Mutex
-	pending map[uint64]chan *ledgerv1.StreamResponse
-	ended   chan struct{} // closed when the stream ended; err says why
-	err     error
+	mu       sync.Mutex
+	pending  map[uint64]chan *ledgerv1.StreamResponse
+	ended    chan struct{} // closed when the stream ended; err says why
+	err      error
+	unsent   int        // calls admitted (session) and not yet sent or released
+	sendable *sync.Cond // on mu: unsent fell to 0
+	closing  bool       // the client's side is closed, or about to be: send nothing more
+}
+
+// admit counts a call that will be sent on s (or released).
+func (s *session) admit() {
+	s.mu.Lock()
+	s.unsent++
+	s.mu.Unlock()
+}
+
+// release ends an admitted call's claim on sending: it was sent, or will
+// not be.
+func (s *session) release() {
+	s.mu.Lock()
+	s.unsent--
+	if s.unsent == 0 {
+		s.sendable.Broadcast()
+	}
+	s.mu.Unlock()
 }
 
 // add registers a call; false when the stream has ended.
@@ -389,17 +430,24 @@ func (s *session) deliver(res *ledgerv1.StreamResponse) {
 	}
 }
 
-// send sends req; an error means it was not sent.
+// send sends an admitted call's req; an error means it was not sent. The
+// client's side stays open until every admitted call is sent.
 func (s *session) send(req *ledgerv1.StreamRequest) error {
-	if s.retired.Load() {
-		return errNotRun
-	}
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
-	if s.retired.Load() {
-		return errNotRun
-	}
 	return s.stream.Send(req)
+}
+
+// trySend sends req (a cancel) unless the client's side is closed.
+func (s *session) trySend(req *ledgerv1.StreamRequest) {
+	s.sendMu.Lock() // held: the side cannot close under us
+	defer s.sendMu.Unlock()
+	s.mu.Lock()
+	closing := s.closing
+	s.mu.Unlock()
+	if !closing {
+		_ = s.stream.Send(req)
+	}
 }
 
 func (s *session) isEnded() bool {

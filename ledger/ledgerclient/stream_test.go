@@ -2,8 +2,10 @@ package ledgerclient_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -221,4 +224,80 @@ func TestClose(t *testing.T) {
 	ledgertest.WantStatus(t, <-errc, errcode.Unavailable)
 	_, err := c.Begin(t.Context(), begin("later"))
 	ledgertest.WantStatus(t, err, errcode.Unavailable)
+}
+
+// drainFirst is a client stream whose drain notice, the server's first
+// message on a stream opened while it drains, is already read when the
+// stream is handed to the client: the client learns of the drain before it
+// can send the call that opened the stream.
+type drainFirst struct {
+	grpc.ClientStream
+	first *ledgerv1.StreamResponse
+	err   error
+}
+
+func (d *drainFirst) RecvMsg(m any) error {
+	if d.first == nil && d.err == nil {
+		return d.ClientStream.RecvMsg(m)
+	}
+	if d.err != nil {
+		err := d.err
+		d.err = nil
+		return err
+	}
+	proto.Merge(m.(*ledgerv1.StreamResponse), d.first)
+	d.first = nil
+	return nil
+}
+
+// TestDrainingServerGetsEveryCall: a server that drains (as at shutdown)
+// sends a drain notice on every stream as soon as it opens, and goes on
+// answering calls until the client closes its side. Each call picks a
+// stream and is sent on it, drain notice or not: none fails "not run".
+func TestDrainingServerGetsEveryCall(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
+	})
+	srv := server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth})
+	srv.Drain()
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	var drains atomic.Int64
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			cs, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			d := &drainFirst{ClientStream: cs, first: &ledgerv1.StreamResponse{}}
+			if d.err = cs.RecvMsg(d.first); d.err == nil && d.first.GetDrain() != nil {
+				drains.Add(1)
+			}
+			if d.err != nil {
+				d.first = nil
+			}
+			return d, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = conn.Close()
+	})
+	for i := range 200 {
+		if _, err := c.Begin(t.Context(), begin(fmt.Sprintf("drain-%d", i))); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := drains.Load(); n < 100 {
+		t.Fatalf("%d streams began with a drain notice; the test proves nothing", n)
+	}
 }
