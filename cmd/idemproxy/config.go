@@ -88,6 +88,10 @@ type routeConfig struct {
 	// Stripe answers the route by Stripe's conventions as well
 	// (httpguard.Route.Stripe).
 	Stripe bool `yaml:"stripe"`
+	// KeyPointer and FingerprintPointers are httpguard.Route's: the key,
+	// and the parts that make the fingerprint, by JSON Pointer into the body.
+	KeyPointer          string   `yaml:"key_pointer"`
+	FingerprintPointers []string `yaml:"fingerprint_pointers"`
 }
 
 type mcpConfig struct {
@@ -138,6 +142,10 @@ type toolConfig struct {
 	// tool's input schema in tools/list, described for a model, and removes
 	// it from the arguments before the upstream.
 	UpstreamDeclaresKey bool `yaml:"upstream_declares_key"`
+	// KeyPointer and FingerprintPointers are mcpguard.Tool's: the key, and
+	// the parts that make the fingerprint, by JSON Pointer into the arguments.
+	KeyPointer          string   `yaml:"key_pointer"`
+	FingerprintPointers []string `yaml:"fingerprint_pointers"`
 }
 
 // keyArgument is the argument the proxy advertises and strips for the
@@ -263,6 +271,7 @@ func (t toolConfig) tool(runTimeout time.Duration) (mcpguard.Tool, error) {
 	if t.KeyArgument != nil {
 		tool.KeyArgument = *t.KeyArgument
 	}
+	tool.KeyPointer, tool.FingerprintPointers = t.KeyPointer, t.FingerprintPointers
 	return tool, nil
 }
 
@@ -311,7 +320,8 @@ func (r routeConfig) route(runTimeout time.Duration, stripe bool) (httpguard.Rou
 	if err != nil {
 		return httpguard.Route{}, err
 	}
-	route := httpguard.Route{Policy: p, Methods: r.Methods, StoreHeaders: r.StoreHeaders, Stripe: r.Stripe || stripe}
+	route := httpguard.Route{Policy: p, Methods: r.Methods, StoreHeaders: r.StoreHeaders, Stripe: r.Stripe || stripe,
+		KeyPointer: r.KeyPointer, FingerprintPointers: r.FingerprintPointers}
 	if len(r.Release) > 0 {
 		release := slices.Clone(r.Release)
 		route.Release = func(status int) bool { return slices.Contains(release, status) }

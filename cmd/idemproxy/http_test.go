@@ -135,7 +135,9 @@ func postInvoiceKeyed(t *testing.T, base, header, body string) reply {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Tenant", "acme")
-	req.Header.Set(httpguard.KeyHeader, header)
+	if header != "" {
+		req.Header.Set(httpguard.KeyHeader, header)
+	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +161,19 @@ func TestHTTPModeTakesBareKeys(t *testing.T) {
 	}
 	if w := api.writes(); len(w) != 2 {
 		t.Fatalf("%d writes, want 2: %v", len(w), w)
+	}
+}
+
+// TestHTTPModeKeyFromTheBody: a route's key_pointer and
+// fingerprint_pointers reach httpguard: the key from the body, and a retry
+// that differs outside the named parts is the replay.
+func TestHTTPModeKeyFromTheBody(t *testing.T) {
+	api := &invoiceAPI{}
+	base := httpProxy(t, api.serve(t), routeConfig{KeyPointer: "/request_id", FingerprintPointers: []string{"/amount"}})
+	first := postInvoiceKeyed(t, base, "", `{"request_id":"b-1","amount":1,"note":"a"}`)
+	again := postInvoiceKeyed(t, base, "", `{"request_id":"b-1","amount":1,"note":"b"}`)
+	if first.status != http.StatusCreated || again.header.Get(httpguard.ReplayedHeader) != "true" || again.body != first.body || len(api.writes()) != 1 {
+		t.Fatalf("first %+v, again %+v, %d writes", first, again, len(api.writes()))
 	}
 }
 

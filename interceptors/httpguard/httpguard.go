@@ -113,6 +113,14 @@ type Route struct {
 	// when it did not, an error when it cannot tell. The claim is in the
 	// request's context.
 	Reconcile func(r *http.Request) (*Response, error)
+	// KeyPointer, when set, is an RFC 6901 JSON Pointer into a JSON body
+	// ("/idempotency_key", "/metadata/request_id"): a request without the
+	// Idempotency-Key header takes its key from there, a string.
+	KeyPointer string
+	// FingerprintPointers, when set, name the parts of a JSON body that make
+	// the request's fingerprint, the rest ignored: a retry that differs
+	// elsewhere is the same request (its replay), not KEY_REUSED.
+	FingerprintPointers []string
 	// Stripe answers the route by Stripe's conventions as well, for
 	// clients written for a Stripe-shaped API (stripe-go and the other
 	// Stripe SDKs). A replay carries Idempotent-Replayed beside
@@ -226,6 +234,11 @@ func New(g *guard.Guard, opts ...Option) (*Guard, error) {
 		if err := r.Policy.Check(); err != nil {
 			return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
 		}
+		for _, ptr := range append([]string{r.KeyPointer}, r.FingerprintPointers...) {
+			if err := fingerprint.CheckPointer(ptr); err != nil {
+				return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
+			}
+		}
 		rt := &route{Route: r, method: path, release: r.Release, stored: append(slices.Clone(DefaultStoredHeaders), r.StoreHeaders...)}
 		if r.Stripe {
 			rt.stored = append(rt.stored, stripeRequestIDHeader)
@@ -275,6 +288,19 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 		rt.fail(w, err)
 		return
 	}
+	var body []byte
+	bodyRead := false
+	if key == "" && rt.KeyPointer != "" {
+		if body, err = readBody(r, g.opts.maxBody); err != nil {
+			rt.fail(w, err)
+			return
+		}
+		bodyRead = true
+		if key, err = bodyKey(r.Header.Get("Content-Type"), body, rt.KeyPointer); err != nil {
+			rt.fail(w, err)
+			return
+		}
+	}
 	c.Key = key
 	if key != "" {
 		if c.Tenant, err = g.opts.tenant(r); err != nil {
@@ -290,12 +316,13 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 				return
 			}
 		}
-		body, err := readBody(r, g.opts.maxBody)
-		if err != nil {
-			rt.fail(w, err)
-			return
+		if !bodyRead {
+			if body, err = readBody(r, g.opts.maxBody); err != nil {
+				rt.fail(w, err)
+				return
+			}
 		}
-		if c.Fingerprint, err = requestPrint(method, r.Header.Get("Content-Type"), body); err != nil {
+		if c.Fingerprint, err = rt.print(method, r.Header.Get("Content-Type"), body); err != nil {
 			rt.fail(w, err)
 			return
 		}
@@ -388,10 +415,51 @@ func (e *tooLarge) Error() string {
 	return fmt.Sprintf("the request body is larger than %d bytes", e.limit)
 }
 
+// print is the request's fingerprint: of the route's FingerprintPointers
+// in a JSON body when it names them, else of the whole body.
+func (rt *route) print(method, contentType string, body []byte) (string, error) {
+	if len(rt.FingerprintPointers) == 0 {
+		return requestPrint(method, contentType, body)
+	}
+	if !isJSON(contentType) {
+		return "", errcode.Errorf(errcode.ValidationFailed, "the route fingerprints parts of a JSON body; the body is %q", contentType)
+	}
+	fp, err := fingerprint.JSONParts(method, body, rt.FingerprintPointers)
+	if err != nil {
+		return "", errcode.Errorf(errcode.ValidationFailed, "the body says it is JSON but is not: %v", err)
+	}
+	return fp, nil
+}
+
+// bodyKey is the key at the pointer in a JSON body: "" for none (KEY_MISSING
+// where one is required), KEY_INVALID for a value that is not a string.
+func bodyKey(contentType string, body []byte, ptr string) (string, error) {
+	if !isJSON(contentType) {
+		return "", nil
+	}
+	v, ok, err := fingerprint.Pointer(body, ptr)
+	switch {
+	case err != nil:
+		return "", errcode.Errorf(errcode.ValidationFailed, "the body says it is JSON but is not: %v", err)
+	case !ok || string(v) == "null":
+		return "", nil
+	}
+	var key string
+	if json.Unmarshal(v, &key) != nil {
+		return "", errcode.Errorf(errcode.KeyInvalid, "the key at %s in the body is not a string", ptr)
+	}
+	return key, nil
+}
+
+// isJSON reports whether a Content-Type is JSON: application/json or +json.
+func isJSON(contentType string) bool {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
 // requestPrint is the fingerprint of a body: j1 for JSON, b1 otherwise.
 func requestPrint(method, contentType string, body []byte) (string, error) {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	if mt == "application/json" || strings.HasSuffix(mt, "+json") {
+	if isJSON(contentType) {
 		fp, err := fingerprint.JSON(method, body)
 		if err != nil {
 			return "", errcode.Errorf(errcode.ValidationFailed, "the body says it is JSON but is not: %v", err)

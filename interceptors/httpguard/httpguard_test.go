@@ -230,6 +230,41 @@ func TestBareKeys(t *testing.T) {
 	}
 }
 
+// TestKeyAndFingerprintFromTheBody: a route that names its key by a JSON
+// Pointer into the body, and the parts that make the fingerprint. The
+// header wins over the body's key; a retry that differs only outside the
+// named parts is the replay, one that differs in them KEY_REUSED.
+func TestKeyAndFingerprintFromTheBody(t *testing.T) {
+	a := &api{}
+	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{
+		KeyPointer: "/request/id", FingerprintPointers: []string{"/amount", "/currency"},
+	}))))
+	body := func(id, note string, amount int) string {
+		return fmt.Sprintf(`{"request":{"id":%q},"amount":%d,"currency":"EUR","note":%q}`, id, amount, note)
+	}
+	first := post(t, url, "", body("r-1", "first", 1))
+	if first.status != http.StatusCreated || a.runs.Load() != 1 {
+		t.Fatalf("a key in the body: %+v", first)
+	}
+	if again := post(t, url, "", body("r-1", "second", 1)); again.header.Get(httpguard.ReplayedHeader) != "true" || again.body != first.body {
+		t.Fatalf("a change outside the fingerprint's parts: %+v, want the replay", again)
+	}
+	wantProblem(t, post(t, url, "", body("r-1", "first", 2)), http.StatusUnprocessableEntity, errcode.KeyReused)
+	// The header wins: its key is the first one's.
+	if again := post(t, url, `"r-1"`, body("r-other", "x", 1)); again.header.Get(httpguard.ReplayedHeader) != "true" {
+		t.Fatalf("the header's key over the body's: %+v", again)
+	}
+	wantProblem(t, post(t, url, "", `{"request":{"id":7},"amount":1}`), http.StatusBadRequest, errcode.KeyInvalid)
+	wantProblem(t, post(t, url, "", `{"amount":1}`), http.StatusBadRequest, errcode.KeyMissing)
+	if a.runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", a.runs.Load())
+	}
+	if _, err := httpguard.New(coreGuard(t, ledgerClient(t)), httpguard.WithTenant(httpguard.Tenant("acme")),
+		httpguard.WithRoute("POST /v1/things", httpguard.Route{KeyPointer: "request/id"})); err == nil {
+		t.Fatal("a key pointer that is not RFC 6901 was taken")
+	}
+}
+
 // TestKeyRows: docs/contract.md's key rows: missing where required, malformed, reused
 // with another request.
 func TestKeyRows(t *testing.T) {

@@ -70,6 +70,14 @@ type Tool struct {
 	// the fingerprint; "" takes the key from _meta only. NewTool sets
 	// DefaultKeyArgument.
 	KeyArgument string
+	// KeyPointer, when set, is an RFC 6901 JSON Pointer into the arguments
+	// ("/order/request_id"): a call whose key argument is absent takes its
+	// key from there, a string, before the parameter and _meta.
+	KeyPointer string
+	// FingerprintPointers, when set, name the parts of the arguments that
+	// make the call's fingerprint, the rest ignored: a retry that differs
+	// elsewhere is the same call (its replay), not KEY_REUSED.
+	FingerprintPointers []string
 	// Transient, when set, says whether a result with isError applied
 	// nothing, so that its key is released rather than its result stored.
 	Transient func(*mcp.CallToolResult) bool
@@ -188,6 +196,11 @@ func New(g *guard.Guard, opts ...Option) (*Guard, error) {
 		if err := t.Policy.Check(); err != nil {
 			return nil, fmt.Errorf("mcpguard: tool %q: %w", name, err)
 		}
+		for _, ptr := range append([]string{t.KeyPointer}, t.FingerprintPointers...) {
+			if err := fingerprint.CheckPointer(ptr); err != nil {
+				return nil, fmt.Errorf("mcpguard: tool %q: %w", name, err)
+			}
+		}
 	}
 	return &Guard{guard: g, opts: o}, nil
 }
@@ -234,7 +247,12 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 		if t.KeyArgument != "" {
 			skip = []string{t.KeyArgument}
 		}
-		fp, err := fingerprint.JSON(method, req.Params.Arguments, skip...)
+		var fp string
+		if len(t.FingerprintPointers) > 0 {
+			fp, err = fingerprint.JSONParts(method, req.Params.Arguments, t.FingerprintPointers)
+		} else {
+			fp, err = fingerprint.JSON(method, req.Params.Arguments, skip...)
+		}
 		if err != nil {
 			return errorResult(t, errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)), nil
 		}
@@ -274,8 +292,8 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 	return fromOutcome(t, res.Outcome, res.Replayed)
 }
 
-// callKey is the call's key, by part 3's precedence: the key argument's,
-// else SEP-3182's idempotencyKey parameter (which Handler and Transport
+// callKey is the call's key, by part 3's precedence: the key argument's
+// (or the KeyPointer's), else SEP-3182's idempotencyKey parameter (which Handler and Transport
 // put in _meta), else _meta's.
 func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
@@ -289,6 +307,17 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 				if key != "" {
 					return key, nil
 				}
+			}
+		}
+	}
+	if t.KeyPointer != "" && len(req.Params.Arguments) > 0 {
+		if raw, ok, err := fingerprint.Pointer(req.Params.Arguments, t.KeyPointer); err == nil && ok && string(raw) != "null" {
+			var key string
+			if json.Unmarshal(raw, &key) != nil {
+				return "", errcode.Errorf(errcode.KeyInvalid, "the key at %s in the arguments is not a string", t.KeyPointer)
+			}
+			if key != "" {
+				return key, nil
 			}
 		}
 	}

@@ -279,3 +279,42 @@ func (c *paramSeenConn) Write(ctx context.Context, m jsonrpc.Message) error {
 	}
 	return c.Connection.Write(ctx, m)
 }
+
+// TestKeyAndFingerprintFromTheArguments: a tool (echo, whose schema takes
+// any arguments) that names its key by a JSON Pointer into the arguments,
+// and the parts that make the fingerprint: a retry that differs only
+// outside them is the replay, one that differs in them KEY_REUSED.
+func TestKeyAndFingerprintFromTheArguments(t *testing.T) {
+	ts := &tools{}
+	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("echo", mcpguard.Tool{
+		KeyPointer: "/order/request_id", FingerprintPointers: []string{"/customer", "/amount_cents"},
+	}))
+	cs := serveHTTP(t, ts.newServer(g), http.DefaultTransport)
+	echo := func(args map[string]any) *mcp.CallToolResult {
+		t.Helper()
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: args})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	args := func(id any, amount int, note string) map[string]any {
+		return map[string]any{"customer": "c1", "amount_cents": amount, "order": map[string]any{"request_id": id, "note": note}}
+	}
+	first := echo(args("o-1", 100, "first"))
+	if first.IsError || ts.runs.Load() != 1 {
+		t.Fatalf("a key in the arguments: %+v", first)
+	}
+	if again := echo(args("o-1", 100, "second")); !replayed(again) || withoutReplayed(t, again) != withoutReplayed(t, first) {
+		t.Fatalf("a change outside the fingerprint's parts: %+v, want the replay", again)
+	}
+	wantError(t, echo(args("o-1", 200, "first")), errcode.KeyReused)
+	wantError(t, echo(args(7, 100, "first")), errcode.KeyInvalid)
+	if ts.runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", ts.runs.Load())
+	}
+	if _, err := mcpguard.New(coreGuard(t, ledgerClient(t)), mcpguard.WithTenant(mcpguard.Tenant("acme")),
+		mcpguard.WithTool("create_invoice", mcpguard.Tool{FingerprintPointers: []string{"customer"}})); err == nil {
+		t.Fatal("a fingerprint pointer that is not RFC 6901 was taken")
+	}
+}
