@@ -196,11 +196,14 @@ func TestStripeGoWhileTheFirstRuns(t *testing.T) {
 		first <- c
 	}()
 	<-running
-	// The duplicate's second attempt is sent once its first was refused:
-	// the first attempt of the charge ends then.
+	// The duplicate's first attempt is refused while the first runs; before
+	// its second goes out, the first is let finish and has its answer (which
+	// httpguard sends once the outcome is stored).
+	var c *stripe.Charge
 	w.wire.before = func(n int) {
 		if n == 3 {
 			close(release)
+			c = <-first
 		}
 	}
 	dup, err := w.charge(t, 100, "order-8")
@@ -211,7 +214,7 @@ func TestStripeGoWhileTheFirstRuns(t *testing.T) {
 	if len(sent) != 3 || sent[1].status != http.StatusConflict || sent[1].header.Get("Stripe-Should-Retry") != "true" || sent[2].status != http.StatusOK {
 		t.Fatalf("attempts: %+v", sent)
 	}
-	if c := <-first; c == nil || c.ID != dup.ID || len(w.api.Charges()) != 1 {
+	if c == nil || c.ID != dup.ID || len(w.api.Charges()) != 1 {
 		t.Fatalf("the first %+v, the duplicate %+v, charges %+v", c, dup, w.api.Charges())
 	}
 }
