@@ -96,3 +96,62 @@ func runbookCommands(t *testing.T, file, heading string) []string {
 	}
 	return commands
 }
+
+// TestAdminCredentialCommands runs the runbook's "Admin credentials"
+// commands as written, in a directory of their own: openssl mints the
+// token, and idemctl prints its token-file entry. That entry, in a
+// ledgerd's token file, lets the "Find and settle" section's list command
+// run as written, only ledgerd's address added.
+func TestAdminCredentialCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs ledgerd and idemctl")
+	}
+	idemctl, err := idemctlBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var entry string
+	for _, c := range runbookCommands(t, "../README.md", "## Admin credentials") {
+		line, _, _ := strings.Cut(c, "#")
+		if strings.HasPrefix(line, "idemctl ") {
+			line = idemctl + strings.TrimPrefix(line, "idemctl")
+		}
+		cmd := exec.Command("bash", "-c", line)
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		if strings.Contains(c, "hash-token") {
+			entry = strings.TrimSpace(string(out))
+		}
+	}
+	if !regexp.MustCompile(`^sha256:[0-9a-f]{64} _admin ops-alice$`).MatchString(entry) {
+		t.Fatalf("the token-file entry: %q", entry)
+	}
+
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(entry+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, ports: map[string]string{}}
+	addr := w.addr("127.0.0.1:7070")
+	w.exited = run(t, []string{"--tokens", tokens, "--data-dir", filepath.Join(dir, "data"), "--listen", addr,
+		"--admin-listen", w.addr("127.0.0.1:7071"), "--http-listen", w.addr("127.0.0.1:7072")}, []string{}).exited
+	w.waitServing("ledgerd", addr, "idemledger.v1.LedgerService")
+
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := regexp.MustCompile("`(idemctl --token-file ops-alice.token list [^`]*)`").FindStringSubmatch(string(b))
+	if list == nil {
+		t.Fatal("the runbook has no idemctl list command")
+	}
+	cmd := exec.Command("bash", "-c", idemctl+" --addr "+addr+strings.TrimPrefix(list[1], "idemctl"))
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", list[1], err, out)
+	}
+}

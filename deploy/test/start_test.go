@@ -40,12 +40,14 @@ import (
 // the arguments and environment are those the manifests render.
 
 // ledgerdBinary is ledgerd, built once; invoiceBinary the example invoice
-// service that compose runs beside it; grpcurlBinary the grpcurl that the
-// runbook's commands call (a tool of this module).
+// service that compose runs beside it; grpcurlBinary and idemctlBinary
+// the grpcurl and idemctl that the runbook's commands call (grpcurl is a
+// tool of this module).
 var (
 	ledgerdBinary = sync.OnceValues(func() (string, error) { return build("../../cmd/ledgerd") })
 	invoiceBinary = sync.OnceValues(func() (string, error) { return build("../../examples/invoice/cmd/invoice-server") })
 	grpcurlBinary = sync.OnceValues(func() (string, error) { return build("github.com/fullstorydev/grpcurl/cmd/grpcurl") })
+	idemctlBinary = sync.OnceValues(func() (string, error) { return build("../../cmd/idemctl") })
 )
 
 // build builds the main package pkg into a temporary directory.
