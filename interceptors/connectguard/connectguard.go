@@ -34,6 +34,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/keyheader"
 	"github.com/idemledger/idemledger/internal/protofield"
+	"github.com/idemledger/idemledger/internal/protoutcome"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -267,11 +268,7 @@ func outcome(resp connect.AnyResponse, herr error) (guard.Outcome, error) {
 	if !ok {
 		return guard.Outcome{}, fmt.Errorf("connectguard: the response %T is not a protobuf message", resp.Any())
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
-	if err != nil {
-		return guard.Outcome{}, err
-	}
-	return guard.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/" + string(msg.ProtoReflect().Descriptor().FullName()), Value: b}}, nil
+	return protoutcome.Response(msg)
 }
 
 // toStatus is a handler's error as a gRPC status: a Connect error's code,

@@ -12,11 +12,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/internal/protofield"
+	"github.com/idemledger/idemledger/internal/protoutcome"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -229,11 +229,7 @@ func outcome(resp any, herr error) (guard.Outcome, error) {
 	if !ok {
 		return guard.Outcome{}, fmt.Errorf("grpcguard: the response %T is not a protobuf message", resp)
 	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
-	if err != nil {
-		return guard.Outcome{}, err
-	}
-	return guard.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/" + string(msg.ProtoReflect().Descriptor().FullName()), Value: b}}, nil
+	return protoutcome.Response(msg)
 }
 
 // toStatus is the status gRPC sends for a handler's error.

@@ -92,9 +92,9 @@ func start(t *testing.T, addr string) (*grpc.Server, string, *seen) {
 	return gs, lis.Addr().String(), rec
 }
 
-func dial(t *testing.T, addr string) *ledgerclient.Client {
+func dial(t *testing.T, addr string, opts ...grpc.DialOption) *ledgerclient.Client {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,29 +269,20 @@ func TestDrainingServerGetsEveryCall(t *testing.T) {
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	var drains atomic.Int64
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			cs, err := streamer(ctx, desc, cc, method, opts...)
-			if err != nil {
-				return nil, err
-			}
-			d := &drainFirst{ClientStream: cs, first: &ledgerv1.StreamResponse{}}
-			if d.err = cs.RecvMsg(d.first); d.err == nil && d.first.GetDrain() != nil {
-				drains.Add(1)
-			}
-			if d.err != nil {
-				d.first = nil
-			}
-			return d, nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = conn.Close()
-	})
+	c := dial(t, lis.Addr().String(), grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return nil, err
+		}
+		d := &drainFirst{ClientStream: cs, first: &ledgerv1.StreamResponse{}}
+		if d.err = cs.RecvMsg(d.first); d.err == nil && d.first.GetDrain() != nil {
+			drains.Add(1)
+		}
+		if d.err != nil {
+			d.first = nil
+		}
+		return d, nil
+	}))
 	for i := range 200 {
 		if _, err := c.Begin(t.Context(), begin(fmt.Sprintf("drain-%d", i))); err != nil {
 			t.Fatalf("call %d: %v", i, err)
