@@ -1,6 +1,7 @@
 package fingerprint_test
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -59,4 +60,25 @@ func TestJSONParts(t *testing.T) {
 	if fp("n", `{"amount":1,"currency":"EUR"}`) == a {
 		t.Error("the method does not count")
 	}
+}
+
+// FuzzPointer: any document and pointer give a value, none or an error,
+// never a panic; a value found is JSON.
+func FuzzPointer(f *testing.F) {
+	f.Add(`{"a":{"b":[1,{"c":"d"}]}}`, "/a/b/1/c")
+	f.Add(`{"a/b":1,"m~n":2}`, "/a~1b")
+	f.Add(`[1,2]`, "/01")
+	f.Add(`"s"`, "")
+	f.Fuzz(func(t *testing.T, doc, ptr string) {
+		v, ok, err := fingerprint.Pointer([]byte(doc), ptr)
+		if err != nil {
+			if !errors.Is(err, fingerprint.ErrBadPointer) && !errors.Is(err, fingerprint.ErrNotJSON) {
+				t.Fatalf("%q %q: %v", doc, ptr, err)
+			}
+			return
+		}
+		if ok && !json.Valid(v) {
+			t.Fatalf("%q %q: %q is not JSON", doc, ptr, v)
+		}
+	})
 }

@@ -56,3 +56,41 @@ func TestForms(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParse: any header lines give a key or KEY_INVALID, never a panic; a
+// key is printable ASCII of 1 to 255 bytes, and its sf-string reads back
+// as the same key.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{`"k"`, "k", "1796182444475302461_B8TIFA", `"a\"b"`, "k;a=1", `"k", "j"`, " ", `"`} {
+		f.Add(s, "")
+	}
+	f.Add("k", "k")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		values := []string{a}
+		if b != "" {
+			values = append(values, b)
+		}
+		key, err := Parse("Idempotency-Key", values)
+		if err != nil {
+			if errcode.Of(err) != errcode.KeyInvalid {
+				t.Fatalf("%q: %v, want KEY_INVALID", values, err)
+			}
+			return
+		}
+		if len(values) > 1 || len(key) > 255 || (key == "" && strings.TrimSpace(a) != "") {
+			t.Fatalf("%q: the key %q", values, key)
+		}
+		for i := range len(key) {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("%q: the key %q has byte 0x%02x", values, key, key[i])
+			}
+		}
+		if key == "" {
+			return
+		}
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		if again, err := Parse("Idempotency-Key", []string{quoted}); err != nil || again != key {
+			t.Fatalf("%q: the key %q quoted reads back as %q, %v", values, key, again, err)
+		}
+	})
+}
