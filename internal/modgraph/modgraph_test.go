@@ -138,8 +138,9 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 // are floors: the lowest versions they build and pass their tests with.
 var floorModules = []string{".", "interceptors/mcpguard", "interceptors/connectguard"}
 
-// TestReadmeGivesTheFloors: the README's table of floors names exactly the
-// direct requirements of the floor modules, at the versions they require.
+// TestReadmeGivesTheFloors: the README's dependency table gives a floor
+// for exactly the direct requirements of the floor modules, at the
+// versions they require.
 func TestReadmeGivesTheFloors(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -209,17 +210,17 @@ func TestServiceAtTheFloorsKeepsThem(t *testing.T) {
 	}
 }
 
-// readmeFloors reads the README's table of floors: each module path of a
-// row, with the row's version.
+// readmeFloors reads the floors of the README's dependency table: each
+// module path of a row whose floor cell is a version, with that version.
 func readmeFloors(t *testing.T, readme string) map[string]string {
 	t.Helper()
 	b, err := os.ReadFile(readme)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(b), "\n### Floors\n")
+	_, section, ok := strings.Cut(string(b), "\n## Dependencies and why\n")
 	if !ok {
-		t.Fatal("the README has no Floors section")
+		t.Fatal("the README has no Dependencies section")
 	}
 	floors := map[string]string{}
 	for _, line := range strings.Split(section, "\n") {
@@ -237,7 +238,7 @@ func readmeFloors(t *testing.T, readme string) map[string]string {
 		}
 	}
 	if len(floors) == 0 {
-		t.Fatal("the README's Floors section has no table")
+		t.Fatal("the README's dependency table gives no floor")
 	}
 	return floors
 }
