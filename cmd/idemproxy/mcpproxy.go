@@ -226,14 +226,15 @@ func (u *upstream) advertiseKeys(list *mcp.ListToolsResult) {
 		if _, declared := props[arg]; declared {
 			continue // the upstream's own
 		}
-		out := maps.Clone(schema)
-		out["properties"] = maps.Clone(props)
-		if out["properties"] == nil {
-			out["properties"] = map[string]any{}
+		withKey := maps.Clone(props)
+		if withKey == nil {
+			withKey = map[string]any{}
 		}
-		out["properties"].(map[string]any)[arg] = map[string]any{
+		withKey[arg] = map[string]any{
 			"type": "string", "minLength": 1, "maxLength": 255, "description": mcpguard.KeyDescription,
 		}
+		out := maps.Clone(schema)
+		out["properties"] = withKey
 		tool.InputSchema = out
 	}
 }

@@ -693,3 +693,17 @@ func TestProxyReadsSEP3182(t *testing.T) {
 		t.Fatalf("the retry: %v %+v, %d writes", err, again, len(up.writes()))
 	}
 }
+
+// TestAdvertiseKeysWithoutProperties: a guarded tool whose schema names no
+// properties, or that has no schema, gets the key argument all the same.
+func TestAdvertiseKeysWithoutProperties(t *testing.T) {
+	u := &upstream{keys: map[string]string{"a": "idempotency_key", "b": "idempotency_key"}}
+	list := &mcp.ListToolsResult{Tools: []*mcp.Tool{{Name: "a", InputSchema: map[string]any{"type": "object"}}, {Name: "b"}}}
+	u.advertiseKeys(list)
+	for _, tool := range list.Tools {
+		props, _ := tool.InputSchema.(map[string]any)["properties"].(map[string]any)
+		if key, _ := props["idempotency_key"].(map[string]any); key["description"] != mcpguard.KeyDescription {
+			t.Errorf("%s: %v", tool.Name, tool.InputSchema)
+		}
+	}
+}
