@@ -32,6 +32,7 @@ import (
 
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/internal/keyheader"
 	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/internal/protoutcome"
@@ -39,15 +40,16 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
-// The headers the interceptor reads and writes.
+// The headers the interceptor reads and writes: httpguard's, since a
+// Connect call is an HTTP request.
 const (
 	// KeyHeader carries the idempotency key.
-	KeyHeader = "Idempotency-Key"
+	KeyHeader = httpguard.KeyHeader
 	// FirstAttemptHeader carries when the intent's first attempt was made
 	// (RFC 3339), so that the ledger can refuse a retry past its windows.
-	FirstAttemptHeader = "Idempotency-First-Attempt-At"
+	FirstAttemptHeader = httpguard.FirstAttemptHeader
 	// ReplayedHeader is "true" on a replayed response or error.
-	ReplayedHeader = "Idempotency-Replayed"
+	ReplayedHeader = httpguard.ReplayedHeader
 )
 
 // Procedure is how one unary procedure is protected.

@@ -64,33 +64,18 @@ func Handler(h http.Handler) http.Handler {
 	})
 }
 
-// paramsToMeta rewrites a posted JSON-RPC message, or a batch of them,
-// with each tools/call's idempotencyKey parameter copied into its _meta.
+// paramsToMeta rewrites a posted JSON-RPC message that is a tools/call
+// with an idempotencyKey parameter, the parameter copied into its _meta.
+// Anything else is left as it came: a message without the parameter's
+// name in it (the common case, decoded no further), and a batch, which
+// MCP has not had since 2025-06-18 (its calls' keys then come from the
+// argument or _meta, or are missing: typed either way).
 func paramsToMeta(body []byte) ([]byte, bool) {
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		var batch []json.RawMessage
-		if json.Unmarshal(body, &batch) != nil {
-			return nil, false
-		}
-		changed := false
-		for i, m := range batch {
-			if out, ok := messageParamsToMeta(m); ok {
-				batch[i], changed = out, true
-			}
-		}
-		if !changed {
-			return nil, false
-		}
-		out, err := json.Marshal(batch)
-		return out, err == nil
+	if !bytes.Contains(body, []byte(`"`+paramKey+`"`)) {
+		return nil, false
 	}
-	return messageParamsToMeta(body)
-}
-
-func messageParamsToMeta(m json.RawMessage) (json.RawMessage, bool) {
 	var msg map[string]json.RawMessage
-	if json.Unmarshal(m, &msg) != nil || string(msg["method"]) != `"tools/call"` {
+	if json.Unmarshal(body, &msg) != nil || string(msg["method"]) != `"tools/call"` {
 		return nil, false
 	}
 	params, ok := keyToMeta(msg["params"])
@@ -105,51 +90,53 @@ func messageParamsToMeta(m json.RawMessage) (json.RawMessage, bool) {
 // keyToMeta is tools/call params with idempotencyKey copied into _meta
 // (paramKeyMeta), as it came: a key that is not a string is KEY_INVALID.
 func keyToMeta(raw json.RawMessage) (json.RawMessage, bool) {
-	var params map[string]json.RawMessage
-	if json.Unmarshal(raw, &params) != nil {
-		return nil, false
-	}
-	key, ok := params[paramKey]
-	if !ok {
-		return nil, false
-	}
-	var meta map[string]json.RawMessage
-	if m, ok := params["_meta"]; ok && json.Unmarshal(m, &meta) != nil {
-		return nil, false // a _meta that is not an object: the SDK refuses the call
-	}
-	if meta == nil {
-		meta = map[string]json.RawMessage{}
-	}
-	meta[paramKeyMeta] = key
-	b, err := json.Marshal(meta)
-	if err != nil {
-		return nil, false
-	}
-	params["_meta"] = b
-	out, err := json.Marshal(params)
-	return out, err == nil
+	return editParams(raw, func(params, meta map[string]json.RawMessage) bool {
+		key, ok := params[paramKey]
+		if ok {
+			meta[paramKeyMeta] = key
+		}
+		return ok
+	})
 }
 
 // metaToParam is tools/call params with _meta's key (KeyMeta) sent as
 // SEP-3182's idempotencyKey parameter instead.
 func metaToParam(raw json.RawMessage) (json.RawMessage, bool) {
+	return editParams(raw, func(params, meta map[string]json.RawMessage) bool {
+		key, ok := meta[KeyMeta]
+		if ok {
+			delete(meta, KeyMeta)
+			params[paramKey] = key
+		}
+		return ok
+	})
+}
+
+// editParams decodes tools/call params and their _meta, lets edit change
+// them, and encodes them again when edit says it did. A _meta left empty
+// is dropped; params or a _meta that are not objects are left alone (the
+// SDK refuses such a call).
+func editParams(raw json.RawMessage, edit func(params, meta map[string]json.RawMessage) bool) (json.RawMessage, bool) {
 	var params map[string]json.RawMessage
-	if json.Unmarshal(raw, &params) != nil {
+	if json.Unmarshal(raw, &params) != nil || params == nil {
 		return nil, false
 	}
-	var meta map[string]json.RawMessage
-	if json.Unmarshal(params["_meta"], &meta) != nil {
+	meta := map[string]json.RawMessage{}
+	if m, ok := params["_meta"]; ok && json.Unmarshal(m, &meta) != nil {
 		return nil, false
 	}
-	key, ok := meta[KeyMeta]
-	if !ok {
+	if meta == nil { // "_meta": null
+		meta = map[string]json.RawMessage{}
+	}
+	if !edit(params, meta) {
 		return nil, false
 	}
-	delete(meta, KeyMeta)
-	params[paramKey] = key
-	if len(meta) == 0 {
-		delete(params, "_meta")
-	} else if b, err := json.Marshal(meta); err == nil {
+	delete(params, "_meta")
+	if len(meta) > 0 {
+		b, err := json.Marshal(meta)
+		if err != nil {
+			return nil, false
+		}
 		params["_meta"] = b
 	}
 	out, err := json.Marshal(params)
@@ -191,7 +178,7 @@ func (c *sepConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	}
 	switch m := m.(type) {
 	case *jsonrpc.Request:
-		if m.Method == "tools/call" {
+		if m.Method == "tools/call" && bytes.Contains(m.Params, []byte(`"`+paramKey+`"`)) {
 			if params, ok := keyToMeta(m.Params); ok {
 				m.Params = params
 			}
