@@ -98,6 +98,12 @@ type mcpConfig struct {
 	Upstream struct {
 		URL     string   `yaml:"url"`
 		Command []string `yaml:"command"`
+		// MaxSessions bounds the children of a stdio upstream, one per
+		// client session (defaultMaxSessions when absent); SessionIdle
+		// closes a session, and its child, idle this long
+		// (defaultSessionIdle when absent).
+		MaxSessions int      `yaml:"max_sessions"`
+		SessionIdle duration `yaml:"session_idle"`
 	} `yaml:"upstream"`
 	Tenant tenantConfig `yaml:"tenant"`
 	// MaxResultBytes bounds one message of the upstream the proxy relays
@@ -212,6 +218,9 @@ func (c fileConfig) check() error {
 	}
 	if n != 1 {
 		return errors.New("mcp.tenant needs exactly one of static, header and argument")
+	}
+	if m.Upstream.MaxSessions < 0 || m.Upstream.SessionIdle < 0 {
+		return errors.New("mcp.upstream.max_sessions and session_idle must not be negative")
 	}
 	if m.MaxResultBytes < 0 {
 		return errors.New("mcp.max_result_bytes must not be negative")

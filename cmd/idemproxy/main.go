@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -33,7 +34,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -166,12 +166,15 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 		}
 	} else {
 		mode, endpoint = "mcp", endpoint+"/mcp"
-		up := newUpstream(cfg.MCP, log)
-		defer up.close()
-		ping = up.ping
-		if handler, err = mcpHandler(cfg.MCP, up, ledger, m, log); err != nil {
+		var upstreamURL string
+		var stop func()
+		if handler, upstreamURL, stop, err = mcpHandler(cfg.MCP, ledger, m, log); err != nil {
 			return err
 		}
+		defer stop()
+		up := &upstream{endpoint: upstreamURL}
+		defer up.close()
+		ping = up.ping
 		handler = untilDrain(drainCtx, handler)
 	}
 	fresh := &freshConns{}
@@ -298,38 +301,48 @@ func adminAddr(l net.Listener) string {
 }
 
 // mcpHandler is the MCP mode: Streamable HTTP on /mcp, the named tools
-// guarded, everything else forwarded to the upstream MCP server.
-func mcpHandler(cfg *mcpConfig, up *upstream, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, error) {
+// guarded, everything else passed through to the upstream MCP server
+// (front.go). A stdio upstream is served as Streamable HTTP on loopback
+// by a bridge first (bridge.go). It returns the upstream's endpoint, and
+// what ends the bridge.
+func mcpHandler(cfg *mcpConfig, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, string, func(), error) {
 	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta()}
 	for name, t := range cfg.Tools {
 		tool, err := t.tool(time.Duration(cfg.RunTimeout))
 		if err != nil {
-			return nil, err
+			return nil, "", nil, err
 		}
 		opts = append(opts, mcpguard.WithTool(name, tool))
 	}
 	gd, err := guard.New(ledger, guard.WithLogger(log))
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
 	g, err := mcpguard.New(gd, opts...)
 	if err != nil {
-		return nil, err
+		return nil, "", nil, err
 	}
-	srv := mcp.NewServer(&mcp.Implementation{Name: "idemproxy", Version: version()}, &mcp.ServerOptions{
-		Capabilities: &mcp.ServerCapabilities{
-			Tools: &mcp.ToolCapabilities{}, Resources: &mcp.ResourceCapabilities{}, Prompts: &mcp.PromptCapabilities{},
-			Experimental: map[string]any{mcpguard.IdempotencyCapability: map[string]any{}}, // it reads SEP-3182's idempotencyKey
-		},
-	})
-	// Each call wraps the handler so far: forward is innermost, then the
-	// guard, then the metrics.
-	srv.AddReceivingMiddleware(up.forward)
-	srv.AddReceivingMiddleware(g.Middleware())
-	srv.AddReceivingMiddleware(m.observe(cfg.Tools))
+	limit := cmp.Or(cfg.MaxResultBytes, defaultMaxResultBytes)
+	endpoint, stop := cfg.Upstream.URL, func() {}
+	if endpoint == "" {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, "", nil, err
+		}
+		b := newBridge(cfg.Upstream.Command, limit, cfg.Upstream.MaxSessions, time.Duration(cfg.Upstream.SessionIdle), log)
+		hs := &http.Server{Handler: b, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = hs.Serve(lis) }()
+		endpoint = "http://" + lis.Addr().String() + "/mcp"
+		stop = func() { _ = hs.Close(); b.closeAll() }
+	}
+	f, err := newFront(endpoint, limit, cfg.Tools, g, m, log)
+	if err != nil {
+		stop()
+		return nil, "", nil, err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
-	return mux, nil
+	mux.Handle("/mcp", f)
+	return mux, endpoint, stop, nil
 }
 
 // version is the module version from the build info.

@@ -55,6 +55,14 @@ func (m *metrics) observe(tools map[string]toolConfig) mcp.Middleware {
 	}
 }
 
+// passthrough counts a tools/call of a tool the proxy does not guard,
+// which it forwards as it is (counted as it starts); done ends its timer.
+func (m *metrics) passthrough() (done func()) {
+	m.calls.WithLabelValues("(other)", "passthrough").Inc()
+	timer := prometheus.NewTimer(m.seconds.WithLabelValues("(other)", "false"))
+	return func() { timer.ObserveDuration() }
+}
+
 func result(guarded bool, res mcp.Result, err error) string {
 	switch {
 	case err != nil:

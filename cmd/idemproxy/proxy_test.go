@@ -697,9 +697,16 @@ func TestProxyReadsSEP3182(t *testing.T) {
 // TestAdvertiseKeysWithoutProperties: a guarded tool whose schema names no
 // properties, or that has no schema, gets the key argument all the same.
 func TestAdvertiseKeysWithoutProperties(t *testing.T) {
-	u := &upstream{keys: map[string]string{"a": "idempotency_key", "b": "idempotency_key"}}
-	list := &mcp.ListToolsResult{Tools: []*mcp.Tool{{Name: "a", InputSchema: map[string]any{"type": "object"}}, {Name: "b"}}}
-	u.advertiseKeys(list)
+	f := &front{keys: map[string]string{"a": "idempotency_key", "b": "idempotency_key"}}
+	msg := f.advertiseKeys([]byte(`{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a","inputSchema":{"type":"object"}},{"name":"b"}],"nextCursor":"c"}}`))
+	var list mcp.ListToolsResult
+	var res struct {
+		Result *mcp.ListToolsResult `json:"result"`
+	}
+	res.Result = &list
+	if err := json.Unmarshal(msg, &res); err != nil || list.NextCursor != "c" || len(list.Tools) != 2 {
+		t.Fatalf("%s: %v", msg, err)
+	}
 	for _, tool := range list.Tools {
 		props, _ := tool.InputSchema.(map[string]any)["properties"].(map[string]any)
 		if key, _ := props["idempotency_key"].(map[string]any); key["description"] != mcpguard.KeyDescription {

@@ -7,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
-	"net/http"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -50,121 +47,6 @@ func tooLargeResult(limit int64) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: mcpguard.Advice(le)}},
 		Meta: mcp.Meta{mcpguard.ErrorMeta: info}, StructuredContent: map[string]any{"error": info}}
 }
-
-// isTooLarge reports whether err is the bound's error.
-func isTooLarge(err error) bool {
-	var w *jsonrpc.Error
-	return errors.As(err, &w) && w.Code == codeTooLarge
-}
-
-// boundedTransport bounds the messages of the Streamable HTTP upstream:
-// the response to each POST, a JSON message or a stream of server-sent
-// events, each message at most limit bytes.
-type boundedTransport struct {
-	base  http.RoundTripper
-	limit int64
-}
-
-func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	var id json.RawMessage
-	if req.Method == http.MethodPost && req.GetBody != nil {
-		if body, err := req.GetBody(); err == nil {
-			var msg struct {
-				ID json.RawMessage `json:"id"`
-			}
-			if json.NewDecoder(body).Decode(&msg) == nil {
-				id = msg.ID
-			}
-			_ = body.Close()
-		}
-	}
-	res, err := t.base.RoundTrip(req)
-	if err != nil || id == nil || res.StatusCode != http.StatusOK {
-		return res, err
-	}
-	ct, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
-	switch ct {
-	case "application/json":
-		b, err := io.ReadAll(io.LimitReader(res.Body, t.limit+1))
-		if err == nil && int64(len(b)) > t.limit {
-			_, err = io.Copy(io.Discard, res.Body) // the rest, away
-			b = tooLargeMessage(id, t.limit)
-		}
-		_ = res.Body.Close()
-		if err != nil {
-			return nil, err
-		}
-		res.Body, res.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-		res.Header.Del("Content-Length")
-	case "text/event-stream":
-		res.Body = &boundedEvents{src: res.Body, in: bufio.NewReader(res.Body), id: id, limit: t.limit}
-	}
-	return res, nil
-}
-
-// boundedEvents relays a stream of server-sent events one whole event at a
-// time; an event over the limit is read away and replaced by the bound's
-// error for the call, which ends the stream.
-type boundedEvents struct {
-	src   io.Closer
-	in    *bufio.Reader
-	id    json.RawMessage
-	limit int64
-	out   []byte // what is ready to be read
-	event []byte // the event being read
-	over  bool   // the event is over the limit: reading it away
-	mid   bool   // the last read ended inside a line
-	done  bool
-}
-
-func (e *boundedEvents) Read(p []byte) (int, error) {
-	for len(e.out) == 0 {
-		if e.done {
-			return 0, io.EOF
-		}
-		if err := e.next(); err != nil {
-			return 0, err
-		}
-	}
-	n := copy(p, e.out)
-	e.out = e.out[n:]
-	return n, nil
-}
-
-// next reads one line of the stream.
-func (e *boundedEvents) next() error {
-	line, err := e.in.ReadSlice('\n')
-	// A blank line ends an event; a long line comes in several reads.
-	end := !e.mid && len(line) > 0 && len(bytes.TrimRight(line, "\r\n")) == 0
-	e.mid = errors.Is(err, bufio.ErrBufferFull)
-	if e.mid {
-		err = nil
-	}
-	if !e.over {
-		e.event = append(e.event, line...)
-		if int64(len(e.event)) > e.limit {
-			e.over, e.event = true, nil
-		}
-	}
-	switch {
-	case end && e.over:
-		e.out = append([]byte("event: message\ndata: "), tooLargeMessage(e.id, e.limit)...)
-		e.out = append(e.out, "\n\n"...)
-		e.done = true
-	case end:
-		e.out, e.event = e.event, nil
-	}
-	if errors.Is(err, io.EOF) {
-		if !e.over {
-			e.out = append(e.out, e.event...)
-		}
-		e.done = true
-		return nil
-	}
-	return err
-}
-
-func (e *boundedEvents) Close() error { return e.src.Close() }
 
 // boundedLines bounds the messages of a stdio upstream, one JSON message
 // a line: a line over the limit is read away and replaced by the bound's

@@ -1,0 +1,614 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"mime"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+)
+
+// front is the MCP mode's endpoint: a reverse proxy of the upstream's
+// Streamable HTTP endpoint that changes only what the guard must. Every
+// request and every answer passes through as it is (sessions, the
+// client's and the server's capabilities, notifications both ways,
+// server-to-client requests and their answers, the listening stream and
+// its resumption, subscriptions, logging levels, pings, cancellation),
+// except:
+//   - a tools/call of a guarded tool, which the guard answers (running it
+//     upstream once, while relaying what the upstream sends meanwhile);
+//   - the initialize result, which gains the tools.idempotency capability;
+//   - the tools/list result, which gains each guarded tool's key argument;
+//   - a cancellation of a guarded call, which is not forwarded: the run
+//     outlives its caller;
+//   - any message over the relay bound.
+//
+// A stdio upstream is served as Streamable HTTP by a bridge (bridge.go),
+// so the front is the same for both.
+type front struct {
+	upstream *url.URL
+	client   *http.Client
+	limit    int64
+	// keys is, by guarded tool, the key argument the proxy advertises in
+	// tools/list and removes before the upstream (toolConfig.keyArgument).
+	keys    map[string]string
+	guarded map[string]bool
+	m       *metrics
+	log     *slog.Logger
+
+	chain mcp.MethodHandler // metrics, then the guard, then call
+	sep   http.Handler      // SEP-3182's parameter into _meta, then serveGuarded
+	proxy *httputil.ReverseProxy
+
+	mu      sync.Mutex
+	running map[string]struct{} // guarded calls in flight, by session and id
+}
+
+// maxRequestBytes bounds a message from the client.
+const maxRequestBytes = 4 << 20
+
+// codeUpstreamLost is the error of a call whose upstream connection
+// broke before it answered: nobody knows whether it ran.
+const codeUpstreamLost = -32098
+
+func newFront(upstream string, limit int64, tools map[string]toolConfig, g *mcpguard.Guard, m *metrics, log *slog.Logger) (*front, error) {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		return nil, err
+	}
+	f := &front{
+		upstream: u, limit: limit, keys: map[string]string{}, guarded: map[string]bool{}, m: m, log: log,
+		client:  &http.Client{Transport: http.DefaultTransport},
+		running: map[string]struct{}{},
+	}
+	for name, t := range tools {
+		f.guarded[name] = true
+		if arg := t.keyArgument(); arg != "" {
+			f.keys[name] = arg
+		}
+	}
+	f.chain = m.observe(tools)(g.Middleware()(f.call))
+	f.sep = mcpguard.Handler(http.HandlerFunc(f.serveGuarded))
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(u)
+			r.Out.URL.Path, r.Out.URL.RawPath = u.Path, u.RawPath
+		},
+		FlushInterval:  -1,
+		ModifyResponse: f.relay,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.WarnContext(r.Context(), "the upstream MCP server cannot be reached", "error", err)
+			http.Error(w, "the upstream MCP server cannot be reached", http.StatusBadGateway)
+		},
+	}
+	return f, nil
+}
+
+// forwarded is what a request the proxy forwards as it is says of its
+// answer: the call it answers, and how to rewrite the response.
+type forwarded struct {
+	id      json.RawMessage
+	rewrite func([]byte) []byte
+}
+
+type forwardedKey struct{}
+
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !f.local(r) {
+		http.Error(w, fmt.Sprintf("Forbidden: the Host %q or Origin %q is not this machine", r.Host, r.Header.Get("Origin")), http.StatusForbidden)
+		return
+	}
+	if r.Method != http.MethodPost {
+		f.proxy.ServeHTTP(w, r)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBytes))
+	if err != nil {
+		http.Error(w, "the message is larger than idemproxy takes", http.StatusRequestEntityTooLarge)
+		return
+	}
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	e, _ := readEnvelope(body)
+	var fw forwarded
+	switch e.Method {
+	case "tools/call":
+		var p struct {
+			Name string `json:"name"`
+		}
+		_ = json.Unmarshal(e.Params, &p)
+		if f.guarded[p.Name] && e.isCall() {
+			f.sep.ServeHTTP(w, r)
+			return
+		}
+		done := f.m.passthrough()
+		defer done()
+	case "initialize":
+		fw.rewrite = advertiseIdempotency
+	case "tools/list":
+		fw.rewrite = f.advertiseKeys
+	case "notifications/cancelled":
+		var p struct {
+			RequestID json.RawMessage `json:"requestId"`
+		}
+		if json.Unmarshal(e.Params, &p) == nil && f.isRunning(r.Header.Get("Mcp-Session-Id"), p.RequestID) {
+			w.WriteHeader(http.StatusAccepted) // the run outlives its caller
+			return
+		}
+	}
+	if e.isCall() {
+		fw.id = e.ID
+	}
+	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, fw)))
+}
+
+// local is DNS-rebinding protection, as the MCP SDKs have it: a request
+// that arrives on a loopback address must name a loopback Host, and a
+// loopback Origin if it has one.
+func (f *front) local(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || !isLoopback(addr.String()) {
+		return true
+	}
+	if !isLoopback(r.Host) {
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		u, err := url.Parse(o)
+		return err == nil && isLoopback(u.Host)
+	}
+	return true
+}
+
+// isLoopback reports whether hostport names this machine.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = strings.Trim(hostport, "[]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// relay bounds (and for initialize and tools/list rewrites) an answer the
+// proxy forwards as it is.
+func (f *front) relay(res *http.Response) error {
+	fw, _ := res.Request.Context().Value(forwardedKey{}).(forwarded)
+	if res.StatusCode != http.StatusOK {
+		return nil
+	}
+	body := &relayBody{src: res.Body, id: fw.id, limit: f.limit, rewrite: fw.rewrite}
+	switch ct, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type")); ct {
+	case "text/event-stream":
+		body.events = newEventReader(res.Body, f.limit)
+	case "application/json":
+		body.json = res.Body
+	default:
+		return nil
+	}
+	// The answer may change length (a rewrite, the bound's error).
+	res.Header.Del("Content-Length")
+	res.Body, res.ContentLength = body, -1
+	return nil
+}
+
+// running is one guarded call in flight, for call.
+type running struct {
+	header  http.Header
+	id      json.RawMessage
+	session string
+	client  *eventWriter // what the upstream sends meanwhile, to the client
+	// refused is the upstream's HTTP answer when it refused the call
+	// outright (an unknown session, say): the proxy relays it as it is.
+	refused *http.Response
+	body    []byte
+}
+
+type runningKey struct{}
+
+// serveGuarded answers a tools/call of a guarded tool through the guard.
+func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
+	var msg struct {
+		ID     json.RawMessage       `json:"id"`
+		Params mcp.CallToolParamsRaw `json:"params"`
+	}
+	body, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(body, &msg); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil,
+			"error": map[string]any{"code": jsonrpc.CodeParseError, "message": "the tools/call is not JSON-RPC: " + err.Error()}})
+		return
+	}
+	rc := &running{header: r.Header.Clone(), id: msg.ID, session: r.Header.Get("Mcp-Session-Id"), client: &eventWriter{w: w}}
+	key := rc.session + "\x00" + string(msg.ID)
+	f.mu.Lock()
+	f.running[key] = struct{}{}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.running, key)
+		f.mu.Unlock()
+	}()
+	req := &mcp.CallToolRequest{Params: &msg.Params, Extra: &mcp.RequestExtra{Header: r.Header}}
+	res, err := f.chain(context.WithValue(r.Context(), runningKey{}, rc), "tools/call", req)
+	if rc.refused != nil && !rc.client.started() {
+		for k, v := range rc.refused.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rc.refused.StatusCode)
+		_, _ = w.Write(rc.body)
+		return
+	}
+	answer := map[string]any{"jsonrpc": "2.0", "id": msg.ID}
+	var werr *jsonrpc.Error
+	switch {
+	case errors.As(err, &werr):
+		answer["error"] = werr
+	case err != nil:
+		answer["error"] = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+	default:
+		answer["result"] = res
+	}
+	b, err := json.Marshal(answer)
+	if err != nil {
+		b, _ = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": msg.ID,
+			"error": map[string]any{"code": jsonrpc.CodeInternalError, "message": err.Error()}})
+	}
+	rc.client.answer(b)
+}
+
+// isRunning reports whether the call id of session is a guarded call in
+// flight.
+func (f *front) isRunning(session string, id json.RawMessage) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.running[session+"\x00"+string(bytes.TrimSpace(id))]
+	return ok
+}
+
+// call runs a guarded tools/call upstream, innermost under the guard, and
+// returns its result. What the upstream sends before it (progress, log
+// messages, requests for sampling or elicitation) goes to the client as
+// it comes. Its context is the guard's: the run outlives the client.
+func (f *front) call(ctx context.Context, _ string, r mcp.Request) (mcp.Result, error) {
+	rc, _ := ctx.Value(runningKey{}).(*running)
+	req, _ := r.(*mcp.CallToolRequest)
+	if rc == nil || req == nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idemproxy: a guarded call without its request"}
+	}
+	params := f.stripKey(req.Params)
+	if len(params.Arguments) == 0 {
+		params.Arguments = json.RawMessage("{}")
+	}
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rc.id, "method": "tools/call", "params": params})
+	if err != nil {
+		return nil, err
+	}
+	res, err := f.post(ctx, rc.header, body)
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		// Nothing was sent: a guarded call is released (UNAVAILABLE is
+		// transient), and its retry runs afresh.
+		return nil, fmt.Errorf("%w: %w: %w", errUpstreamDown, status.Error(codes.Unavailable, "upstream down"), err)
+	case err != nil:
+		// The call may have reached the upstream: nobody knows whether it
+		// wrote.
+		return nil, fmt.Errorf("%w: %w", guard.ErrOutcomeUnknown, err)
+	}
+	if res.StatusCode != http.StatusOK {
+		rc.refused = res
+		rc.body, _ = io.ReadAll(io.LimitReader(res.Body, 64<<10))
+		_ = res.Body.Close()
+		return nil, fmt.Errorf("%w: %w: the upstream answered HTTP %d", errUpstreamDown, status.Error(codes.Unavailable, "upstream refused"), res.StatusCode)
+	}
+	msg, err := f.await(ctx, rc, res)
+	if err != nil {
+		// The call may have reached the upstream: nobody knows whether it
+		// wrote.
+		return nil, fmt.Errorf("%w: %w", guard.ErrOutcomeUnknown, err)
+	}
+	e, _ := readEnvelope(msg)
+	switch {
+	case e.Error != nil && e.Error.Code == codeTooLarge:
+		return tooLargeResult(f.limit), nil // the tool ran; its answer is not relayed, and says so
+	case e.Error != nil && e.Error.Code == codeUpstreamLost:
+		return nil, fmt.Errorf("%w: %s", guard.ErrOutcomeUnknown, e.Error.Message)
+	case e.Error != nil:
+		return nil, &jsonrpc.Error{Code: e.Error.Code, Message: e.Error.Message, Data: e.Error.Data}
+	}
+	var out mcp.CallToolResult
+	if err := json.Unmarshal(e.Result, &out); err != nil {
+		return nil, fmt.Errorf("%w: the upstream's result is not a tool result: %w", guard.ErrOutcomeUnknown, err)
+	}
+	return &out, nil
+}
+
+// errUpstreamDown is the error of a call the proxy could not send.
+var errUpstreamDown = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the upstream MCP server cannot be reached"}
+
+// post sends one message upstream with the client's headers.
+func (f *front) post(ctx context.Context, header http.Header, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.upstream.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range []string{"Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Traceparent", "Tracestate"} {
+		if v := header.Values(h); len(v) > 0 {
+			req.Header[http.CanonicalHeaderKey(h)] = v
+		}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	return f.client.Do(req)
+}
+
+// await reads the upstream's answer to the guarded call: its response,
+// with every other message relayed to the client meanwhile. A stream that
+// ends before the response is resumed with Last-Event-ID, after the
+// retry time the upstream asked for (SEP-1699).
+func (f *front) await(ctx context.Context, rc *running, res *http.Response) ([]byte, error) {
+	for {
+		ct, _, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
+		if ct == "application/json" {
+			defer res.Body.Close()
+			msg, err := io.ReadAll(io.LimitReader(res.Body, f.limit+1))
+			if err != nil {
+				return nil, err
+			}
+			if int64(len(msg)) > f.limit {
+				return tooLargeMessage(rc.id, f.limit), nil
+			}
+			return msg, nil
+		}
+		if ct != "text/event-stream" {
+			_ = res.Body.Close()
+			return nil, fmt.Errorf("the upstream answered %q", ct)
+		}
+		events := newEventReader(res.Body, f.limit)
+		var last string
+		var retry time.Duration
+		for {
+			ev, err := events.next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				_ = res.Body.Close()
+				return nil, err
+			}
+			last, retry = cmpOr(ev.id, last), max(retry, ev.retry)
+			if ev.over {
+				_ = res.Body.Close()
+				return tooLargeMessage(rc.id, f.limit), nil
+			}
+			if len(bytes.TrimSpace(ev.data)) == 0 {
+				continue // a priming event
+			}
+			if e, _ := readEnvelope(ev.data); e.answers(rc.id) {
+				_ = res.Body.Close()
+				return ev.data, nil
+			}
+			rc.client.event(ev.data)
+		}
+		_ = res.Body.Close()
+		if last == "" {
+			return nil, errors.New("the upstream's stream ended before its answer")
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		var err error
+		if res, err = f.resume(ctx, rc.header, last); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// resume opens the upstream's stream again after the event last.
+func (f *front) resume(ctx context.Context, header http.Header, last string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.upstream.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range []string{"Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version"} {
+		if v := header.Values(h); len(v) > 0 {
+			req.Header[http.CanonicalHeaderKey(h)] = v
+		}
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("Last-Event-ID", last)
+	res, err := f.client.Do(req)
+	if err == nil && res.StatusCode != http.StatusOK {
+		_ = res.Body.Close()
+		return nil, fmt.Errorf("resuming the upstream's stream: HTTP %d", res.StatusCode)
+	}
+	return res, err
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// eventWriter is the client's answer to a guarded call: a JSON message
+// when the upstream sent nothing before its result, else a stream of
+// server-sent events. The events carry no ids: a client that loses the
+// stream re-sends the call with its key, and the guard answers it. Writes
+// after the client left are dropped.
+type eventWriter struct {
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	sse  bool
+	gone bool
+}
+
+func (e *eventWriter) started() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sse
+}
+
+// event sends one message before the answer.
+func (e *eventWriter) event(msg []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.gone {
+		return
+	}
+	if !e.sse {
+		e.sse = true
+		e.w.Header().Set("Content-Type", "text/event-stream")
+		e.w.Header().Set("Cache-Control", "no-cache")
+		e.w.WriteHeader(http.StatusOK)
+	}
+	if _, err := e.w.Write(eventBytes(nil, msg)); err != nil {
+		e.gone = true
+		return
+	}
+	_ = http.NewResponseController(e.w).Flush()
+}
+
+// answer sends the call's response, the last message.
+func (e *eventWriter) answer(msg []byte) {
+	e.mu.Lock()
+	sse := e.sse
+	e.mu.Unlock()
+	if sse {
+		e.event(msg)
+		return
+	}
+	e.w.Header().Set("Content-Type", "application/json")
+	e.w.WriteHeader(http.StatusOK)
+	_, _ = e.w.Write(msg)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// advertiseIdempotency adds SEP-3182's tools.idempotency capability to an
+// initialize response: the proxy reads params.idempotencyKey.
+func advertiseIdempotency(msg []byte) []byte {
+	return editResult(msg, func(result map[string]any) {
+		caps, _ := result["capabilities"].(map[string]any)
+		if caps == nil {
+			caps = map[string]any{}
+		}
+		exp, _ := caps["experimental"].(map[string]any)
+		if exp == nil {
+			exp = map[string]any{}
+		}
+		if _, ok := exp[mcpguard.IdempotencyCapability]; !ok {
+			exp[mcpguard.IdempotencyCapability] = map[string]any{}
+		}
+		caps["experimental"] = exp
+		result["capabilities"] = caps
+	})
+}
+
+// advertiseKeys adds each guarded tool's key argument to its input schema
+// in a tools/list response, an optional string described for a model as
+// mcpguard.KeySchema does, so that a model learns to send it.
+func (f *front) advertiseKeys(msg []byte) []byte {
+	return editResult(msg, func(result map[string]any) {
+		tools, _ := result["tools"].([]any)
+		for _, t := range tools {
+			tool, _ := t.(map[string]any)
+			name, _ := tool["name"].(string)
+			arg, ok := f.keys[name]
+			if !ok {
+				continue
+			}
+			schema, _ := tool["inputSchema"].(map[string]any)
+			if schema == nil {
+				schema = map[string]any{"type": "object"}
+			}
+			props, _ := schema["properties"].(map[string]any)
+			if _, declared := props[arg]; declared {
+				continue // the upstream's own
+			}
+			withKey := maps.Clone(props)
+			if withKey == nil {
+				withKey = map[string]any{}
+			}
+			withKey[arg] = map[string]any{
+				"type": "string", "minLength": 1, "maxLength": 255, "description": mcpguard.KeyDescription,
+			}
+			schema["properties"] = withKey
+			tool["inputSchema"] = schema
+		}
+	})
+}
+
+// editResult is a JSON-RPC response with its result edited by edit; msg
+// itself when it has no object result.
+func editResult(msg []byte, edit func(map[string]any)) []byte {
+	var m map[string]any
+	dec := json.NewDecoder(bytes.NewReader(msg))
+	dec.UseNumber()
+	if dec.Decode(&m) != nil {
+		return msg
+	}
+	result, ok := m["result"].(map[string]any)
+	if !ok {
+		return msg
+	}
+	edit(result)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return msg
+	}
+	return b
+}
+
+// stripKey is params with a guarded tool's key argument removed, so that
+// an upstream whose schema does not declare it is not sent it.
+func (f *front) stripKey(p *mcp.CallToolParamsRaw) *mcp.CallToolParamsRaw {
+	out := *p
+	arg, ok := f.keys[p.Name]
+	if !ok {
+		return &out
+	}
+	var args map[string]json.RawMessage
+	if json.Unmarshal(p.Arguments, &args) != nil || args == nil {
+		return &out // not an object: the upstream says what it makes of it
+	}
+	if _, sent := args[arg]; !sent {
+		return &out
+	}
+	delete(args, arg)
+	if b, err := json.Marshal(args); err == nil {
+		out.Arguments = b
+	}
+	return &out
+}

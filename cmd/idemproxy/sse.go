@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The messages of Streamable HTTP, read and written one at a time: a POST's
+// answer is one JSON message or a stream of server-sent events, each
+// event one JSON-RPC message. The proxy holds at most the relay bound
+// (max_result_bytes) of one message.
+
+// sseEvent is one server-sent event.
+type sseEvent struct {
+	raw    []byte   // as read, with the blank line that ends it
+	fields []string // its lines other than data (id, event, retry, comments)
+	data   []byte   // its data lines, joined by "\n"
+	id     string
+	retry  time.Duration
+	over   bool // larger than the bound: read away, nothing kept
+}
+
+// eventReader reads a stream of server-sent events one whole event at a
+// time, each at most limit bytes.
+type eventReader struct {
+	in    *bufio.Reader
+	limit int64
+}
+
+func newEventReader(r io.Reader, limit int64) *eventReader {
+	return &eventReader{in: bufio.NewReader(r), limit: limit}
+}
+
+// next reads the next event; io.EOF when the stream ends between events.
+func (r *eventReader) next() (sseEvent, error) {
+	var ev sseEvent
+	var size int64
+	var line []byte
+	content, started := 0, false
+	for {
+		chunk, err := r.in.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) && !errors.Is(err, io.EOF) {
+			return ev, err
+		}
+		size += int64(len(chunk))
+		if !ev.over && size > r.limit {
+			ev = sseEvent{over: true}
+			line = nil
+		}
+		if !ev.over {
+			ev.raw = append(ev.raw, chunk...)
+			line = append(line, chunk...)
+		}
+		content += len(bytes.TrimRight(chunk, "\r\n"))
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		eof := errors.Is(err, io.EOF)
+		switch {
+		case content == 0 && !eof && started:
+			return ev, nil // the blank line that ends the event
+		case content == 0 && !eof:
+			ev.raw = nil // blank lines between events
+		case content > 0:
+			started = true
+			if !ev.over {
+				ev.field(bytes.TrimRight(line, "\r\n"))
+			}
+		}
+		line, content = nil, 0
+		if eof {
+			if started {
+				return ev, nil
+			}
+			return ev, io.EOF
+		}
+	}
+}
+
+// field takes one line of the event.
+func (ev *sseEvent) field(line []byte) {
+	name, value, _ := strings.Cut(string(line), ":")
+	value = strings.TrimPrefix(value, " ")
+	switch name {
+	case "data":
+		if ev.data != nil {
+			ev.data = append(ev.data, '\n')
+		}
+		ev.data = append(ev.data, value...)
+		if ev.data == nil {
+			ev.data = []byte{}
+		}
+		return
+	case "id":
+		ev.id = value
+	case "retry":
+		if ms, err := strconv.Atoi(value); err == nil && ms >= 0 {
+			ev.retry = time.Duration(ms) * time.Millisecond
+		}
+	}
+	ev.fields = append(ev.fields, string(line))
+}
+
+// eventBytes is a server-sent event of fields and the message data.
+func eventBytes(fields []string, data []byte) []byte {
+	var b bytes.Buffer
+	for _, f := range fields {
+		b.WriteString(f)
+		b.WriteByte('\n')
+	}
+	if len(fields) == 0 {
+		b.WriteString("event: message\n")
+	}
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		b.WriteString("data: ")
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	return b.Bytes()
+}
+
+// envelope is what the proxy reads of a JSON-RPC message: a request or a
+// notification has a method; a response has an id and no method.
+type envelope struct {
+	ID     json.RawMessage `json:"id,omitempty"`
+	Method string          `json:"method,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *struct {
+		Code    int64           `json:"code"`
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data,omitempty"`
+	} `json:"error,omitempty"`
+}
+
+// readEnvelope reads msg's envelope; ok is false when msg is not a JSON
+// object.
+func readEnvelope(msg []byte) (envelope, bool) {
+	var e envelope
+	if json.Unmarshal(msg, &e) != nil {
+		return e, false
+	}
+	return e, true
+}
+
+// answers reports whether e is the response to the request of id.
+func (e envelope) answers(id json.RawMessage) bool {
+	return e.Method == "" && len(e.ID) > 0 && bytes.Equal(bytes.TrimSpace(e.ID), bytes.TrimSpace(id))
+}
+
+// isCall reports whether e is a request (it expects a response).
+func (e envelope) isCall() bool { return e.Method != "" && len(e.ID) > 0 && string(e.ID) != "null" }
+
+// relayBody is an upstream answer on its way to the client, one message
+// at a time: a message over the bound is read away and, on a POST's
+// answer, replaced by the bound's error for the call, which ends the
+// answer (on a GET's stream it is dropped); the response to the call is
+// rewritten by rewrite, when there is one.
+type relayBody struct {
+	src     io.Closer
+	events  *eventReader // nil for a JSON answer
+	json    io.Reader
+	id      json.RawMessage // the call the answer is for; nil on a GET
+	limit   int64
+	rewrite func([]byte) []byte
+	out     []byte
+	done    bool
+}
+
+func (b *relayBody) Read(p []byte) (int, error) {
+	for len(b.out) == 0 {
+		if b.done {
+			return 0, io.EOF
+		}
+		if err := b.next(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, b.out)
+	b.out = b.out[n:]
+	return n, nil
+}
+
+func (b *relayBody) next() error {
+	if b.events == nil {
+		b.done = true
+		msg, err := io.ReadAll(io.LimitReader(b.json, b.limit+1))
+		if err != nil {
+			return err
+		}
+		if int64(len(msg)) > b.limit {
+			_, _ = io.Copy(io.Discard, b.json) // the rest, away
+			b.out = tooLargeMessage(b.id, b.limit)
+			return nil
+		}
+		b.out = b.rewritten(msg)
+		return nil
+	}
+	ev, err := b.events.next()
+	switch {
+	case errors.Is(err, io.EOF):
+		b.done = true
+	case err != nil:
+		return err
+	case ev.over && b.id != nil:
+		b.out, b.done = eventBytes(nil, tooLargeMessage(b.id, b.limit)), true
+	case ev.over:
+		// A message of the listening stream over the bound: dropped.
+	case b.rewrite != nil && ev.data != nil:
+		if r := b.rewritten(ev.data); !bytes.Equal(r, ev.data) {
+			b.out = eventBytes(ev.fields, r)
+			return nil
+		}
+		b.out = ev.raw
+	default:
+		b.out = ev.raw
+	}
+	return nil
+}
+
+// rewritten is msg, rewritten when it is the response to the call.
+func (b *relayBody) rewritten(msg []byte) []byte {
+	if b.rewrite == nil {
+		return msg
+	}
+	if e, ok := readEnvelope(msg); ok && e.answers(b.id) && e.Result != nil {
+		return b.rewrite(msg)
+	}
+	return msg
+}
+
+func (b *relayBody) Close() error { return b.src.Close() }

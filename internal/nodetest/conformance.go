@@ -1,0 +1,55 @@
+package nodetest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// ConformanceScenarios is the number of scenarios in the server suite of
+// the conformance package pinned in examples/mcp-ts.
+const ConformanceScenarios = 32
+
+// Scenario is one scenario's line of the conformance suite's summary: its
+// checks passed and failed.
+type Scenario struct{ Passed, Failed int }
+
+var summaryLine = regexp.MustCompile(`(?m)^([✓✗]) (\S+): (\d+) passed, (\d+) failed`)
+
+// Conformance runs the official MCP conformance suite's server scenarios
+// (@modelcontextprotocol/conformance, pinned in examples/mcp-ts) against
+// the Streamable HTTP endpoint url, and returns them by name. It skips as
+// Node does.
+func Conformance(t testing.TB, url string) map[string]Scenario {
+	t.Helper()
+	node, dir := Node(t, mcpTS(), "@modelcontextprotocol/conformance")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	suite := filepath.Join(dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js")
+	cmd := exec.CommandContext(ctx, node, suite, "server", "--url", url, "--suite", "all") //nolint:gosec // the test's own
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(node)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, _ := cmd.CombinedOutput() // it exits 1 when a scenario fails: the summary says which
+	got := map[string]Scenario{}
+	for _, m := range summaryLine.FindAllSubmatch(out, -1) {
+		p, _ := strconv.Atoi(string(m[3]))
+		f, _ := strconv.Atoi(string(m[4]))
+		got[string(m[2])] = Scenario{Passed: p, Failed: f}
+	}
+	if len(got) != ConformanceScenarios {
+		t.Fatalf("the conformance suite summed up %d scenarios, want %d:\n%s", len(got), ConformanceScenarios, out)
+	}
+	return got
+}
+
+// mcpTS is examples/mcp-ts, from this file.
+func mcpTS() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "examples", "mcp-ts")
+}
