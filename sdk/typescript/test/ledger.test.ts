@@ -53,7 +53,7 @@ for (const [protocol, transport] of Object.entries(transports)) {
       (err: unknown) => ledgerError(err),
     );
     assert.equal(reused?.code, ErrorCode.KEY_REUSED);
-    assert.equal(reused?.name, "KEY_REUSED");
+    assert.equal(reused?.codeName, "KEY_REUSED");
     assert.equal(reused?.retryable, false);
     assert.equal(reused?.metadata.method, "http:POST /v1/invoices");
 

@@ -1,0 +1,263 @@
+// The guard for a tool of the official TypeScript SDK's McpServer, with
+// mcpguard's semantics: the key from the tool's key argument, else
+// SEP-3182's idempotencyKey parameter (moved into _meta by sep3182Body),
+// else _meta["io.idemledger/idempotency-key"]; the method
+// "mcp:tools/<name>"; a j1: fingerprint of the arguments without the key;
+// the first result stored and every retry answered with its bytes, marked
+// _meta["io.idemledger/replayed"]; errors as tool results a model can act
+// on, with _meta["io.idemledger/error"].
+import type { CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { ErrorCode } from "./gen/idemledger/v1/errors_pb.js";
+import { codeName, LedgerError, ledgerError } from "./errors.js";
+import { fingerprintJSON } from "./fingerprint.js";
+import { Guard, OutcomeUnknownError, type Outcome, type Policy, statusError } from "./guard.js";
+
+export const KeyMeta = "io.idemledger/idempotency-key";
+export const ParamKeyMeta = "io.idemledger/idempotency-key-param";
+export const ReplayedMeta = "io.idemledger/replayed";
+export const ErrorMeta = "io.idemledger/error";
+export const ClaimMeta = "io.idemledger/claim";
+export const DefaultKeyArgument = "idempotency_key";
+export const MethodPrefix = "mcp:tools/";
+export const KeyDescription = "Idempotency key of this call: a new random value (such as a UUID) for each new intent, " +
+  "and the same value on every retry of that intent, so that it is done once however often it is sent. " +
+  "It is not part of the request itself.";
+
+const resultTypeUrl = "type.idemledger.io/mcp.CallToolResult";
+const errorTypeUrl = "type.idemledger.io/jsonrpc.Error";
+
+/** What the SDK gives a tool's handler besides its arguments (the part the guard reads). */
+export interface ToolExtra {
+  _meta?: Record<string, unknown>;
+  requestInfo?: { headers?: Record<string, string | string[] | undefined> };
+  authInfo?: unknown;
+}
+
+/** A tool's handler, as McpServer.registerTool takes it. */
+export type ToolHandler<A> = (args: A, extra: ToolExtra & Record<string, unknown>) => CallToolResult | Promise<CallToolResult>;
+
+/** How one tool is guarded. */
+export interface ToolOptions {
+  policy?: Policy;
+  /** The argument that carries the key ("idempotency_key" when absent; "" takes it from the parameter and _meta only). */
+  keyArgument?: string;
+  /** Says an isError result is transient: the key is released, not the result stored. */
+  transient?: (result: CallToolResult) => boolean;
+}
+
+/** The tenant of a call: a string, or a function of the call. */
+export type Tenant = string | ((args: Record<string, unknown>, extra: ToolExtra) => string | Promise<string>);
+
+/** A model-readable error info, as _meta["io.idemledger/error"] carries it. */
+export interface ErrorInfo {
+  code: string;
+  retryable: boolean;
+  retry_after_ms: number;
+}
+
+/** McpGuard guards the tools of an MCP server. */
+export class McpGuard {
+  constructor(readonly guard: Guard, readonly tenant: Tenant) {}
+
+  /**
+   * tool returns handler under the guard, for McpServer.registerTool. Its
+   * input schema must accept the key argument (keyShape adds it).
+   */
+  tool<A extends Record<string, unknown>>(name: string, handler: ToolHandler<A>, opts: ToolOptions = {}): ToolHandler<A> {
+    const policy = opts.policy ?? {};
+    const keyArg = opts.keyArgument ?? DefaultKeyArgument;
+    const method = MethodPrefix + name;
+    return async (args, extra) => {
+      let key: string;
+      try {
+        key = callKey(keyArg, args, extra._meta);
+      } catch (err) {
+        return errorResult(err);
+      }
+      let tenant = "", fingerprint = "";
+      if (key !== "") {
+        try {
+          tenant = typeof this.tenant === "string" ? this.tenant : await this.tenant(args, extra);
+        } catch (err) {
+          return errorResult(ledgerError(err) ?? new LedgerError(ErrorCode.VALIDATION_FAILED, "the call names no tenant"));
+        }
+        fingerprint = fingerprintJSON(method, args ?? {}, keyArg ? [keyArg] : []);
+      }
+      let live: CallToolResult | undefined;
+      try {
+        const res = await this.guard.do({ tenant, key, fingerprint, method, policy }, async (claim) => {
+          const meta = { ...(extra._meta ?? {}) };
+          if (claim) {
+            meta[ClaimMeta] = { token: Number(claim.token), attempt: claim.attempt };
+          }
+          try {
+            live = await handler(args, { ...extra, _meta: meta });
+          } catch (err) {
+            if (err instanceof OutcomeUnknownError || (err instanceof Error && err.cause instanceof OutcomeUnknownError)) {
+              throw err;
+            }
+            // What McpServer makes of a handler that throws: an error
+            // result, stored like any other.
+            live = { isError: true, content: [{ type: "text", text: err instanceof Error ? err.message : String(err) }] };
+          }
+          return outcomeOf(live, opts);
+        });
+        if (!res.protected || (!res.replayed && res.outcome.transient)) {
+          return live!;
+        }
+        return fromOutcome(res.outcome, res.replayed);
+      } catch (err) {
+        return errorResult(err);
+      }
+    };
+  }
+}
+
+/** keyShape is the key argument's entry for a zod input shape: { ...shape, ...keyShape(z) }. */
+export function keyShape<Z extends { string: () => { min: (n: number) => { max: (n: number) => { optional: () => { describe: (d: string) => unknown } } } } }>(z: Z, name = DefaultKeyArgument): Record<string, unknown> {
+  return { [name]: z.string().min(1).max(255).optional().describe(KeyDescription) };
+}
+
+// callKey is the call's key, by part 3's precedence.
+function callKey(keyArg: string, args: Record<string, unknown> | undefined, meta: Record<string, unknown> | undefined): string {
+  if (keyArg !== "" && args && args[keyArg] !== undefined && args[keyArg] !== null) {
+    const v = args[keyArg];
+    if (typeof v !== "string") {
+      throw new LedgerError(ErrorCode.KEY_INVALID, `the ${keyArg} argument is not a string`);
+    }
+    if (v !== "") {
+      return checked(v);
+    }
+  }
+  for (const [k, what] of [[ParamKeyMeta, "the idempotencyKey parameter"], [KeyMeta, `_meta["${KeyMeta}"]`]] as const) {
+    const v = meta?.[k];
+    if (v === undefined || v === null || v === "") {
+      continue;
+    }
+    if (typeof v !== "string") {
+      throw new LedgerError(ErrorCode.KEY_INVALID, `${what} is not a string`);
+    }
+    return checked(v);
+  }
+  return "";
+}
+
+// checked is key when it is 1 to 255 printable ASCII characters.
+function checked(key: string): string {
+  if (!/^[\x20-\x7e]{1,255}$/.test(key)) {
+    throw new LedgerError(ErrorCode.KEY_INVALID, "the idempotency key must be 1 to 255 printable ASCII characters");
+  }
+  return key;
+}
+
+function outcomeOf(r: CallToolResult, opts: ToolOptions): Outcome {
+  const out: Outcome = { response: { $typeName: "google.protobuf.Any", typeUrl: resultTypeUrl, value: new TextEncoder().encode(JSON.stringify(r)) } };
+  if (r.isError) {
+    out.transient = opts.transient?.(r) ?? false;
+  }
+  return out;
+}
+
+function fromOutcome(o: Outcome, replayed: boolean): CallToolResult {
+  if (o.status) {
+    return errorResult(statusError(o.status));
+  }
+  switch (o.response?.typeUrl) {
+    case resultTypeUrl: {
+      const r = JSON.parse(new TextDecoder().decode(o.response.value)) as CallToolResult;
+      if (replayed) {
+        r._meta = { ...(r._meta ?? {}), [ReplayedMeta]: true };
+      }
+      return r;
+    }
+    case errorTypeUrl: {
+      const e = JSON.parse(new TextDecoder().decode(o.response.value)) as { message?: string };
+      return errorResult(new LedgerError(ErrorCode.INTERNAL, e.message ?? "the tool failed"));
+    }
+  }
+  return errorResult(new LedgerError(ErrorCode.INTERNAL, `the key holds an outcome of another kind (${o.response?.typeUrl})`));
+}
+
+/** errorResult is an error as a tool result a model can act on: isError, one line that says what to do, and ErrorMeta. */
+export function errorResult(err: unknown): CallToolResult {
+  const le = ledgerError(err) ?? new LedgerError(ErrorCode.INTERNAL, "internal error", { cause: err });
+  const info: ErrorInfo = { code: codeName(le.code), retryable: le.retryable, retry_after_ms: le.retryAfterMs };
+  return {
+    isError: true,
+    content: [{ type: "text", text: advice(le) }],
+    _meta: { [ErrorMeta]: info },
+    structuredContent: { error: info },
+  };
+}
+
+/** errorFromResult is the ErrorInfo of an error result, or undefined. */
+export function errorFromResult(r: CallToolResult): ErrorInfo | undefined {
+  return r._meta?.[ErrorMeta] as ErrorInfo | undefined;
+}
+
+/** advice is the one line a model reads for an error: what happened, and whether and when to retry (mcpguard.Advice). */
+export function advice(le: LedgerError): string {
+  const line = le.message.split(/\s+/).filter(Boolean).join(" ");
+  switch (le.code) {
+    case ErrorCode.KEY_REUSED:
+      return "this idempotency key was used for a different request: do not retry with it; a new intent needs a new key";
+    case ErrorCode.KEY_MISSING:
+      return `this tool needs an idempotency key: mint one per intent, send it as _meta["${KeyMeta}"] (or the tool's key argument), and reuse it on every retry`;
+    case ErrorCode.KEY_INVALID:
+      return "the idempotency key is not 1 to 255 printable ASCII characters: mint a valid one for this intent";
+    case ErrorCode.OUTCOME_UNKNOWN:
+      return "an earlier attempt of this call may have done it, and nobody knows: it will not run again until an operator resolves it; do not retry";
+    case ErrorCode.KEY_EXPIRED:
+      return "this call already ran, and its answer is no longer kept: do not retry it";
+    case ErrorCode.RETRY_TOO_LATE:
+      return "this intent is too old to retry safely: do not retry it; check whether it happened";
+    case ErrorCode.IN_PROGRESS:
+      return "another attempt of this call is still running: retry with the same key after " + delay(le.retryAfterMs);
+    case ErrorCode.UNAVAILABLE:
+      return (line || "the call cannot be served now") + ": retry with the same key after " + delay(le.retryAfterMs);
+    case ErrorCode.RATE_LIMITED:
+      return "too many calls: retry with the same key after " + delay(le.retryAfterMs);
+    case ErrorCode.VALIDATION_FAILED:
+      return "the call cannot be guarded (" + line + "): fix the call, then send it with the same key";
+    case ErrorCode.OUTCOME_TOO_LARGE:
+    case ErrorCode.INTERNAL:
+      if (le.metadata.applied === "true") {
+        return line;
+      }
+  }
+  return le.retryable ? line + ": retry with the same key after " + delay(le.retryAfterMs) : line + ": do not retry with this key";
+}
+
+// delay is a wait as Go's time.Duration prints it, rounded as mcpguard rounds it.
+function delay(ms: number): string {
+  ms = Math.max(ms, 100);
+  if (ms < 1000) {
+    return `${Math.round(ms / 10) * 10}ms`;
+  }
+  const tenths = Math.round(ms / 100);
+  const min = Math.floor(tenths / 600);
+  const sec = (tenths % 600) / 10;
+  return min > 0 ? `${min}m${sec}s` : `${sec}s`;
+}
+
+/** IdempotencyCapability is SEP-3182's capability, under experimental: a server that reads the parameter says so. */
+export const IdempotencyCapability = "tools.idempotency";
+
+/**
+ * sep3182 moves SEP-3182's idempotencyKey parameter of a tools/call
+ * message into _meta, where the guard reads it (the SDK's handlers see
+ * _meta, not the request's other parameters). Call it on the parsed body
+ * before the transport's handleRequest, and advertise
+ * experimental["tools.idempotency"]. It returns the message.
+ */
+export function sep3182<T>(message: T): T {
+  const m = message as { method?: unknown; params?: Record<string, unknown> } | null;
+  if (m === null || typeof m !== "object" || m.method !== "tools/call" || !m.params || !("idempotencyKey" in m.params)) {
+    return message;
+  }
+  const { idempotencyKey, ...params } = m.params;
+  const meta = typeof params._meta === "object" && params._meta !== null ? { ...(params._meta as Record<string, unknown>) } : {};
+  meta[ParamKeyMeta] = idempotencyKey;
+  m.params = { ...params, _meta: meta };
+  return message;
+}
