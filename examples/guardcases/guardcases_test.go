@@ -1,0 +1,271 @@
+// Package guardcases_test runs the guard's behaviour cases
+// (testdata/guard-cases.json) against mcpguard, in a Go SDK server driven
+// by the Go SDK's client, at a LedgerService on loopback gRPC. The same
+// table runs against the TypeScript guard in sdk/typescript's
+// test/cases.test.ts (TestTypeScriptClient, cmd/ledgerd): a case that
+// passes in one language and fails in the other fails the build.
+package guardcases_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/server/servertest"
+)
+
+// table is testdata/guard-cases.json.
+type table struct {
+	Cases []tcase `json:"cases"`
+}
+
+type tcase struct {
+	Name   string `json:"name"`
+	Policy struct {
+		KeyOptional   bool   `json:"key_optional"`
+		OnInProgress  string `json:"on_in_progress"`
+		MaxWaitMS     int    `json:"max_wait_ms"`
+		LeaseMS       int    `json:"lease_ms"`
+		TransientText string `json:"transient_text"`
+	} `json:"policy"`
+	MaxOutcomeBytes int    `json:"max_outcome_bytes"`
+	LedgerDown      bool   `json:"ledger_down"`
+	Steps           []step `json:"steps"`
+	Runs            int64  `json:"runs"`
+}
+
+type step struct {
+	Key  string `json:"key"`
+	Via  string `json:"via"`
+	Args string `json:"args"`
+	Tool struct {
+		Text      string `json:"text"`
+		TextBytes int    `json:"text_bytes"`
+		ErrorText string `json:"error_text"`
+		Hold      bool   `json:"hold"`
+		Unknown   bool   `json:"unknown"`
+	} `json:"tool"`
+	Expect answer `json:"expect"`
+}
+
+// answer is what a step's result says, as the table writes it.
+type answer struct {
+	Text      string `json:"text,omitempty"`
+	TextBytes int    `json:"text_bytes,omitempty"`
+	IsError   bool   `json:"is_error,omitempty"`
+	Replayed  bool   `json:"replayed"`
+	Error     string `json:"error,omitempty"`
+	Retryable bool   `json:"retryable"`
+}
+
+func load(t *testing.T) table {
+	t.Helper()
+	b, err := os.ReadFile("../../testdata/guard-cases.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tb table
+	if err := json.Unmarshal(b, &tb); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func TestGuardCases(t *testing.T) {
+	tb := load(t)
+	if len(tb.Cases) < 14 {
+		t.Fatalf("the table has %d cases", len(tb.Cases))
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("cases"))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	addr := lis.Addr().String()
+	for i, c := range tb.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			target := addr
+			if c.LedgerDown {
+				target = closedPort(t)
+			}
+			runCase(t, c, target, fmt.Sprintf("go-%d-%d", i, time.Now().UnixNano()))
+		})
+	}
+}
+
+// closedPort is a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
+
+// script is what the tool does on each step, in order.
+type script struct {
+	steps   []step
+	next    atomic.Int64
+	runs    atomic.Int64
+	entered chan struct{} // a held run has started
+	release chan struct{} // the held run may answer
+}
+
+func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	s.runs.Add(1)
+	st := s.steps[s.next.Load()]
+	if st.Tool.Hold {
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	switch {
+	case st.Tool.Unknown:
+		return nil, fmt.Errorf("the invoice service hung up: %w", guard.ErrOutcomeUnknown)
+	case st.Tool.ErrorText != "":
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: st.Tool.ErrorText}}}, nil
+	case st.Tool.TextBytes > 0:
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", st.Tool.TextBytes)}}}, nil
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: st.Tool.Text}}}, ctx.Err()
+}
+
+func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
+	conn, err := grpc.NewClient(ledgerAddr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() { _ = lc.Close() })
+	var gopts []guard.Option
+	if c.MaxOutcomeBytes > 0 {
+		gopts = append(gopts, guard.WithMaxOutcomeBytes(c.MaxOutcomeBytes))
+	}
+	gd, err := guard.New(lc, gopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := guard.Policy{KeyOptional: c.Policy.KeyOptional, MaxWait: time.Duration(c.Policy.MaxWaitMS) * time.Millisecond,
+		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond}
+	if c.Policy.OnInProgress == "reject" {
+		p.OnInProgress = guard.Reject
+	}
+	tool := mcpguard.NewTool(p)
+	if text := c.Policy.TransientText; text != "" {
+		tool.Transient = func(r *mcp.CallToolResult) bool {
+			tc, ok := r.Content[0].(*mcp.TextContent)
+			return ok && tc.Text == text
+		}
+	}
+	g, err := mcpguard.New(gd, mcpguard.WithTenant(mcpguard.Tenant("acme")), mcpguard.WithTool("create_invoice", tool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &script{steps: c.Steps, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "cases", Version: "v1"}, nil)
+	srv.AddTool(&mcp.Tool{Name: "create_invoice", InputSchema: map[string]any{"type": "object"}}, s.handler)
+	srv.AddReceivingMiddleware(g.Middleware())
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(hs.Close)
+	cl := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	cs, err := cl.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: hs.URL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+
+	var held chan answer // the answer of a held step, once released
+	for i := range c.Steps {
+		st := c.Steps[i]
+		s.next.Store(int64(i))
+		if st.Tool.Hold {
+			held = make(chan answer, 1)
+			go func() { held <- call(t, cs, keyPrefix, st) }()
+			<-s.entered
+			continue
+		}
+		got := call(t, cs, keyPrefix, st)
+		if held != nil {
+			close(s.release)
+			if h := <-held; h != c.Steps[i-1].Expect {
+				t.Errorf("step %d (held): %+v, want %+v", i, h, c.Steps[i-1].Expect)
+			}
+			held = nil
+		}
+		if got != st.Expect {
+			t.Errorf("step %d: %+v, want %+v", i+1, got, st.Expect)
+		}
+	}
+	if held != nil {
+		close(s.release)
+		<-held
+	}
+	if s.runs.Load() != c.Runs {
+		t.Errorf("the tool ran %d times, want %d", s.runs.Load(), c.Runs)
+	}
+}
+
+// call sends one step and reads its answer as the table writes it.
+func call(t *testing.T, cs *mcp.ClientSession, keyPrefix string, st step) answer {
+	args := json.RawMessage(st.Args)
+	params := &mcp.CallToolParams{Name: "create_invoice"}
+	if st.Key != "" && st.Via != "meta" {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(args, &m); err != nil {
+			t.Fatal(err)
+		}
+		k, _ := json.Marshal(keyPrefix + st.Key)
+		// The key argument goes first, the arguments' text after it as
+		// written.
+		args = json.RawMessage(`{"` + mcpguard.DefaultKeyArgument + `":` + string(k) + `,` + strings.TrimPrefix(st.Args, "{"))
+	}
+	if st.Key != "" && st.Via == "meta" {
+		key := keyPrefix + st.Key
+		if strings.ContainsFunc(st.Key, func(r rune) bool { return r > 0x7e }) {
+			key = st.Key // an invalid key as it is
+		}
+		params.Meta = mcp.Meta{mcpguard.KeyMeta: key}
+	}
+	params.Arguments = args
+	res, err := cs.CallTool(context.Background(), params)
+	if err != nil {
+		return answer{Error: "JSON-RPC: " + err.Error()}
+	}
+	var a answer
+	if info, ok := mcpguard.ErrorFromResult(res); ok {
+		return answer{Error: info.Code, Retryable: info.Retryable}
+	}
+	a.IsError = res.IsError
+	a.Replayed = res.Meta[mcpguard.ReplayedMeta] == true
+	if len(res.Content) == 1 {
+		if tc, ok := res.Content[0].(*mcp.TextContent); ok {
+			a.Text = tc.Text
+			if len(tc.Text) > 1024 {
+				a.Text, a.TextBytes = "", len(tc.Text)
+			}
+		}
+	}
+	return a
+}
