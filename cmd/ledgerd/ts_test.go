@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idemledger/idemledger/internal/nodetest"
@@ -66,7 +67,7 @@ func TestTypeScriptPackage(t *testing.T) {
 		}
 		return out
 	}
-	run(dir, node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
+	build(t, node, dir)
 	packed := t.TempDir()
 	run(dir, npm, "pack", "--pack-destination", packed, "--silent")
 	tarballs, err := filepath.Glob(filepath.Join(packed, "idemledger-guard-*.tgz"))
@@ -129,5 +130,73 @@ func TestTypeScriptPackage(t *testing.T) {
 	code := func(r string) any { e, _ := out[r].Meta["io.idemledger/error"].(map[string]any); return e["code"] }
 	if code("changed") != "KEY_REUSED" || code("noKey") != "KEY_MISSING" {
 		t.Fatalf("a changed argument: %v, no key: %v", code("changed"), code("noKey"))
+	}
+}
+
+// buildOnce serializes the builds of the TypeScript package (tsc writes
+// dist/ in place) among this package's parallel tests.
+var buildOnce sync.Mutex
+
+// build compiles the TypeScript package into its dist/.
+func build(t *testing.T, node, dir string) {
+	t.Helper()
+	buildOnce.Lock()
+	defer buildOnce.Unlock()
+	cmd := exec.CommandContext(t.Context(), node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, out)
+	}
+}
+
+// everythingServer starts examples/mcp-ts/everything.mjs with env and
+// returns its endpoint.
+func everythingServer(t *testing.T, node string, env ...string) string {
+	t.Helper()
+	_, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/sdk")
+	cmd := exec.Command(node, filepath.Join(dir, "everything.mjs"))
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("everything.mjs said %q, %v", line, err)
+	}
+	return "http://127.0.0.1:" + port + "/mcp"
+}
+
+// TestTypeScriptGuardConformance runs the official MCP conformance suite
+// against the TypeScript SDK server of examples/mcp-ts/everything.mjs,
+// without the guard and with its tools that take arguments under
+// @idemledger/guard at this ledgerd: the same 32 scenarios pass, with the
+// same counts of checks.
+func TestTypeScriptGuardConformance(t *testing.T) {
+	t.Parallel() // its own processes, ports and directories
+	node, dir := nodetest.Node(t, "../../sdk/typescript", "typescript")
+	build(t, node, dir)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(server.HashToken("ts-secret")+" billing acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
+	p.waitServing(t, p.dial(t))
+	plain := nodetest.Conformance(t, everythingServer(t, node))
+	guarded := nodetest.Conformance(t, everythingServer(t, node, "IDEMLEDGER_GUARD="+filepath.Join(dir, "dist", "index.js"),
+		"LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret"))
+	for name, want := range plain {
+		if want.Failed > 0 {
+			t.Errorf("without the guard, %s failed %d checks", name, want.Failed)
+		}
+		if got := guarded[name]; got != want {
+			t.Errorf("%s: %d passed, %d failed under the guard; %d passed, %d failed without", name, got.Passed, got.Failed, want.Passed, want.Failed)
+		}
 	}
 }

@@ -5,7 +5,10 @@
 // tool whose stream closes mid-call (resumed with Last-Event-ID), and
 // DNS-rebinding protection. idemproxy's tests run the suite against it,
 // directly and through the proxy, to show that the proxy passes
-// everything through. It serves Streamable HTTP with sessions on
+// everything through. With IDEMLEDGER_GUARD (the path of
+// @idemledger/guard's dist/index.js) and LEDGER_URL, its tools that take
+// arguments run under that guard, keys optional (the suite sends none):
+// the guard must change nothing the suite checks. It serves Streamable HTTP with sessions on
 // 127.0.0.1 and prints "listening <port>", or stdio with --stdio.
 //
 //   node everything.mjs [--stdio]
@@ -23,6 +26,14 @@ const AUDIO = 'UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const text = (t) => ({ content: [{ type: 'text', text: t }] });
 const transports = {}; // by session id, for closeSSEStream
+
+// guarded is a tool's handler, under @idemledger/guard when it is loaded.
+let guarded = (_name, handler) => handler;
+if (process.env.IDEMLEDGER_GUARD) {
+  const { createLedger, Guard, McpGuard } = await import(process.env.IDEMLEDGER_GUARD);
+  const g = new McpGuard(new Guard(createLedger({ baseUrl: process.env.LEDGER_URL, token: process.env.LEDGER_TOKEN })), 'acme');
+  guarded = (name, handler) => g.tool(name, handler, { policy: { keyOptional: true } });
+}
 
 // The schema of json_schema_2020_12_tool, as the suite expects it verbatim.
 const schema2020 = {
@@ -53,6 +64,10 @@ function newServer() {
     tools: { listChanged: true }, resources: { subscribe: true, listChanged: true }, prompts: { listChanged: true },
     logging: {}, completions: {},
   } });
+  // The tools that take arguments (the guard's handlers take them) go
+  // under the guard when it is loaded.
+  const register = server.registerTool.bind(server);
+  server.registerTool = (name, config, handler) => register(name, config, config.inputSchema ? guarded(name, handler) : handler);
   const log = (data) => server.server.notification({ method: 'notifications/message',
     params: { level: 'info', logger: 'ts-everything', data } }).catch(() => {});
 

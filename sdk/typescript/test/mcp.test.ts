@@ -15,14 +15,14 @@ import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/
 import { CallToolResultSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { z } from "zod";
 
-import { createLedger, errorFromResult, Guard, IdempotencyCapability, KeyMeta, keyShape, McpGuard, ReplayedMeta, sep3182, type Policy } from "../src/index.js";
+import { callTool, createLedger, errorFromResult, Guard, IdempotencyCapability, KeyMeta, keyShape, McpGuard, ReplayedMeta, sep3182, type Policy } from "../src/index.js";
 
 const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
 
 // serve starts a server whose create_invoice is guarded with policy, and
 // returns a connected client and the count of runs.
-async function serve(policy: Policy, gate?: Promise<void>) {
-  let runs = 0;
+async function serve(policy: Policy, gate?: Promise<void>, onPost?: (n: number, req: http.IncomingMessage, res: http.ServerResponse) => void) {
+  let runs = 0, posts = 0;
   const guard = new McpGuard(new Guard(ledger), "acme");
   const server = () => {
     const s = new McpServer({ name: "ts-guarded", version: "1.0.0" }, { capabilities: { experimental: { [IdempotencyCapability]: {} } } });
@@ -42,6 +42,7 @@ async function serve(policy: Policy, gate?: Promise<void>) {
     const chunks: Buffer[] = [];
     for await (const c of req) chunks.push(c as Buffer);
     const body = chunks.length ? sep3182(JSON.parse(Buffer.concat(chunks).toString())) : undefined;
+    if (body?.method === "tools/call") onPost?.(++posts, req, res);
     const s = server();
     const t = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     res.on("close", () => { void t.close(); void s.close(); });
@@ -153,6 +154,41 @@ test("SEP-3182: the idempotencyKey parameter, after the key argument and before 
     assert.equal(argWins._meta?.[ReplayedMeta], undefined, "the key argument wins over the parameter");
     assert.equal(errorFromResult(await s.callWithParam({ customer: "c", amount_cents: 1 }, 42))?.code, "KEY_INVALID");
     assert.equal(s.runs(), 2);
+  } finally {
+    await s.close();
+  }
+});
+
+test("callTool re-sends a lost response with the same key: the replay", async () => {
+  const s = await serve({}, undefined, (n, req, res) => {
+    if (n === 1) {
+      res.end = (() => { req.socket.destroy(); return res; }) as typeof res.end; // the call ran; its answer is lost
+    }
+  });
+  try {
+    const r = await callTool(s.client, { name: "create_invoice", arguments: { customer: "c", amount_cents: 1 } }, { baseMs: 10 });
+    assert.equal(r.isError, undefined);
+    assert.equal(r._meta?.[ReplayedMeta], true);
+    assert.equal(s.runs(), 1);
+  } finally {
+    await s.close();
+  }
+});
+
+test("callTool waits out IN_PROGRESS, then gets the first attempt's answer", async () => {
+  let open!: () => void;
+  const gate = new Promise<void>((r) => { open = r; });
+  // The second tools/call is callTool's first attempt: once it is answered
+  // (IN_PROGRESS), the first attempt finishes.
+  const s = await serve({ onInProgress: "reject", leaseMs: 30_000 }, gate, (n, _req, res) => { if (n === 2) res.on("finish", open); });
+  try {
+    const key = `ts-${randomUUID()}`;
+    const first = s.call({ customer: "c", amount_cents: 1, idempotency_key: key });
+    while (s.runs() === 0) await new Promise((r) => setImmediate(r));
+    const r = await callTool(s.client, { name: "create_invoice", arguments: { customer: "c", amount_cents: 1 } }, { key, baseMs: 10 });
+    assert.equal(r._meta?.[ReplayedMeta], true);
+    assert.equal(text(r), text(await first));
+    assert.equal(s.runs(), 1);
   } finally {
     await s.close();
   }
