@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -31,6 +37,10 @@ import (
 //	again; unguarded is a tool the middleware passes through.
 //	Proxy: the same through idemproxy, in front of a server without a
 //	guard.
+//	TypeScript: a TypeScript SDK server (sdk/typescript/bench/server.mjs)
+//	whose create_invoice is under @idemledger/guard, at the same
+//	LedgerService over gRPC.
+//	TypeScriptProxy: that server without the guard, behind idemproxy.
 func BenchmarkToolCall(b *testing.B) {
 	addr := ledgerAddr(b)
 	conn, err := grpc.NewClient(addr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
@@ -53,8 +63,13 @@ func BenchmarkToolCall(b *testing.B) {
 	inProcess := httpEndpoint(b, guarded)
 	upstream := httpEndpoint(b, plainServer())
 	through, _ := proxy(b, config(addr, byURL(upstream), policyConfig{}))
+	node, guardJS := nodetest.Guard(b)
+	ts := benchServer(b, node, "IDEMLEDGER_GUARD="+guardJS, "LEDGER_GRPC=http://"+addr)
+	tsThrough, _ := proxy(b, config(addr, byURL(benchServer(b, node)), policyConfig{}))
 
-	for _, bm := range []struct{ name, endpoint string }{{"InProcess", inProcess}, {"Proxy", through}} {
+	for _, bm := range []struct{ name, endpoint string }{
+		{"InProcess", inProcess}, {"Proxy", through}, {"TypeScript", ts}, {"TypeScriptProxy", tsThrough},
+	} {
 		b.Run(bm.name, func(b *testing.B) {
 			cs := connect(b, bm.endpoint, http.DefaultTransport)
 			call := func(tool, key string) time.Duration {
@@ -114,4 +129,27 @@ func httpEndpoint(b *testing.B, s *mcp.Server) string {
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	b.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// benchServer starts sdk/typescript/bench/server.mjs with env and returns
+// its endpoint.
+func benchServer(b *testing.B, node string, env ...string) string {
+	b.Helper()
+	cmd := exec.Command(node, filepath.Join("..", "..", "sdk", "typescript", "bench", "server.mjs"))
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		b.Fatalf("the benchmark's TypeScript server said %q, %v", line, err)
+	}
+	return "http://127.0.0.1:" + port + "/mcp"
 }

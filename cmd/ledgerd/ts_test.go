@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemledger/idemledger/internal/nodetest"
@@ -133,15 +132,9 @@ func TestTypeScriptPackage(t *testing.T) {
 	}
 }
 
-// buildOnce serializes the builds of the TypeScript package (tsc writes
-// dist/ in place) among this package's parallel tests.
-var buildOnce sync.Mutex
-
-// build compiles the TypeScript package into its dist/.
+// build compiles the TypeScript package into its dist/, for npm pack.
 func build(t *testing.T, node, dir string) {
 	t.Helper()
-	buildOnce.Lock()
-	defer buildOnce.Unlock()
 	cmd := exec.CommandContext(t.Context(), node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -180,8 +173,7 @@ func everythingServer(t *testing.T, node string, env ...string) string {
 // same counts of checks.
 func TestTypeScriptGuardConformance(t *testing.T) {
 	t.Parallel() // its own processes, ports and directories
-	node, dir := nodetest.Node(t, "../../sdk/typescript", "typescript")
-	build(t, node, dir)
+	node, guard := nodetest.Guard(t)
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(server.HashToken("ts-secret")+" billing acme\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -189,7 +181,7 @@ func TestTypeScriptGuardConformance(t *testing.T) {
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
 	plain := nodetest.Conformance(t, everythingServer(t, node))
-	guarded := nodetest.Conformance(t, everythingServer(t, node, "IDEMLEDGER_GUARD="+filepath.Join(dir, "dist", "index.js"),
+	guarded := nodetest.Conformance(t, everythingServer(t, node, "IDEMLEDGER_GUARD="+guard,
 		"LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret"))
 	for name, want := range plain {
 		if want.Failed > 0 {

@@ -53,3 +53,28 @@ func mcpTS() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "examples", "mcp-ts")
 }
+
+// Guard builds the TypeScript package (sdk/typescript, with its pinned
+// tsc) into a folder of its own under sdk/typescript/.build, removed when
+// the test ends, and returns Node and the path of the build's index.js.
+// The folder is inside the package so that its imports resolve to the
+// package's node_modules; its own folder keeps parallel builds apart. It
+// skips as Node does.
+func Guard(t testing.TB) (node, index string) {
+	t.Helper()
+	node, dir := Node(t, filepath.Join(mcpTS(), "..", "..", "sdk", "typescript"), "typescript")
+	if err := os.MkdirAll(filepath.Join(dir, ".build"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.MkdirTemp(filepath.Join(dir, ".build"), "test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(out) })
+	cmd := exec.Command(node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json", "--outDir", out) //nolint:gosec // the test's own
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, b)
+	}
+	return node, filepath.Join(out, "index.js")
+}

@@ -8,3 +8,4 @@ export { Guard, OutcomeUnknownError, statusError, type Call, type Claim, type Gu
 export * from "./mcp.js";
 export { mintKey } from "./keys.js";
 export { callTool, type CallToolOptions } from "./client.js";
+export { defaultRelease, DefaultStoredHeaders, FirstAttemptHeader, httpGuard, KeyHeader, markOutcomeUnknown, ReplayedHeader, requestKey, type GuardedRequest, type HttpRouteOptions, type Problem } from "./http.js";

@@ -1,0 +1,121 @@
+// The HTTP guard in front of a node:http handler, driven by fetch, by
+// node:http requests with two key lines, and by curl, against a real
+// ledgerd (TestTypeScriptClient, cmd/ledgerd).
+import { strict as assert } from "node:assert";
+import { execFile } from "node:child_process";
+import { randomUUID } from "node:crypto";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { test } from "node:test";
+import { promisify } from "node:util";
+
+import { createLedger, Guard, httpGuard, type Policy } from "../src/index.js";
+
+const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
+
+async function serve(policy: Policy, gate?: Promise<void>) {
+  let runs = 0;
+  const guarded = httpGuard(new Guard(ledger), { route: "/v1/invoices", tenant: "acme", policy, maxBodyBytes: 1024 })(async (req, res) => {
+    runs++;
+    await gate;
+    const body = JSON.parse(req.rawBody!.toString() || "{}") as { customer?: string; status?: number };
+    if (body.status) {
+      res.writeHead(body.status, { "Content-Type": "application/json" }).end(JSON.stringify({ busy: true }));
+      return;
+    }
+    res.setHeader("Location", `/v1/invoices/${runs}`);
+    res.setHeader("X-Run", String(runs)); // not on the allow-list: never replayed
+    res.writeHead(201, { "Content-Type": "application/json" });
+    res.end(JSON.stringify({ id: `inv_${randomUUID()}`, customer: body.customer }));
+  });
+  const server = http.createServer((req, res) => void guarded(req, res));
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/invoices`;
+  const post = (body: unknown, key?: string) => fetch(url, { method: "POST", body: JSON.stringify(body),
+    headers: { "Content-Type": "application/json", ...(key ? { "Idempotency-Key": key } : {}) } });
+  return { url, post, runs: () => runs, close: () => server.close() };
+}
+
+test("a bare UUID and stripe-go's own keys; the replay; KEY_REUSED 422; KEY_MISSING 400", async () => {
+  const s = await serve({});
+  try {
+    for (const key of [randomUUID().replace(/^./, "7"), `${Date.now()}${Math.floor(Math.random() * 1e6)}_B8TIFA`]) {
+      const first = await s.post({ customer: "c1" }, key);
+      assert.equal(first.status, 201);
+      const body = await first.text();
+      const again = await s.post({ customer: "c1" }, key);
+      assert.equal(again.status, 201);
+      assert.equal(again.headers.get("Idempotency-Replayed"), "true");
+      assert.equal(again.headers.get("Location"), first.headers.get("Location"));
+      assert.equal(again.headers.get("X-Run"), null, "a header off the allow-list is not replayed");
+      assert.equal(await again.text(), body);
+      const reused = await s.post({ customer: "c2" }, key);
+      assert.equal(reused.status, 422);
+      assert.equal(reused.headers.get("Content-Type"), "application/problem+json");
+      assert.equal(((await reused.json()) as { code: string }).code, "KEY_REUSED");
+    }
+    const missing = await s.post({ customer: "c1" });
+    assert.equal(missing.status, 400);
+    assert.equal(((await missing.json()) as { code: string }).code, "KEY_MISSING");
+    assert.equal(s.runs(), 2);
+  } finally {
+    s.close();
+  }
+});
+
+test("two key lines are KEY_INVALID; a body over the limit is 413", async () => {
+  const s = await serve({});
+  try {
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = http.request(s.url, { method: "POST", headers: ["Content-Type", "application/json", "Idempotency-Key", "a", "Idempotency-Key", "b"] }, (res) => {
+        res.resume();
+        resolve(res.statusCode!);
+      });
+      req.on("error", reject);
+      req.end("{}");
+    });
+    assert.equal(status, 400);
+    const big = await s.post({ customer: "x".repeat(2048) }, randomUUID());
+    assert.equal(big.status, 413);
+    assert.equal(s.runs(), 0);
+  } finally {
+    s.close();
+  }
+});
+
+test("a 503 of the handler releases the key; IN_PROGRESS is 409 with Retry-After", async () => {
+  let open!: () => void;
+  const gate = new Promise<void>((r) => { open = r; });
+  const s = await serve({ onInProgress: "reject", leaseMs: 30_000 }, gate);
+  try {
+    const key = randomUUID();
+    const first = s.post({ customer: "c" }, key);
+    while (s.runs() === 0) await new Promise((r) => setImmediate(r));
+    const dup = await s.post({ customer: "c" }, key);
+    assert.equal(dup.status, 409);
+    assert.ok(Number(dup.headers.get("Retry-After")) >= 1);
+    open();
+    assert.equal((await first).status, 201);
+    const released = randomUUID();
+    assert.equal((await s.post({ status: 503 }, released)).status, 503);
+    assert.equal((await s.post({ status: 503 }, released)).headers.get("Idempotency-Replayed"), null, "released: it ran again");
+    assert.equal(s.runs(), 3);
+  } finally {
+    s.close();
+  }
+});
+
+test("curl drives it", async () => {
+  const s = await serve({});
+  try {
+    const key = randomUUID();
+    const curl = (args: string[]) => promisify(execFile)("curl", ["-s", "-i", "-X", "POST", "-H", "Content-Type: application/json", ...args, s.url]);
+    const first = await curl(["-H", `Idempotency-Key: ${key}`, "-d", '{"customer":"c"}']);
+    const again = await curl(["-H", `Idempotency-Key: "${key}"`, "-d", '{ "customer" : "c" }']);
+    assert.match(first.stdout, /^HTTP\/1.1 201/);
+    assert.match(again.stdout, /^HTTP\/1.1 201[\s\S]*idempotency-replayed: true/i);
+    assert.equal(first.stdout.split("\r\n\r\n")[1], again.stdout.split("\r\n\r\n")[1]);
+  } finally {
+    s.close();
+  }
+});
