@@ -43,6 +43,7 @@ type tcase struct {
 		MaxWaitMS     int    `json:"max_wait_ms"`
 		LeaseMS       int    `json:"lease_ms"`
 		TransientText string `json:"transient_text"`
+		OnLeaseExpiry string `json:"on_lease_expiry"`
 	} `json:"policy"`
 	MaxOutcomeBytes int    `json:"max_outcome_bytes"`
 	LedgerDown      bool   `json:"ledger_down"`
@@ -51,15 +52,17 @@ type tcase struct {
 }
 
 type step struct {
-	Key  string `json:"key"`
-	Via  string `json:"via"`
-	Args string `json:"args"`
-	Tool struct {
+	Key     string `json:"key"`
+	Via     string `json:"via"`
+	Args    string `json:"args"`
+	AfterMS int    `json:"after_ms"`
+	Tool    struct {
 		Text      string `json:"text"`
 		TextBytes int    `json:"text_bytes"`
 		ErrorText string `json:"error_text"`
 		Hold      bool   `json:"hold"`
 		Unknown   bool   `json:"unknown"`
+		TokenText bool   `json:"token_text"`
 	} `json:"tool"`
 	Expect answer `json:"expect"`
 }
@@ -89,7 +92,7 @@ func load(t *testing.T) table {
 
 func TestGuardCases(t *testing.T) {
 	tb := load(t)
-	if len(tb.Cases) < 14 {
+	if len(tb.Cases) < 16 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -145,6 +148,9 @@ func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Call
 		return nil, fmt.Errorf("the invoice service hung up: %w", guard.ErrOutcomeUnknown)
 	case st.Tool.ErrorText != "":
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: st.Tool.ErrorText}}}, nil
+	case st.Tool.TokenText:
+		c, _ := guard.ClaimFromContext(ctx)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("token %d, attempt %d", c.Token, c.Attempt)}}}, nil
 	case st.Tool.TextBytes > 0:
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("x", st.Tool.TextBytes)}}}, nil
 	}
@@ -171,6 +177,9 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond}
 	if c.Policy.OnInProgress == "reject" {
 		p.OnInProgress = guard.Reject
+	}
+	if c.Policy.OnLeaseExpiry == "hold" {
+		p.OnLeaseExpiry = guard.Hold
 	}
 	tool := mcpguard.NewTool(p)
 	if text := c.Policy.TransientText; text != "" {
@@ -199,6 +208,11 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	var held chan answer // the answer of a held step, once released
 	for i := range c.Steps {
 		st := c.Steps[i]
+		if st.AfterMS > 0 {
+			// The subject is the lease running out on the ledger's clock:
+			// the step waits longer than the case's lease.
+			time.Sleep(time.Duration(st.AfterMS) * time.Millisecond)
+		}
 		s.next.Store(int64(i))
 		if st.Tool.Hold {
 			held = make(chan answer, 1)

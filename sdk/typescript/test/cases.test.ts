@@ -15,13 +15,14 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolResultSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 
-import { createLedger, DefaultKeyArgument, errorFromResult, Guard, KeyMeta, McpGuard, OutcomeUnknownError, ReplayedMeta, type Policy } from "../src/index.js";
+import { ClaimMeta, createLedger, DefaultKeyArgument, errorFromResult, Guard, KeyMeta, McpGuard, OutcomeUnknownError, ReplayedMeta, type Policy } from "../src/index.js";
 
 interface Step {
   key?: string;
   via?: "meta";
   args: string;
-  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean };
+  after_ms?: number;
+  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean };
   expect: Answer;
 }
 interface Answer {
@@ -34,7 +35,7 @@ interface Answer {
 }
 interface Case {
   name: string;
-  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string };
+  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover" };
   max_outcome_bytes?: number;
   ledger_down?: boolean;
   steps: Step[];
@@ -59,18 +60,18 @@ function answerOf(r: CallToolResult): Answer {
 }
 
 test("the guard's behaviour cases", async (t) => {
-  assert.ok(table.cases.length >= 14);
+  assert.ok(table.cases.length >= 16);
   for (const [i, c] of table.cases.entries()) {
     await t.test(c.name, async () => {
       const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
       const p = c.policy ?? {};
-      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms };
+      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry };
       const guard = new McpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), "acme");
       let step = 0, runs = 0;
       let entered!: () => void, release!: () => void;
       let enteredP = new Promise<void>((r) => { entered = r; });
       const released = new Promise<void>((r) => { release = r; });
-      const handler = guard.tool("create_invoice", async (): Promise<CallToolResult> => {
+      const handler = guard.tool("create_invoice", async (_args, extra): Promise<CallToolResult> => {
         runs++;
         const st = c.steps[step];
         if (st.tool.hold) {
@@ -78,6 +79,10 @@ test("the guard's behaviour cases", async (t) => {
           await released;
         }
         if (st.tool.unknown) throw new OutcomeUnknownError("the invoice service hung up");
+        if (st.tool.token_text) {
+          const claim = extra._meta?.[ClaimMeta] as { token: number; attempt: number };
+          return { content: [{ type: "text", text: `token ${claim.token}, attempt ${claim.attempt}` }] };
+        }
         if (st.tool.error_text) return { isError: true, content: [{ type: "text", text: st.tool.error_text }] };
         if (st.tool.text_bytes) return { content: [{ type: "text", text: "x".repeat(st.tool.text_bytes) }] };
         return { content: [{ type: "text", text: st.tool.text! }] };
@@ -108,6 +113,11 @@ test("the guard's behaviour cases", async (t) => {
       try {
         let held: Promise<Answer> | undefined;
         for (const [j, st] of c.steps.entries()) {
+          if (st.after_ms) {
+            // The subject is the lease running out on the ledger's clock:
+            // the step waits longer than the case's lease.
+            await new Promise((r) => setTimeout(r, st.after_ms));
+          }
           step = j;
           if (st.tool.hold) {
             held = call(st);
