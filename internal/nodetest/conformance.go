@@ -66,7 +66,7 @@ func Guard(t testing.TB) (node, index string) {
 	if err := os.MkdirAll(filepath.Join(dir, ".build"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	out, err := os.MkdirTemp(filepath.Join(dir, ".build"), "test-")
+	out, err := os.MkdirTemp(filepath.Join(dir, ".build"), "test-") //nolint:usetesting // inside the package, for its node_modules: t.TempDir is not
 	if err != nil {
 		t.Fatal(err)
 	}
