@@ -119,3 +119,32 @@ test("curl drives it", async () => {
     s.close();
   }
 });
+
+test("Express: the guard in front of a route whose handler answers with res.json", async () => {
+  const express = (await import("express")).default;
+  let runs = 0;
+  const guarded = httpGuard(new Guard(ledger), { route: "/v1/invoices", tenant: "acme" });
+  const app = express();
+  app.post("/v1/invoices", guarded((req, res) => {
+    runs++;
+    const body = JSON.parse((req as { rawBody?: Buffer }).rawBody!.toString()) as { customer: string };
+    (res as import("express").Response).status(201).location(`/v1/invoices/${runs}`).json({ id: `inv_${randomUUID()}`, customer: body.customer });
+  }));
+  const server = app.listen(0, "127.0.0.1");
+  await new Promise<void>((r) => server.once("listening", () => r()));
+  try {
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/invoices`;
+    const key = randomUUID();
+    const post = () => fetch(url, { method: "POST", body: JSON.stringify({ customer: "c" }), headers: { "Content-Type": "application/json", "Idempotency-Key": key } });
+    const first = await post();
+    const again = await post();
+    assert.equal(first.status, 201);
+    assert.equal(again.status, 201);
+    assert.equal(again.headers.get("Idempotency-Replayed"), "true");
+    assert.equal(again.headers.get("Location"), "/v1/invoices/1");
+    assert.equal(await again.text(), await first.text());
+    assert.equal(runs, 1);
+  } finally {
+    server.close();
+  }
+});
