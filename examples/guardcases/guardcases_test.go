@@ -95,15 +95,7 @@ func TestGuardCases(t *testing.T) {
 	if len(tb.Cases) < 16 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("cases"))
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	addr := lis.Addr().String()
+	addr := memoryLedger(t)
 	for i, c := range tb.Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			target := addr
@@ -113,6 +105,33 @@ func TestGuardCases(t *testing.T) {
 			runCase(t, c, target, fmt.Sprintf("go-%d-%d", i, time.Now().UnixNano()))
 		})
 	}
+}
+
+// memoryLedger serves a LedgerService on the memory store on loopback.
+func memoryLedger(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("cases"))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return lis.Addr().String()
+}
+
+// policyOf is the case's policy.
+func policyOf(c tcase) guard.Policy {
+	p := guard.Policy{KeyOptional: c.Policy.KeyOptional, MaxWait: time.Duration(c.Policy.MaxWaitMS) * time.Millisecond,
+		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond}
+	if c.Policy.OnInProgress == "reject" {
+		p.OnInProgress = guard.Reject
+	}
+	if c.Policy.OnLeaseExpiry == "hold" {
+		p.OnLeaseExpiry = guard.Hold
+	}
+	return p
 }
 
 // closedPort is a loopback address nothing listens on.
@@ -173,15 +192,7 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := guard.Policy{KeyOptional: c.Policy.KeyOptional, MaxWait: time.Duration(c.Policy.MaxWaitMS) * time.Millisecond,
-		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond}
-	if c.Policy.OnInProgress == "reject" {
-		p.OnInProgress = guard.Reject
-	}
-	if c.Policy.OnLeaseExpiry == "hold" {
-		p.OnLeaseExpiry = guard.Hold
-	}
-	tool := mcpguard.NewTool(p)
+	tool := mcpguard.NewTool(policyOf(c))
 	if text := c.Policy.TransientText; text != "" {
 		tool.Transient = func(r *mcp.CallToolResult) bool {
 			tc, ok := r.Content[0].(*mcp.TextContent)

@@ -11,7 +11,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { codeName, LedgerError, ledgerError } from "./errors.js";
 import { fingerprintJSON } from "./fingerprint.js";
-import { Guard, OutcomeUnknownError, statusError, type Outcome, type Policy } from "./guard.js";
+import { Guard, OutcomeUnknownError, statusError, type Claim, type Outcome, type Policy } from "./guard.js";
 
 export const KeyHeader = "Idempotency-Key";
 export const ReplayedHeader = "Idempotency-Replayed";
@@ -41,8 +41,8 @@ export interface HttpRouteOptions {
   maxResponseBytes?: number;
 }
 
-/** The request's body, read by the guard, for the handler (req.body is set too, as a Buffer, when unset). */
-export type GuardedRequest = IncomingMessage & { rawBody?: Buffer };
+/** A request under the guard: its body, read by the guard, and the claim the handler runs under (a fencing token for its writes). */
+export type GuardedRequest = IncomingMessage & { rawBody?: Buffer; claim?: Claim };
 
 /**
  * httpGuard returns handler under the guard: a (req, res) handler of
@@ -73,6 +73,7 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
           await handler(req, res); // no key, key optional: unprotected, unbuffered
           return {};
         }
+        req.claim = claim;
         live = await record(res, maxResp, () => handler(req, res));
         if (live.unknown) {
           throw new OutcomeUnknownError("the handler marked the outcome unknown");

@@ -15,7 +15,7 @@ import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolResultSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 
-import { ClaimMeta, createLedger, DefaultKeyArgument, errorFromResult, Guard, KeyMeta, McpGuard, OutcomeUnknownError, ReplayedMeta, type Policy } from "../src/index.js";
+import { ClaimMeta, createLedger, DefaultKeyArgument, errorFromResult, Guard, httpGuard, KeyMeta, markOutcomeUnknown, McpGuard, OutcomeUnknownError, ReplayedMeta, type GuardedRequest, type Policy } from "../src/index.js";
 
 interface Step {
   key?: string;
@@ -139,8 +139,103 @@ test("the guard's behaviour cases", async (t) => {
         }
         assert.equal(runs, c.runs, "runs");
       } finally {
+        release(); // a failed step leaves no run held
         await client.close();
+        httpServer.closeAllConnections();
         httpServer.close();
+      }
+    });
+  }
+});
+
+// The same table over HTTP, against httpGuard, mapped as
+// examples/guardcases/http_test.go maps it for httpguard: a step is a
+// POST of its arguments, its key in Idempotency-Key (a key that is not
+// ASCII goes as two header lines); the tool's text a 201, its error text a
+// 422, the transient text a 503, an unknown run a 502 marked unknown.
+test("the guard's behaviour cases over HTTP", async (t) => {
+  for (const [i, c] of table.cases.entries()) {
+    await t.test(c.name, async () => {
+      const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
+      const p = c.policy ?? {};
+      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry };
+      let step = 0, runs = 0;
+      let entered!: () => void, release!: () => void;
+      let enteredP = new Promise<void>((r) => { entered = r; });
+      const released = new Promise<void>((r) => { release = r; });
+      const guarded = httpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), { route: "/v1/invoices", tenant: "acme", policy })(async (req: GuardedRequest, res) => {
+        runs++;
+        const st = c.steps[step];
+        if (st.tool.hold) {
+          entered();
+          await released;
+        }
+        let status = 201, text = st.tool.text ?? "";
+        if (st.tool.unknown) { markOutcomeUnknown(res); status = 502; }
+        else if (st.tool.error_text && st.tool.error_text === p.transient_text) { status = 503; text = st.tool.error_text; }
+        else if (st.tool.error_text) { status = 422; text = st.tool.error_text; }
+        else if (st.tool.text_bytes) text = "x".repeat(st.tool.text_bytes);
+        else if (st.tool.token_text) text = `token ${req.claim!.token}, attempt ${req.claim!.attempt}`;
+        res.writeHead(status, { "Content-Type": "text/plain" }).end(text);
+      });
+      const server = http.createServer((req, res) => void guarded(req, res));
+      await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1/invoices`;
+      const prefix = `ts-http-${i}-${Date.now()}-`;
+      const post = (st: Step) => new Promise<Answer>((resolve, reject) => {
+        const headers: string[] = ["Host", new URL(url).host, "Content-Type", "application/json"]; // a raw list gets no Host of its own
+        if (st.key && /[^\x20-\x7e]/.test(st.key)) headers.push("Idempotency-Key", "a", "Idempotency-Key", "b");
+        else if (st.key) headers.push("Idempotency-Key", prefix + st.key);
+        const req = http.request(url, { method: "POST", headers }, (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("end", () => {
+            const body = Buffer.concat(chunks).toString();
+            if (res.headers["content-type"] === "application/problem+json") {
+              const pb = JSON.parse(body) as { code: string; retryable: boolean };
+              resolve(normal({ error: pb.code, retryable: pb.retryable }));
+              return;
+            }
+            const big = body.length > 1024;
+            resolve(normal({ text: big ? undefined : body, text_bytes: big ? body.length : undefined,
+              is_error: res.statusCode === 422 || res.statusCode === 503, replayed: res.headers["idempotency-replayed"] === "true" }));
+          });
+        });
+        req.on("error", reject);
+        req.end(st.args);
+      });
+      try {
+        let held: Promise<Answer> | undefined;
+        for (const [j, st] of c.steps.entries()) {
+          if (st.after_ms) {
+            // The subject is the lease running out on the ledger's clock:
+            // the step waits longer than the case's lease.
+            await new Promise((r) => setTimeout(r, st.after_ms));
+          }
+          step = j;
+          if (st.tool.hold) {
+            held = post(st);
+            await enteredP;
+            enteredP = new Promise<void>((r) => { entered = r; });
+            continue;
+          }
+          const got = await post(st);
+          if (held) {
+            release();
+            assert.deepEqual(await held, normal(c.steps[j - 1].expect), `step ${j} (held)`);
+            held = undefined;
+          }
+          assert.deepEqual(got, normal(st.expect), `step ${j + 1}`);
+        }
+        if (held) {
+          release();
+          await held;
+        }
+        assert.equal(runs, c.runs, "runs");
+      } finally {
+        release(); // a failed step leaves no run held
+        server.closeAllConnections();
+        server.close();
       }
     });
   }

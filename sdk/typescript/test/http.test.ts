@@ -66,15 +66,18 @@ test("a bare UUID and stripe-go's own keys; the replay; KEY_REUSED 422; KEY_MISS
 test("two key lines are KEY_INVALID; a body over the limit is 413", async () => {
   const s = await serve({});
   try {
-    const status = await new Promise<number>((resolve, reject) => {
-      const req = http.request(s.url, { method: "POST", headers: ["Content-Type", "application/json", "Idempotency-Key", "a", "Idempotency-Key", "b"] }, (res) => {
-        res.resume();
-        resolve(res.statusCode!);
+    const [status, body] = await new Promise<[number, string]>((resolve, reject) => {
+      // A raw list of headers gets no Host of its own.
+      const req = http.request(s.url, { method: "POST", headers: ["Host", new URL(s.url).host, "Content-Type", "application/json", "Idempotency-Key", "a", "Idempotency-Key", "b"] }, (res) => {
+        let b = "";
+        res.on("data", (c) => { b += c; });
+        res.on("end", () => resolve([res.statusCode!, b]));
       });
       req.on("error", reject);
       req.end("{}");
     });
     assert.equal(status, 400);
+    assert.equal((JSON.parse(body) as { code: string }).code, "KEY_INVALID");
     const big = await s.post({ customer: "x".repeat(2048) }, randomUUID());
     assert.equal(big.status, 413);
     assert.equal(s.runs(), 0);

@@ -1,0 +1,173 @@
+package guardcases_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+)
+
+// The same table over HTTP, against httpguard: a step is a POST of its
+// arguments as the JSON body, its key in the Idempotency-Key header (a
+// key that is not ASCII goes as two header lines, which is as malformed
+// over HTTP); the tool's text is a 201 with that body, its error text a
+// 422 (stored), the case's transient text a 503 (released), an unknown
+// run a 502 marked unknown. An expected text is the body (and 422 when
+// is_error), replayed is Idempotency-Replayed, an expected error the
+// problem's code and retryable.
+
+func TestGuardCasesHTTP(t *testing.T) {
+	tb := load(t)
+	addr := memoryLedger(t)
+	for i, c := range tb.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			target := addr
+			if c.LedgerDown {
+				target = closedPort(t)
+			}
+			runHTTPCase(t, c, target, fmt.Sprintf("go-http-%d-%d", i, time.Now().UnixNano()))
+		})
+	}
+}
+
+func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
+	conn, err := grpc.NewClient(ledgerAddr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() { _ = lc.Close() })
+	var gopts []guard.Option
+	if c.MaxOutcomeBytes > 0 {
+		gopts = append(gopts, guard.WithMaxOutcomeBytes(c.MaxOutcomeBytes))
+	}
+	gd, err := guard.New(lc, gopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hg, err := httpguard.New(gd, httpguard.WithTenant(httpguard.Tenant("acme")),
+		httpguard.WithRoute("POST /v1/invoices", httpguard.Route{Policy: policyOf(c)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var step, runs atomic.Int64
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		st := c.Steps[step.Load()]
+		if st.Tool.Hold {
+			entered <- struct{}{}
+			<-release
+		}
+		status, text := http.StatusCreated, st.Tool.Text
+		switch {
+		case st.Tool.Unknown:
+			httpguard.MarkOutcomeUnknown(r)
+			status = http.StatusBadGateway
+		case st.Tool.ErrorText != "" && st.Tool.ErrorText == c.Policy.TransientText:
+			status, text = http.StatusServiceUnavailable, st.Tool.ErrorText
+		case st.Tool.ErrorText != "":
+			status, text = http.StatusUnprocessableEntity, st.Tool.ErrorText
+		case st.Tool.TextBytes > 0:
+			text = strings.Repeat("x", st.Tool.TextBytes)
+		case st.Tool.TokenText:
+			cl, _ := guard.ClaimFromContext(r.Context())
+			text = fmt.Sprintf("token %d, attempt %d", cl.Token, cl.Attempt)
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, text)
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/invoices", hg.Middleware(handler))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	var held chan answer
+	for i, st := range c.Steps {
+		if st.AfterMS > 0 {
+			// The subject is the lease running out on the ledger's clock:
+			// the step waits longer than the case's lease.
+			time.Sleep(time.Duration(st.AfterMS) * time.Millisecond)
+		}
+		step.Store(int64(i))
+		if st.Tool.Hold {
+			held = make(chan answer, 1)
+			go func() { held <- post(t, srv.URL+"/v1/invoices", keyPrefix, st) }()
+			<-entered
+			continue
+		}
+		got := post(t, srv.URL+"/v1/invoices", keyPrefix, st)
+		if held != nil {
+			close(release)
+			if h := <-held; h != c.Steps[i-1].Expect {
+				t.Errorf("step %d (held): %+v, want %+v", i, h, c.Steps[i-1].Expect)
+			}
+			held = nil
+		}
+		if got != st.Expect {
+			t.Errorf("step %d: %+v, want %+v", i+1, got, st.Expect)
+		}
+	}
+	if held != nil {
+		close(release)
+		<-held
+	}
+	if runs.Load() != c.Runs {
+		t.Errorf("the handler ran %d times, want %d", runs.Load(), c.Runs)
+	}
+}
+
+// post sends one step and reads its answer as the table writes it.
+func post(t *testing.T, url, keyPrefix string, st step) answer {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader([]byte(st.Args)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	switch {
+	case st.Key == "":
+	case strings.ContainsFunc(st.Key, func(r rune) bool { return r > 0x7e }):
+		req.Header["Idempotency-Key"] = []string{"a", "b"} // malformed, as the table's key is
+	default:
+		req.Header.Set("Idempotency-Key", keyPrefix+st.Key)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.Header.Get("Content-Type") == "application/problem+json" {
+		var p struct {
+			Code      string `json:"code"`
+			Retryable bool   `json:"retryable"`
+		}
+		if err := json.Unmarshal(body, &p); err != nil {
+			t.Fatal(err)
+		}
+		return answer{Error: p.Code, Retryable: p.Retryable}
+	}
+	a := answer{Text: string(body), Replayed: res.Header.Get("Idempotency-Replayed") == "true",
+		IsError: res.StatusCode == http.StatusUnprocessableEntity || res.StatusCode == http.StatusServiceUnavailable}
+	if len(body) > 1024 {
+		a.Text, a.TextBytes = "", len(body)
+	}
+	return a
+}
