@@ -39,6 +39,15 @@ export interface HttpRouteOptions {
   maxBodyBytes?: number;
   /** The largest response kept (16 MiB when absent): past it, 409 OUTCOME_TOO_LARGE, applied. */
   maxResponseBytes?: number;
+  /**
+   * Stripe answers by Stripe's conventions as well, for clients written for
+   * a Stripe-shaped API (httpguard's Route.Stripe): a replay carries
+   * Idempotent-Replayed and the handler's Request-Id; every answer of the
+   * guard says Stripe-Should-Retry; a permanent error is a Stripe error
+   * object (a reused key is 400 idempotency_error); a retryable one keeps
+   * its problem, which a Stripe SDK retries.
+   */
+  stripe?: boolean;
 }
 
 /** A request under the guard: its body, read by the guard, and the claim the handler runs under (a fencing token for its writes). */
@@ -51,7 +60,8 @@ export type GuardedRequest = IncomingMessage & { rawBody?: Buffer; claim?: Claim
  * sends it. The body is read by the guard and left in req.rawBody.
  */
 export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
-  const stored = [...DefaultStoredHeaders, ...(opts.storeHeaders ?? [])].map((h) => h.toLowerCase());
+  const stored = [...DefaultStoredHeaders, ...(opts.storeHeaders ?? []), ...(opts.stripe ? ["Request-Id"] : [])].map((h) => h.toLowerCase());
+  const fail = opts.stripe ? stripeError : problem;
   const maxBody = opts.maxBodyBytes ?? 1 << 20;
   const maxResp = opts.maxResponseBytes ?? 16 << 20;
   const release = opts.release ?? defaultRelease;
@@ -90,9 +100,9 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
         live.send(); // the first answer, every header of it
         return;
       }
-      replay(res, res2.outcome);
+      replay(res, res2.outcome, opts.stripe ?? false);
     } catch (err) {
-      problem(res, err);
+      fail(res, err);
     }
   };
 }
@@ -252,14 +262,18 @@ function canonical(h: string): string {
   return h.toLowerCase().replace(/(^|-)([a-z])/g, (_m, d: string, c: string) => d + c.toUpperCase());
 }
 
-function replay(res: ServerResponse, o: Outcome): void {
+function replay(res: ServerResponse, o: Outcome, stripe: boolean): void {
   if (!o.response || o.response.typeUrl !== responseTypeUrl) {
-    problem(res, o.status ? statusError(o.status) : new LedgerError(ErrorCode.INTERNAL, "the key holds an outcome of another kind"));
+    (stripe ? stripeError : problem)(res, o.status ? statusError(o.status) : new LedgerError(ErrorCode.INTERNAL, "the key holds an outcome of another kind"));
     return;
   }
   const r = JSON.parse(new TextDecoder().decode(o.response.value)) as { status: number; header?: Record<string, string[]>; body?: string };
   for (const [k, v] of Object.entries(r.header ?? {})) res.setHeader(k, v);
   res.setHeader(ReplayedHeader, "true");
+  if (stripe) {
+    res.setHeader("Idempotent-Replayed", "true");
+    res.setHeader("Stripe-Should-Retry", "false"); // a retry gets this same answer
+  }
   res.writeHead(r.status);
   res.end(r.body ? Buffer.from(r.body, "base64") : undefined);
 }
@@ -314,15 +328,46 @@ export interface Problem {
   retry_after_ms: number;
 }
 
-function problem(res: ServerResponse, err: unknown): void {
+// problemOf is err as the ledger's error and as a problem.
+function problemOf(err: unknown): [LedgerError, Problem] {
   const big = err instanceof BodyTooLarge ? err : undefined;
   const le = big ? new LedgerError(ErrorCode.VALIDATION_FAILED, big.message) : ledgerError(err) ?? new LedgerError(ErrorCode.INTERNAL, "internal error", { cause: err });
   const name = codeName(le.code);
-  const p: Problem = {
+  return [le, {
     type: "https://idemledger.io/problems/" + name.toLowerCase().replaceAll("_", "-"),
     title: titles[le.code] ?? "Internal error", status: big ? 413 : httpStatus(le), detail: le.message,
     code: name, retryable: le.retryable, retry_after_ms: le.retryAfterMs,
-  };
+  }];
+}
+
+// stripeError answers err on a Stripe route: with Stripe-Should-Retry, and
+// a Stripe error object where err is permanent (a Stripe SDK never retries
+// one); a retryable err keeps its problem, which the header says to retry.
+function stripeError(res: ServerResponse, err: unknown): void {
+  const [le, p] = problemOf(err);
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  if (le.retryable) {
+    res.setHeader("Stripe-Should-Retry", "true");
+    problem(res, err);
+    return;
+  }
+  res.setHeader("Stripe-Should-Retry", "false");
+  let type = "api_error", status = p.status;
+  switch (le.code) {
+    case ErrorCode.KEY_REUSED: type = "idempotency_error"; status = 400; break; // as Stripe answers a reused key
+    case ErrorCode.KEY_EXPIRED: case ErrorCode.RETRY_TOO_LATE: case ErrorCode.OUTCOME_UNKNOWN: type = "idempotency_error"; break;
+    case ErrorCode.KEY_MISSING: case ErrorCode.KEY_INVALID: case ErrorCode.VALIDATION_FAILED: type = "invalid_request_error"; break;
+  }
+  res.setHeader("Content-Type", "application/json");
+  res.writeHead(status);
+  res.end(JSON.stringify({ error: { type, code: p.code.toLowerCase(), message: p.detail, doc_url: p.type } }));
+}
+
+function problem(res: ServerResponse, err: unknown): void {
+  const [le, p] = problemOf(err);
   if (res.headersSent) {
     res.destroy();
     return;

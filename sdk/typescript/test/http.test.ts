@@ -13,9 +13,9 @@ import { createLedger, Guard, httpGuard, type Policy } from "../src/index.js";
 
 const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
 
-async function serve(policy: Policy, gate?: Promise<void>) {
+async function serve(policy: Policy, gate?: Promise<void>, stripe = false) {
   let runs = 0;
-  const guarded = httpGuard(new Guard(ledger), { route: "/v1/invoices", tenant: "acme", policy, maxBodyBytes: 1024 })(async (req, res) => {
+  const guarded = httpGuard(new Guard(ledger), { route: "/v1/invoices", tenant: "acme", policy, maxBodyBytes: 1024, stripe })(async (req, res) => {
     runs++;
     await gate;
     const body = JSON.parse(req.rawBody!.toString() || "{}") as { customer?: string; status?: number };
@@ -25,6 +25,7 @@ async function serve(policy: Policy, gate?: Promise<void>) {
     }
     res.setHeader("Location", `/v1/invoices/${runs}`);
     res.setHeader("X-Run", String(runs)); // not on the allow-list: never replayed
+    res.setHeader("Request-Id", `req_${runs}`); // replayed on a Stripe route only
     res.writeHead(201, { "Content-Type": "application/json" });
     res.end(JSON.stringify({ id: `inv_${randomUUID()}`, customer: body.customer }));
   });
@@ -149,5 +150,35 @@ test("Express: the guard in front of a route whose handler answers with res.json
     assert.equal(runs, 1);
   } finally {
     server.close();
+  }
+});
+
+test("Stripe's conventions: Idempotent-Replayed, Request-Id, Stripe-Should-Retry, Stripe error objects", async () => {
+  let open!: () => void;
+  const gate = new Promise<void>((r) => { open = r; });
+  const s = await serve({ onInProgress: "reject", leaseMs: 30_000 }, gate, true);
+  try {
+    const key = `${Date.now()}_B8TIFA`;
+    const first = s.post({ customer: "c1" }, key);
+    while (s.runs() === 0) await new Promise((r) => setImmediate(r));
+    const busy = await s.post({ customer: "c1" }, key);
+    assert.equal(busy.status, 409);
+    assert.equal(busy.headers.get("Stripe-Should-Retry"), "true");
+    assert.equal(busy.headers.get("Content-Type"), "application/problem+json", "a retryable error keeps its problem: a Stripe SDK retries it");
+    open();
+    assert.equal((await first).status, 201);
+    const again = await s.post({ customer: "c1" }, key);
+    assert.equal(again.headers.get("Idempotent-Replayed"), "true");
+    assert.equal(again.headers.get("Idempotency-Replayed"), "true");
+    assert.equal(again.headers.get("Stripe-Should-Retry"), "false");
+    assert.equal(again.headers.get("Request-Id"), "req_1");
+    const reused = await s.post({ customer: "c2" }, key);
+    assert.equal(reused.status, 400);
+    assert.equal(reused.headers.get("Stripe-Should-Retry"), "false");
+    const e = (await reused.json()) as { error: { type: string; code: string } };
+    assert.deepEqual([e.error.type, e.error.code], ["idempotency_error", "key_reused"]);
+    assert.equal(s.runs(), 1);
+  } finally {
+    s.close();
   }
 });
