@@ -55,14 +55,16 @@ type step struct {
 	Key     string `json:"key"`
 	Via     string `json:"via"`
 	Args    string `json:"args"`
-	AfterMS int    `json:"after_ms"`
-	Tool    struct {
+	AfterMS  int    `json:"after_ms"`
+	HangUpMS int    `json:"hang_up_ms"`
+	Tool     struct {
 		Text      string `json:"text"`
 		TextBytes int    `json:"text_bytes"`
 		ErrorText string `json:"error_text"`
 		Hold      bool   `json:"hold"`
 		Unknown   bool   `json:"unknown"`
 		TokenText bool   `json:"token_text"`
+		SleepMS   int    `json:"sleep_ms"`
 	} `json:"tool"`
 	Expect answer `json:"expect"`
 }
@@ -92,7 +94,7 @@ func load(t *testing.T) table {
 
 func TestGuardCases(t *testing.T) {
 	tb := load(t)
-	if len(tb.Cases) < 16 {
+	if len(tb.Cases) < 17 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
 	addr := memoryLedger(t)
@@ -161,6 +163,10 @@ func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Call
 	if st.Tool.Hold {
 		s.entered <- struct{}{}
 		<-s.release
+	}
+	if st.Tool.SleepMS > 0 {
+		// A slow tool: the run outlives a caller who hangs up before it ends.
+		time.Sleep(time.Duration(st.Tool.SleepMS) * time.Millisecond)
 	}
 	switch {
 	case st.Tool.Unknown:
@@ -274,7 +280,16 @@ func call(t *testing.T, cs *mcp.ClientSession, keyPrefix string, st step) answer
 		params.Meta = mcp.Meta{mcpguard.KeyMeta: key}
 	}
 	params.Arguments = args
-	res, err := cs.CallTool(context.Background(), params)
+	ctx := context.Background()
+	if st.HangUpMS > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(st.HangUpMS)*time.Millisecond)
+		defer cancel()
+	}
+	res, err := cs.CallTool(ctx, params)
+	if err != nil && st.HangUpMS > 0 && ctx.Err() != nil {
+		return answer{Error: "HUNG_UP"}
+	}
 	if err != nil {
 		return answer{Error: "JSON-RPC: " + err.Error()}
 	}

@@ -75,6 +75,10 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 			entered <- struct{}{}
 			<-release
 		}
+		if st.Tool.SleepMS > 0 {
+			// A slow handler: the run outlives a caller who hangs up before it ends.
+			time.Sleep(time.Duration(st.Tool.SleepMS) * time.Millisecond)
+		}
 		status, text := http.StatusCreated, st.Tool.Text
 		switch {
 		case st.Tool.Unknown:
@@ -136,7 +140,13 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 
 // post sends one step and reads its answer as the table writes it.
 func post(t *testing.T, url, keyPrefix string, st step) answer {
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader([]byte(st.Args)))
+	ctx := context.Background()
+	if st.HangUpMS > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(st.HangUpMS)*time.Millisecond)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader([]byte(st.Args)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +159,9 @@ func post(t *testing.T, url, keyPrefix string, st step) answer {
 		req.Header.Set("Idempotency-Key", keyPrefix+st.Key)
 	}
 	res, err := http.DefaultClient.Do(req)
+	if err != nil && ctx.Err() != nil {
+		return answer{Error: "HUNG_UP"}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

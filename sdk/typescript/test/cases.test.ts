@@ -22,7 +22,8 @@ interface Step {
   via?: "meta";
   args: string;
   after_ms?: number;
-  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean };
+  hang_up_ms?: number;
+  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean; sleep_ms?: number };
   expect: Answer;
 }
 interface Answer {
@@ -60,7 +61,7 @@ function answerOf(r: CallToolResult): Answer {
 }
 
 test("the guard's behaviour cases", async (t) => {
-  assert.ok(table.cases.length >= 16);
+  assert.ok(table.cases.length >= 17);
   for (const [i, c] of table.cases.entries()) {
     await t.test(c.name, async () => {
       const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
@@ -78,6 +79,8 @@ test("the guard's behaviour cases", async (t) => {
           entered();
           await released;
         }
+        // A slow tool: the run outlives a caller who hangs up before it ends.
+        if (st.tool.sleep_ms) await new Promise((r) => setTimeout(r, st.tool.sleep_ms));
         if (st.tool.unknown) throw new OutcomeUnknownError("the invoice service hung up");
         if (st.tool.token_text) {
           const claim = extra._meta?.[ClaimMeta] as { token: number; attempt: number };
@@ -107,8 +110,13 @@ test("the guard's behaviour cases", async (t) => {
         let meta: Record<string, unknown> | undefined;
         if (st.key && st.via !== "meta") args = { [DefaultKeyArgument]: prefix + st.key, ...args };
         if (st.key && st.via === "meta") meta = { [KeyMeta]: /[^\x20-\x7e]/.test(st.key) ? st.key : prefix + st.key };
-        const r = await client.request({ method: "tools/call", params: { name: "create_invoice", arguments: args, _meta: meta } }, CallToolResultSchema, { timeout: 30_000 });
-        return answerOf(r as CallToolResult);
+        try {
+          const r = await client.request({ method: "tools/call", params: { name: "create_invoice", arguments: args, _meta: meta } }, CallToolResultSchema, { timeout: st.hang_up_ms ?? 30_000 });
+          return answerOf(r as CallToolResult);
+        } catch (err) {
+          if (st.hang_up_ms) return normal({ error: "HUNG_UP" });
+          throw err;
+        }
       };
       try {
         let held: Promise<Answer> | undefined;
@@ -170,6 +178,8 @@ test("the guard's behaviour cases over HTTP", async (t) => {
           entered();
           await released;
         }
+        // A slow handler: the run outlives a caller who hangs up before it ends.
+        if (st.tool.sleep_ms) await new Promise((r) => setTimeout(r, st.tool.sleep_ms));
         let status = 201, text = st.tool.text ?? "";
         if (st.tool.unknown) { markOutcomeUnknown(res); status = 502; }
         else if (st.tool.error_text && st.tool.error_text === p.transient_text) { status = 503; text = st.tool.error_text; }
@@ -201,7 +211,10 @@ test("the guard's behaviour cases over HTTP", async (t) => {
               is_error: res.statusCode === 422 || res.statusCode === 503, replayed: res.headers["idempotency-replayed"] === "true" }));
           });
         });
-        req.on("error", reject);
+        if (st.hang_up_ms) {
+          req.setTimeout(st.hang_up_ms, () => { req.destroy(); resolve(normal({ error: "HUNG_UP" })); });
+        }
+        req.on("error", (err) => (st.hang_up_ms ? undefined : reject(err)));
         req.end(st.args);
       });
       try {
