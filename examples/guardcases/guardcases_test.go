@@ -52,9 +52,9 @@ type tcase struct {
 }
 
 type step struct {
-	Key     string `json:"key"`
-	Via     string `json:"via"`
-	Args    string `json:"args"`
+	Key      string `json:"key"`
+	Via      string `json:"via"`
+	Args     string `json:"args"`
 	AfterMS  int    `json:"after_ms"`
 	HangUpMS int    `json:"hang_up_ms"`
 	Tool     struct {
