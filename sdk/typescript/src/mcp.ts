@@ -152,7 +152,10 @@ function checked(key: string): string {
 
 function outcomeOf(r: CallToolResult, opts: ToolOptions): Outcome {
   const out: Outcome = { response: { $typeName: "google.protobuf.Any", typeUrl: resultTypeUrl, value: new TextEncoder().encode(JSON.stringify(r)) } };
-  if (r.isError) {
+  const input = r as { resultType?: unknown; inputRequests?: unknown };
+  if (input.resultType === "input_required" || (typeof input.inputRequests === "object" && input.inputRequests !== null && Object.keys(input.inputRequests).length > 0)) {
+    out.transient = true; // a request for input: the call applied nothing yet and will come back
+  } else if (r.isError) {
     out.transient = opts.transient?.(r) ?? false;
   }
   return out;

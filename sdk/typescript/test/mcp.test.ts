@@ -34,6 +34,7 @@ async function serve(policy: Policy, gate?: Promise<void>, onPost?: (n: number, 
       await gate;
       if (args.fail === "throw") throw new Error("the invoice service refused");
       if (args.fail === "error") return { isError: true, content: [{ type: "text", text: "no such customer" }] };
+      if (args.fail === "input") return { content: [], resultType: "input_required", inputRequests: { confirm: { method: "elicitation/create", params: { message: "sure?" } } } } as CallToolResult;
       return { content: [{ type: "text", text: JSON.stringify({ id: `inv_${randomUUID()}`, customer: args.customer }) }] };
     }, { policy, transient: (r) => (r.content[0] as { text: string }).text === "busy" }));
     return s;
@@ -92,7 +93,7 @@ test("KEY_MISSING and KEY_INVALID", async () => {
   }
 });
 
-test("an error result is stored; a thrown error is stored; a transient one releases the key", async () => {
+test("an error result is stored; a thrown error is stored; a request for input releases the key", async () => {
   const s = await serve({});
   try {
     const key = `ts-${randomUUID()}`;
@@ -103,7 +104,11 @@ test("an error result is stored; a thrown error is stored; a transient one relea
     const thrown = `ts-${randomUUID()}`;
     assert.equal(text(await s.call({ customer: "c", amount_cents: 1, fail: "throw", idempotency_key: thrown })), "the invoice service refused");
     assert.equal((await s.call({ customer: "c", amount_cents: 1, fail: "throw", idempotency_key: thrown }))._meta?.[ReplayedMeta], true);
-    assert.equal(s.runs(), 2);
+    const input = `ts-${randomUUID()}`;
+    await s.call({ customer: "c", amount_cents: 1, fail: "input", idempotency_key: input });
+    const after = await s.call({ customer: "c", amount_cents: 1, fail: "input", idempotency_key: input });
+    assert.equal(after._meta?.[ReplayedMeta], undefined, "a request for input releases the key: the call runs again");
+    assert.equal(s.runs(), 4);
   } finally {
     await s.close();
   }
