@@ -44,6 +44,7 @@ type tcase struct {
 		LeaseMS       int    `json:"lease_ms"`
 		TransientText string `json:"transient_text"`
 		OnLeaseExpiry string `json:"on_lease_expiry"`
+		ReconcileText string `json:"reconcile_text"`
 	} `json:"policy"`
 	MaxOutcomeBytes int    `json:"max_outcome_bytes"`
 	LedgerDown      bool   `json:"ledger_down"`
@@ -94,7 +95,7 @@ func load(t *testing.T) table {
 
 func TestGuardCases(t *testing.T) {
 	tb := load(t)
-	if len(tb.Cases) < 17 {
+	if len(tb.Cases) < 18 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
 	addr := memoryLedger(t)
@@ -199,6 +200,11 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 		t.Fatal(err)
 	}
 	tool := mcpguard.NewTool(policyOf(c))
+	if text := c.Policy.ReconcileText; text != "" {
+		tool.Reconcile = func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil
+		}
+	}
 	if text := c.Policy.TransientText; text != "" {
 		tool.Transient = func(r *mcp.CallToolResult) bool {
 			tc, ok := r.Content[0].(*mcp.TextContent)

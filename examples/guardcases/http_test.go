@@ -61,8 +61,13 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hg, err := httpguard.New(gd, httpguard.WithTenant(httpguard.Tenant("acme")),
-		httpguard.WithRoute("POST /v1/invoices", httpguard.Route{Policy: policyOf(c)}))
+	route := httpguard.Route{Policy: policyOf(c)}
+	if text := c.Policy.ReconcileText; text != "" {
+		route.Reconcile = func(*http.Request) (*httpguard.Response, error) {
+			return &httpguard.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(text)}, nil
+		}
+	}
+	hg, err := httpguard.New(gd, httpguard.WithTenant(httpguard.Tenant("acme")), httpguard.WithRoute("POST /v1/invoices", route))
 	if err != nil {
 		t.Fatal(err)
 	}

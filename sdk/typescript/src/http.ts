@@ -48,6 +48,12 @@ export interface HttpRouteOptions {
    * its problem, which a Stripe SDK retries.
    */
   stripe?: boolean;
+  /**
+   * Asked on a takeover whether the earlier attempt's write landed: the
+   * response it answered if it did (stored, and sent as a replay),
+   * undefined if it did not; a throw when it cannot tell.
+   */
+  reconcile?: (req: GuardedRequest) => Promise<{ status: number; headers?: Record<string, string | string[]>; body?: Buffer | string } | undefined>;
 }
 
 /** A request under the guard: its body, read by the guard, and the claim the handler runs under (a fencing token for its writes). */
@@ -78,7 +84,11 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
         fingerprint = requestPrint(method, String(req.headers["content-type"] ?? ""), body);
       }
       let live: Recorded | undefined;
-      const res2 = await guard.do({ tenant, key, fingerprint, method, policy }, async (claim) => {
+      const reconcile = opts.reconcile && (async () => {
+        const r = await opts.reconcile!(req);
+        return r && { response: encode({ status: r.status, headers: r.headers ?? {}, body: Buffer.from(r.body ?? ""), overflow: false, unknown: false, send: () => {} }, stored) };
+      });
+      const res2 = await guard.do({ tenant, key, fingerprint, method, policy, reconcile }, async (claim) => {
         if (!claim) {
           await handler(req, res); // no key, key optional: unprotected, unbuffered
           return {};

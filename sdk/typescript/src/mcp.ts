@@ -43,6 +43,13 @@ export interface ToolOptions {
   keyArgument?: string;
   /** Says an isError result is transient: the key is released, not the result stored. */
   transient?: (result: CallToolResult) => boolean;
+  /**
+   * Asked on a takeover (attempt 2 or later) whether the earlier attempt's
+   * write landed: its result if it did (stored, and answered as a replay),
+   * undefined if it did not (the call runs); a throw when it cannot tell
+   * (UNAVAILABLE, the claim left to run out).
+   */
+  reconcile?: (args: Record<string, unknown>, extra: ToolExtra) => Promise<CallToolResult | undefined>;
 }
 
 /** The tenant of a call: a string, or a function of the call. */
@@ -85,7 +92,11 @@ export class McpGuard {
       }
       let live: CallToolResult | undefined;
       try {
-        const res = await this.guard.do({ tenant, key, fingerprint, method, policy }, async (claim) => {
+        const reconcile = opts.reconcile && (async () => {
+          const r = await opts.reconcile!(args, extra);
+          return r && outcomeOf(r, {});
+        });
+        const res = await this.guard.do({ tenant, key, fingerprint, method, policy, reconcile }, async (claim) => {
           const meta = { ...(extra._meta ?? {}) };
           if (claim) {
             meta[ClaimMeta] = { token: Number(claim.token), attempt: claim.attempt };

@@ -36,7 +36,7 @@ interface Answer {
 }
 interface Case {
   name: string;
-  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover" };
+  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover"; reconcile_text?: string };
   max_outcome_bytes?: number;
   ledger_down?: boolean;
   steps: Step[];
@@ -61,7 +61,7 @@ function answerOf(r: CallToolResult): Answer {
 }
 
 test("the guard's behaviour cases", async (t) => {
-  assert.ok(table.cases.length >= 17);
+  assert.ok(table.cases.length >= 18);
   for (const [i, c] of table.cases.entries()) {
     await t.test(c.name, async () => {
       const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
@@ -89,7 +89,8 @@ test("the guard's behaviour cases", async (t) => {
         if (st.tool.error_text) return { isError: true, content: [{ type: "text", text: st.tool.error_text }] };
         if (st.tool.text_bytes) return { content: [{ type: "text", text: "x".repeat(st.tool.text_bytes) }] };
         return { content: [{ type: "text", text: st.tool.text! }] };
-      }, { policy, transient: p.transient_text ? (r) => r.content[0]?.type === "text" && r.content[0].text === p.transient_text : undefined });
+      }, { policy, transient: p.transient_text ? (r) => r.content[0]?.type === "text" && r.content[0].text === p.transient_text : undefined,
+        reconcile: p.reconcile_text ? async () => ({ content: [{ type: "text" as const, text: p.reconcile_text! }] }) : undefined });
       const httpServer = http.createServer(async (req, res) => {
         const s = new McpServer({ name: "cases", version: "1.0.0" });
         // Arguments as they are: the table's tool takes any object.
@@ -171,7 +172,8 @@ test("the guard's behaviour cases over HTTP", async (t) => {
       let entered!: () => void, release!: () => void;
       let enteredP = new Promise<void>((r) => { entered = r; });
       const released = new Promise<void>((r) => { release = r; });
-      const guarded = httpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), { route: "/v1/invoices", tenant: "acme", policy })(async (req: GuardedRequest, res) => {
+      const guarded = httpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), { route: "/v1/invoices", tenant: "acme", policy,
+        reconcile: p.reconcile_text ? async () => ({ status: 201, headers: { "content-type": "text/plain" }, body: p.reconcile_text }) : undefined })(async (req: GuardedRequest, res) => {
         runs++;
         const st = c.steps[step];
         if (st.tool.hold) {
