@@ -45,6 +45,7 @@ type tcase struct {
 		TransientText string `json:"transient_text"`
 		OnLeaseExpiry string `json:"on_lease_expiry"`
 		ReconcileText string `json:"reconcile_text"`
+		RetentionMS   int    `json:"retention_ms"`
 	} `json:"policy"`
 	MaxOutcomeBytes int    `json:"max_outcome_bytes"`
 	LedgerDown      bool   `json:"ledger_down"`
@@ -58,7 +59,9 @@ type step struct {
 	Args     string `json:"args"`
 	AfterMS  int    `json:"after_ms"`
 	HangUpMS int    `json:"hang_up_ms"`
-	Tool     struct {
+	// ReleaseMS lets the held run go that long after this step is sent.
+	ReleaseMS int `json:"release_ms"`
+	Tool      struct {
 		Text      string `json:"text"`
 		TextBytes int    `json:"text_bytes"`
 		ErrorText string `json:"error_text"`
@@ -95,7 +98,7 @@ func load(t *testing.T) table {
 
 func TestGuardCases(t *testing.T) {
 	tb := load(t)
-	if len(tb.Cases) < 18 {
+	if len(tb.Cases) < 20 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
 	addr := memoryLedger(t)
@@ -127,7 +130,7 @@ func memoryLedger(t *testing.T) string {
 // policyOf is the case's policy.
 func policyOf(c tcase) guard.Policy {
 	p := guard.Policy{KeyOptional: c.Policy.KeyOptional, MaxWait: time.Duration(c.Policy.MaxWaitMS) * time.Millisecond,
-		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond}
+		Lease: time.Duration(c.Policy.LeaseMS) * time.Millisecond, Retention: time.Duration(c.Policy.RetentionMS) * time.Millisecond}
 	if c.Policy.OnInProgress == "reject" {
 		p.OnInProgress = guard.Reject
 	}
@@ -243,9 +246,15 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 			<-s.entered
 			continue
 		}
+		if held != nil && st.ReleaseMS > 0 {
+			// The held run ends while this step waits for its answer.
+			time.AfterFunc(time.Duration(st.ReleaseMS)*time.Millisecond, func() { close(s.release) })
+		}
 		got := call(t, cs, keyPrefix, st)
 		if held != nil {
-			close(s.release)
+			if st.ReleaseMS == 0 {
+				close(s.release)
+			}
 			if h := <-held; h != c.Steps[i-1].Expect {
 				t.Errorf("step %d (held): %+v, want %+v", i, h, c.Steps[i-1].Expect)
 			}

@@ -23,6 +23,7 @@ interface Step {
   args: string;
   after_ms?: number;
   hang_up_ms?: number;
+  release_ms?: number;
   tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean; sleep_ms?: number };
   expect: Answer;
 }
@@ -36,7 +37,7 @@ interface Answer {
 }
 interface Case {
   name: string;
-  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover"; reconcile_text?: string };
+  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover"; reconcile_text?: string; retention_ms?: number };
   max_outcome_bytes?: number;
   ledger_down?: boolean;
   steps: Step[];
@@ -61,12 +62,12 @@ function answerOf(r: CallToolResult): Answer {
 }
 
 test("the guard's behaviour cases", async (t) => {
-  assert.ok(table.cases.length >= 18);
+  assert.ok(table.cases.length >= 20);
   for (const [i, c] of table.cases.entries()) {
     await t.test(c.name, async () => {
       const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
       const p = c.policy ?? {};
-      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry };
+      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
       const guard = new McpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), "acme");
       let step = 0, runs = 0;
       let entered!: () => void, release!: () => void;
@@ -134,6 +135,8 @@ test("the guard's behaviour cases", async (t) => {
             enteredP = new Promise<void>((r) => { entered = r; });
             continue;
           }
+          // The held run ends while this step waits for its answer.
+          if (held && st.release_ms) setTimeout(release, st.release_ms);
           const got = await call(st);
           if (held) {
             release();
@@ -167,7 +170,7 @@ test("the guard's behaviour cases over HTTP", async (t) => {
     await t.test(c.name, async () => {
       const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
       const p = c.policy ?? {};
-      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry };
+      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
       let step = 0, runs = 0;
       let entered!: () => void, release!: () => void;
       let enteredP = new Promise<void>((r) => { entered = r; });
@@ -234,6 +237,8 @@ test("the guard's behaviour cases over HTTP", async (t) => {
             enteredP = new Promise<void>((r) => { entered = r; });
             continue;
           }
+          // The held run ends while this step waits for its answer.
+          if (held && st.release_ms) setTimeout(release, st.release_ms);
           const got = await post(st);
           if (held) {
             release();
