@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -137,19 +135,5 @@ func benchServer(b *testing.B, node string, env ...string) string {
 	b.Helper()
 	cmd := exec.Command(node, filepath.Join("..", "..", "sdk", "typescript", "bench", "server.mjs"))
 	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		b.Fatalf("the benchmark's TypeScript server said %q, %v", line, err)
-	}
-	return "http://127.0.0.1:" + port + "/mcp"
+	return nodetest.Listen(b, cmd) + "/mcp"
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -29,22 +27,7 @@ import (
 // and returns its endpoint.
 func everything(t *testing.T, node, dir string) string {
 	t.Helper()
-	cmd := exec.Command(node, filepath.Join(dir, "everything.mjs"))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("everything.mjs said %q, %v", line, err)
-	}
-	return "http://127.0.0.1:" + port + "/mcp"
+	return nodetest.Listen(t, exec.Command(node, filepath.Join(dir, "everything.mjs"))) + "/mcp"
 }
 
 // guardEverything guards the fixtures that talk to the client while they

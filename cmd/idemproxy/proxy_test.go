@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -325,22 +324,7 @@ func tsServer(t *testing.T, stdio bool) func(*mcpConfig) {
 	if stdio {
 		return byCommand(node, script, "--stdio", "--delay-ms", "50")
 	}
-	cmd := exec.Command(node, script, "--delay-ms", "50")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("the TypeScript server said %q, %v", line, err)
-	}
-	return byURL("http://127.0.0.1:" + port + "/mcp")
+	return byURL(nodetest.Listen(t, exec.Command(node, script, "--delay-ms", "50")) + "/mcp")
 }
 
 // TestProxyInFrontOfATypeScriptServer: an MCP server written with the

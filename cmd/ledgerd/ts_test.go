@@ -1,12 +1,10 @@
 package main_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/idemledger/idemledger/internal/nodetest"
@@ -98,20 +96,7 @@ func TestTypeScriptPackage(t *testing.T) {
 	srv := exec.Command(node, "server.mjs")
 	srv.Dir = project
 	srv.Env = append(os.Environ(), "LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret")
-	stdout, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Stderr = os.Stderr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("the installed package's server said %q, %v", line, err)
-	}
+	base := nodetest.Listen(t, srv)
 	var out map[string]struct {
 		IsError bool `json:"isError"`
 		Content []struct {
@@ -119,7 +104,7 @@ func TestTypeScriptPackage(t *testing.T) {
 		} `json:"content"`
 		Meta map[string]any `json:"_meta"`
 	}
-	if err := json.Unmarshal(run(project, node, "client.mjs", "http://127.0.0.1:"+port+"/mcp"), &out); err != nil {
+	if err := json.Unmarshal(run(project, node, "client.mjs", base+"/mcp"), &out); err != nil {
 		t.Fatal(err)
 	}
 	first, retry := out["first"], out["retry"]
@@ -149,21 +134,7 @@ func everythingServer(t *testing.T, node string, env ...string) string {
 	_, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/sdk")
 	cmd := exec.Command(node, filepath.Join(dir, "everything.mjs"))
 	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
-	if err != nil || !ok {
-		t.Fatalf("everything.mjs said %q, %v", line, err)
-	}
-	return "http://127.0.0.1:" + port + "/mcp"
+	return nodetest.Listen(t, cmd) + "/mcp"
 }
 
 // TestTypeScriptGuardConformance runs the official MCP conformance suite

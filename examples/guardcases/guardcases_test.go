@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,19 +155,17 @@ func closedPort(t *testing.T) string {
 
 // script is what the tool does on each step, in order.
 type script struct {
-	steps   []step
-	next    atomic.Int64
-	runs    atomic.Int64
-	entered chan struct{} // a held run has started
-	release chan struct{} // the held run may answer
+	steps []step
+	next  atomic.Int64
+	runs  atomic.Int64
+	gate  gate
 }
 
 func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	s.runs.Add(1)
 	st := s.steps[s.next.Load()]
 	if st.Tool.Hold {
-		s.entered <- struct{}{}
-		<-s.release
+		s.gate.hold()
 	}
 	if st.Tool.SleepMS > 0 {
 		// A slow tool: the run outlives a caller who hangs up before it ends.
@@ -218,7 +217,7 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &script{steps: c.Steps, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	s := &script{steps: c.Steps, gate: newGate()}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "cases", Version: "v1"}, nil)
 	srv.AddTool(&mcp.Tool{Name: "create_invoice", InputSchema: map[string]any{"type": "object"}}, s.handler)
 	srv.AddReceivingMiddleware(g.Middleware())
@@ -231,30 +230,56 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	}
 	t.Cleanup(func() { _ = cs.Close() })
 
+	drive(t, c, &s.gate, func(i int) { s.next.Store(int64(i)) }, func(st step) answer { return call(t, cs, keyPrefix, st) })
+	if s.runs.Load() != c.Runs {
+		t.Errorf("the tool ran %d times, want %d", s.runs.Load(), c.Runs)
+	}
+}
+
+// gate holds a run of the tool until the next step has its answer.
+type gate struct {
+	entered chan struct{} // a held run has started
+	release chan struct{} // the held run may answer
+	once    sync.Once
+}
+
+func newGate() gate { return gate{entered: make(chan struct{}, 1), release: make(chan struct{})} }
+
+// hold is what a held run does.
+func (g *gate) hold() {
+	g.entered <- struct{}{}
+	<-g.release
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// drive sends the case's steps in order (a held step in the background,
+// answered once the next step has its answer) and checks each answer.
+// next tells the tool which step it runs.
+func drive(t *testing.T, c tcase, g *gate, next func(int), send func(step) answer) {
+	t.Helper()
 	var held chan answer // the answer of a held step, once released
-	for i := range c.Steps {
-		st := c.Steps[i]
+	defer g.open()       // a failed step leaves no run held
+	for i, st := range c.Steps {
 		if st.AfterMS > 0 {
 			// The subject is the lease running out on the ledger's clock:
 			// the step waits longer than the case's lease.
 			time.Sleep(time.Duration(st.AfterMS) * time.Millisecond)
 		}
-		s.next.Store(int64(i))
+		next(i)
 		if st.Tool.Hold {
 			held = make(chan answer, 1)
-			go func() { held <- call(t, cs, keyPrefix, st) }()
-			<-s.entered
+			go func() { held <- send(st) }()
+			<-g.entered
 			continue
 		}
 		if held != nil && st.ReleaseMS > 0 {
 			// The held run ends while this step waits for its answer.
-			time.AfterFunc(time.Duration(st.ReleaseMS)*time.Millisecond, func() { close(s.release) })
+			time.AfterFunc(time.Duration(st.ReleaseMS)*time.Millisecond, g.open)
 		}
-		got := call(t, cs, keyPrefix, st)
+		got := send(st)
 		if held != nil {
-			if st.ReleaseMS == 0 {
-				close(s.release)
-			}
+			g.open()
 			if h := <-held; h != c.Steps[i-1].Expect {
 				t.Errorf("step %d (held): %+v, want %+v", i, h, c.Steps[i-1].Expect)
 			}
@@ -265,11 +290,8 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 		}
 	}
 	if held != nil {
-		close(s.release)
+		g.open()
 		<-held
-	}
-	if s.runs.Load() != c.Runs {
-		t.Errorf("the tool ran %d times, want %d", s.runs.Load(), c.Runs)
 	}
 }
 

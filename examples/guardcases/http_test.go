@@ -71,14 +71,13 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var step, runs atomic.Int64
-	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var current, runs atomic.Int64
+	g := newGate()
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		st := c.Steps[step.Load()]
+		st := c.Steps[current.Load()]
 		if st.Tool.Hold {
-			entered <- struct{}{}
-			<-release
+			g.hold()
 		}
 		if st.Tool.SleepMS > 0 {
 			// A slow handler: the run outlives a caller who hangs up before it ends.
@@ -108,42 +107,7 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
-	var held chan answer
-	for i, st := range c.Steps {
-		if st.AfterMS > 0 {
-			// The subject is the lease running out on the ledger's clock:
-			// the step waits longer than the case's lease.
-			time.Sleep(time.Duration(st.AfterMS) * time.Millisecond)
-		}
-		step.Store(int64(i))
-		if st.Tool.Hold {
-			held = make(chan answer, 1)
-			go func() { held <- post(t, srv.URL+"/v1/invoices", keyPrefix, st) }()
-			<-entered
-			continue
-		}
-		if held != nil && st.ReleaseMS > 0 {
-			// The held run ends while this step waits for its answer.
-			time.AfterFunc(time.Duration(st.ReleaseMS)*time.Millisecond, func() { close(release) })
-		}
-		got := post(t, srv.URL+"/v1/invoices", keyPrefix, st)
-		if held != nil {
-			if st.ReleaseMS == 0 {
-				close(release)
-			}
-			if h := <-held; h != c.Steps[i-1].Expect {
-				t.Errorf("step %d (held): %+v, want %+v", i, h, c.Steps[i-1].Expect)
-			}
-			held = nil
-		}
-		if got != st.Expect {
-			t.Errorf("step %d: %+v, want %+v", i+1, got, st.Expect)
-		}
-	}
-	if held != nil {
-		close(release)
-		<-held
-	}
+	drive(t, c, &g, func(i int) { current.Store(int64(i)) }, func(st step) answer { return post(t, srv.URL+"/v1/invoices", keyPrefix, st) })
 	if runs.Load() != c.Runs {
 		t.Errorf("the handler ran %d times, want %d", runs.Load(), c.Runs)
 	}

@@ -1,6 +1,7 @@
 package nodetest
 
 import (
+	"bufio"
 	"context"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"regexp"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,4 +79,28 @@ func Guard(t testing.TB) (node, index string) {
 		t.Fatalf("tsc: %v\n%s", err, b)
 	}
 	return node, filepath.Join(out, "index.js")
+}
+
+// Listen starts cmd, a server that prints "listening <port>" on its
+// standard output once it serves on 127.0.0.1, and returns its base URL,
+// "http://127.0.0.1:<port>". The server is killed when the test ends.
+func Listen(t testing.TB, cmd *exec.Cmd) string {
+	t.Helper()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("%s said %q, %v", strings.Join(cmd.Args, " "), line, err)
+	}
+	return "http://127.0.0.1:" + port
 }

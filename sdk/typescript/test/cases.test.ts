@@ -61,6 +61,56 @@ function answerOf(r: CallToolResult): Answer {
   return normal({ text: big ? undefined : text, text_bytes: big ? text.length : undefined, is_error: r.isError === true, replayed: r._meta?.[ReplayedMeta] === true });
 }
 
+
+// A gate holds a run of the tool until the next step has its answer.
+function gate() {
+  let entered!: () => void, release!: () => void;
+  let enteredP = new Promise<void>((r) => { entered = r; });
+  const released = new Promise<void>((r) => { release = r; });
+  return {
+    /** hold is what a held run does. */
+    hold: async () => { entered(); await released; },
+    /** started waits until a held run has started. */
+    started: async () => { await enteredP; enteredP = new Promise<void>((r) => { entered = r; }); },
+    open: () => release(),
+  };
+}
+type Gate = ReturnType<typeof gate>;
+
+// drive sends the case's steps in order (a held step in the background,
+// answered once the next step has its answer) and checks each answer.
+// next tells the tool which step it runs.
+async function drive(c: Case, g: Gate, next: (j: number) => void, send: (st: Step) => Promise<Answer>) {
+  let held: Promise<Answer> | undefined;
+  try {
+    for (const [j, st] of c.steps.entries()) {
+      if (st.after_ms) {
+        // The subject is the lease running out on the ledger's clock:
+        // the step waits longer than the case's lease.
+        await new Promise((r) => setTimeout(r, st.after_ms));
+      }
+      next(j);
+      if (st.tool.hold) {
+        held = send(st);
+        await g.started();
+        continue;
+      }
+      // The held run ends while this step waits for its answer.
+      if (held && st.release_ms) setTimeout(g.open, st.release_ms);
+      const got = await send(st);
+      if (held) {
+        g.open();
+        assert.deepEqual(await held, normal(c.steps[j - 1].expect), `step ${j} (held)`);
+        held = undefined;
+      }
+      assert.deepEqual(got, normal(st.expect), `step ${j + 1}`);
+    }
+  } finally {
+    g.open(); // a failed step leaves no run held
+    await held?.catch(() => undefined);
+  }
+}
+
 test("the guard's behaviour cases", async (t) => {
   assert.ok(table.cases.length >= 20);
   for (const [i, c] of table.cases.entries()) {
@@ -70,16 +120,11 @@ test("the guard's behaviour cases", async (t) => {
       const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
       const guard = new McpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), "acme");
       let step = 0, runs = 0;
-      let entered!: () => void, release!: () => void;
-      let enteredP = new Promise<void>((r) => { entered = r; });
-      const released = new Promise<void>((r) => { release = r; });
+      const g = gate();
       const handler = guard.tool("create_invoice", async (_args, extra): Promise<CallToolResult> => {
         runs++;
         const st = c.steps[step];
-        if (st.tool.hold) {
-          entered();
-          await released;
-        }
+        if (st.tool.hold) await g.hold();
         // A slow tool: the run outlives a caller who hangs up before it ends.
         if (st.tool.sleep_ms) await new Promise((r) => setTimeout(r, st.tool.sleep_ms));
         if (st.tool.unknown) throw new OutcomeUnknownError("the invoice service hung up");
@@ -121,37 +166,9 @@ test("the guard's behaviour cases", async (t) => {
         }
       };
       try {
-        let held: Promise<Answer> | undefined;
-        for (const [j, st] of c.steps.entries()) {
-          if (st.after_ms) {
-            // The subject is the lease running out on the ledger's clock:
-            // the step waits longer than the case's lease.
-            await new Promise((r) => setTimeout(r, st.after_ms));
-          }
-          step = j;
-          if (st.tool.hold) {
-            held = call(st);
-            await enteredP;
-            enteredP = new Promise<void>((r) => { entered = r; });
-            continue;
-          }
-          // The held run ends while this step waits for its answer.
-          if (held && st.release_ms) setTimeout(release, st.release_ms);
-          const got = await call(st);
-          if (held) {
-            release();
-            assert.deepEqual(await held, normal(c.steps[j - 1].expect), `step ${j} (held)`);
-            held = undefined;
-          }
-          assert.deepEqual(got, normal(st.expect), `step ${j + 1}`);
-        }
-        if (held) {
-          release();
-          await held;
-        }
+        await drive(c, g, (j) => { step = j; }, call);
         assert.equal(runs, c.runs, "runs");
       } finally {
-        release(); // a failed step leaves no run held
         await client.close();
         httpServer.closeAllConnections();
         httpServer.close();
@@ -172,17 +189,12 @@ test("the guard's behaviour cases over HTTP", async (t) => {
       const p = c.policy ?? {};
       const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
       let step = 0, runs = 0;
-      let entered!: () => void, release!: () => void;
-      let enteredP = new Promise<void>((r) => { entered = r; });
-      const released = new Promise<void>((r) => { release = r; });
+      const g = gate();
       const guarded = httpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), { route: "/v1/invoices", tenant: "acme", policy,
         reconcile: p.reconcile_text ? async () => ({ status: 201, headers: { "content-type": "text/plain" }, body: p.reconcile_text }) : undefined })(async (req: GuardedRequest, res) => {
         runs++;
         const st = c.steps[step];
-        if (st.tool.hold) {
-          entered();
-          await released;
-        }
+        if (st.tool.hold) await g.hold();
         // A slow handler: the run outlives a caller who hangs up before it ends.
         if (st.tool.sleep_ms) await new Promise((r) => setTimeout(r, st.tool.sleep_ms));
         let status = 201, text = st.tool.text ?? "";
@@ -223,37 +235,9 @@ test("the guard's behaviour cases over HTTP", async (t) => {
         req.end(st.args);
       });
       try {
-        let held: Promise<Answer> | undefined;
-        for (const [j, st] of c.steps.entries()) {
-          if (st.after_ms) {
-            // The subject is the lease running out on the ledger's clock:
-            // the step waits longer than the case's lease.
-            await new Promise((r) => setTimeout(r, st.after_ms));
-          }
-          step = j;
-          if (st.tool.hold) {
-            held = post(st);
-            await enteredP;
-            enteredP = new Promise<void>((r) => { entered = r; });
-            continue;
-          }
-          // The held run ends while this step waits for its answer.
-          if (held && st.release_ms) setTimeout(release, st.release_ms);
-          const got = await post(st);
-          if (held) {
-            release();
-            assert.deepEqual(await held, normal(c.steps[j - 1].expect), `step ${j} (held)`);
-            held = undefined;
-          }
-          assert.deepEqual(got, normal(st.expect), `step ${j + 1}`);
-        }
-        if (held) {
-          release();
-          await held;
-        }
+        await drive(c, g, (j) => { step = j; }, post);
         assert.equal(runs, c.runs, "runs");
       } finally {
-        release(); // a failed step leaves no run held
         server.closeAllConnections();
         server.close();
       }
