@@ -14,7 +14,7 @@ export interface LedgerOptions {
   protocol?: "connect" | "grpc";
   /** The write service's bearer token, when ledgerd checks tokens. */
   token?: string;
-  /** The deadline of each call in milliseconds, unless the call sets its own (5 s when absent). */
+  /** The deadline of each call in milliseconds, unless the call sets its own (5 s when absent; 0: none). */
   timeoutMs?: number;
 }
 
@@ -28,7 +28,8 @@ export function createLedger(opts: LedgerOptions): Ledger {
       return next(req);
     });
   }
-  const common = { baseUrl: opts.baseUrl, interceptors, defaultTimeoutMs: opts.timeoutMs ?? 5000 };
+  // connect-es takes a default timeout of 0 as "already past": 0 here is none.
+  const common = { baseUrl: opts.baseUrl, interceptors, defaultTimeoutMs: opts.timeoutMs === 0 ? undefined : (opts.timeoutMs ?? 5000) };
   const transport = opts.protocol === "grpc"
     ? createGrpcTransport(common)
     : createConnectTransport({ ...common, httpVersion: "1.1" });

@@ -12,7 +12,7 @@ import { anyPack, anyUnpack, StringValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { ErrorCode, LedgerService, ledgerError } from "../src/index.js";
+import { createLedger, ErrorCode, LedgerService, ledgerError } from "../src/index.js";
 
 const token = process.env.LEDGER_TOKEN ?? "";
 const bearer: Interceptor = (next) => (req) => {
@@ -72,4 +72,10 @@ for (const [protocol, transport] of Object.entries(transports)) {
 
 test("an error without the ledger's detail is not typed", () => {
   assert.equal(ledgerError(new Error("connection refused")), undefined);
+});
+
+test("timeoutMs 0 is no deadline, not one already past", async () => {
+  const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token, timeoutMs: 0 });
+  const claimed = await ledger.begin({ tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+  assert.equal(claimed.result.case, "claim");
 });
