@@ -89,3 +89,31 @@ func TestBridgeClosesIdleSessions(t *testing.T) {
 		t.Fatalf("a new session after the idle one closed: %v", err)
 	}
 }
+
+// TestProxyRefusesALargeMessage: a message from the client over the
+// proxy's 4 MiB is 413, and so is one to the stdio bridge; the session
+// goes on.
+func TestProxyRefusesALargeMessage(t *testing.T) {
+	up := &goUpstream{}
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{}))
+	_, bridged := bridgeTo(t, 1, time.Hour)
+	for _, url := range []string{endpoint, bridged} {
+		big := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"` + strings.Repeat("x", maxRequestBytes) + `"}}`
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(big))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("%s: a message over 4 MiB: %d, want 413", url, res.StatusCode)
+		}
+		cs, err := dial(t, url)
+		if err != nil {
+			t.Fatalf("%s after the large message: %v", url, err)
+		}
+		_ = cs.Close()
+	}
+}

@@ -30,6 +30,22 @@ func everything(t *testing.T, node, dir string) string {
 	return nodetest.Listen(t, exec.Command(node, filepath.Join(dir, "everything.mjs"))) + "/mcp"
 }
 
+// everythingUpstreams are everything.mjs as an upstream over Streamable
+// HTTP and as a stdio child.
+func everythingUpstreams(t *testing.T, node, dir string) []struct {
+	name string
+	up   func(*mcpConfig)
+} {
+	t.Helper()
+	return []struct {
+		name string
+		up   func(*mcpConfig)
+	}{
+		{"StreamableHTTP", byURL(everything(t, node, dir))},
+		{"Stdio", byCommand(node, filepath.Join(dir, "everything.mjs"), "--stdio")},
+	}
+}
+
 // guardEverything guards the fixtures that talk to the client while they
 // run. The suite sends no key, so the calls run unprotected: through the
 // guard and its relay all the same.
@@ -52,24 +68,10 @@ func TestConformanceThroughTheProxy(t *testing.T) {
 		}
 	}
 	ledger := ledgerAddr(t)
-	for _, c := range []struct {
-		name string
-		up   func(*mcpConfig)
-	}{
-		{"StreamableHTTP", byURL(everything(t, node, dir))},
-		{"Stdio", byCommand(node, filepath.Join(dir, "everything.mjs"), "--stdio")},
-	} {
+	for _, c := range everythingUpstreams(t, node, dir) {
 		t.Run(c.name, func(t *testing.T) {
 			endpoint, _ := proxy(t, guardEverything(ledger, c.up))
-			through := nodetest.Conformance(t, endpoint)
-			if len(through) != len(direct) {
-				t.Errorf("through the proxy the suite ran %d scenarios, directly %d", len(through), len(direct))
-			}
-			for name, want := range direct {
-				if got := through[name]; got != want {
-					t.Errorf("%s: %d passed, %d failed through the proxy; %d passed, %d failed directly", name, got.Passed, got.Failed, want.Passed, want.Failed)
-				}
-			}
+			nodetest.SameConformance(t, direct, nodetest.Conformance(t, endpoint), "through the proxy")
 		})
 	}
 }
@@ -82,13 +84,7 @@ func TestConformanceThroughTheProxy(t *testing.T) {
 func TestProxyRelaysWhileGuarding(t *testing.T) {
 	node, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/sdk")
 	ledger := ledgerAddr(t)
-	for _, c := range []struct {
-		name string
-		up   func(*mcpConfig)
-	}{
-		{"StreamableHTTP", byURL(everything(t, node, dir))},
-		{"Stdio", byCommand(node, filepath.Join(dir, "everything.mjs"), "--stdio")},
-	} {
+	for _, c := range everythingUpstreams(t, node, dir) {
 		t.Run(c.name, func(t *testing.T) {
 			endpoint, _ := proxy(t, guardEverything(ledger, c.up))
 			var mu sync.Mutex

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -398,7 +399,7 @@ func (f *front) await(ctx context.Context, rc *running, res *http.Response) ([]b
 				_ = res.Body.Close()
 				return nil, err
 			}
-			last, retry = cmpOr(ev.id, last), max(retry, ev.retry)
+			last, retry = cmp.Or(ev.id, last), max(retry, ev.retry)
 			if ev.over {
 				_ = res.Body.Close()
 				return tooLargeMessage(rc.id, f.limit), nil
@@ -449,13 +450,6 @@ func (f *front) resume(ctx context.Context, header http.Header, last string) (*h
 		return nil, fmt.Errorf("resuming the upstream's stream: HTTP %d", res.StatusCode)
 	}
 	return res, err
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // eventWriter is the client's answer to a guarded call: a JSON message

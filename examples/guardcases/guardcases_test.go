@@ -28,6 +28,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -69,7 +70,6 @@ type step struct {
 		Hold      bool   `json:"hold"`
 		Unknown   bool   `json:"unknown"`
 		TokenText bool   `json:"token_text"`
-		SleepMS   int    `json:"sleep_ms"`
 	} `json:"tool"`
 	Expect answer `json:"expect"`
 }
@@ -98,31 +98,62 @@ func load(t *testing.T) table {
 }
 
 func TestGuardCases(t *testing.T) {
+	forEachCase(t, "go", runCase)
+}
+
+// forEachCase runs every case of the table with run, each at a guard of
+// its own, all at one LedgerService on the memory store whose clock the
+// cases move (after_ms): the ledger decides when a lease or a retention
+// has run out.
+func forEachCase(t *testing.T, prefix string, run func(t *testing.T, c tcase, g *guard.Guard, clock *ledgertest.Clock, keyPrefix string)) {
 	tb := load(t)
 	if len(tb.Cases) < 20 {
 		t.Fatalf("the table has %d cases", len(tb.Cases))
 	}
-	addr := memoryLedger(t)
+	clock := ledgertest.NewClock(time.Now())
+	addr := memoryLedger(t, clock)
 	for i, c := range tb.Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			target := addr
 			if c.LedgerDown {
 				target = closedPort(t)
 			}
-			runCase(t, c, target, fmt.Sprintf("go-%d-%d", i, time.Now().UnixNano()))
+			run(t, c, newGuard(t, c, target), clock, fmt.Sprintf("%s-%d-%d", prefix, i, time.Now().UnixNano()))
 		})
 	}
 }
 
-// memoryLedger serves a LedgerService on the memory store on loopback.
-func memoryLedger(t *testing.T) string {
+// newGuard is a guard at the ledger at addr, with the case's outcome limit.
+func newGuard(t *testing.T, c tcase, addr string) *guard.Guard {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() { _ = lc.Close() })
+	var opts []guard.Option
+	if c.MaxOutcomeBytes > 0 {
+		opts = append(opts, guard.WithMaxOutcomeBytes(c.MaxOutcomeBytes))
+	}
+	gd, err := guard.New(lc, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gd
+}
+
+// memoryLedger serves a LedgerService on the memory store on loopback, at
+// clock.
+func memoryLedger(t *testing.T, clock *ledgertest.Clock) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("cases"))
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedgerAt("cases", clock.Now))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return lis.Addr().String()
@@ -167,10 +198,6 @@ func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Call
 	if st.Tool.Hold {
 		s.gate.hold()
 	}
-	if st.Tool.SleepMS > 0 {
-		// A slow tool: the run outlives a caller who hangs up before it ends.
-		time.Sleep(time.Duration(st.Tool.SleepMS) * time.Millisecond)
-	}
 	switch {
 	case st.Tool.Unknown:
 		return nil, fmt.Errorf("the invoice service hung up: %w", guard.ErrOutcomeUnknown)
@@ -185,22 +212,7 @@ func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Call
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: st.Tool.Text}}}, ctx.Err()
 }
 
-func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
-	conn, err := grpc.NewClient(ledgerAddr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	t.Cleanup(func() { _ = lc.Close() })
-	var gopts []guard.Option
-	if c.MaxOutcomeBytes > 0 {
-		gopts = append(gopts, guard.WithMaxOutcomeBytes(c.MaxOutcomeBytes))
-	}
-	gd, err := guard.New(lc, gopts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+func runCase(t *testing.T, c tcase, gd *guard.Guard, clock *ledgertest.Clock, keyPrefix string) {
 	tool := mcpguard.NewTool(policyOf(c))
 	if text := c.Policy.ReconcileText; text != "" {
 		tool.Reconcile = func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -230,7 +242,7 @@ func runCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	}
 	t.Cleanup(func() { _ = cs.Close() })
 
-	drive(t, c, &s.gate, func(i int) { s.next.Store(int64(i)) }, func(st step) answer { return call(t, cs, keyPrefix, st) })
+	drive(t, c, &s.gate, clock, func(i int) { s.next.Store(int64(i)) }, func(st step) answer { return call(t, cs, keyPrefix, st) })
 	if s.runs.Load() != c.Runs {
 		t.Errorf("the tool ran %d times, want %d", s.runs.Load(), c.Runs)
 	}
@@ -253,24 +265,30 @@ func (g *gate) hold() {
 
 func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
 
-// drive sends the case's steps in order (a held step in the background,
-// answered once the next step has its answer) and checks each answer.
-// next tells the tool which step it runs.
-func drive(t *testing.T, c tcase, g *gate, next func(int), send func(step) answer) {
+// drive sends the case's steps in order and checks each answer. A held
+// step goes in the background and is answered once the next step has its
+// answer; one whose caller hangs up goes on once it has. after_ms moves
+// the ledger's clock. next tells the tool which step it runs.
+func drive(t *testing.T, c tcase, g *gate, clock *ledgertest.Clock, next func(int), send func(step) answer) {
 	t.Helper()
 	var held chan answer // the answer of a held step, once released
 	defer g.open()       // a failed step leaves no run held
 	for i, st := range c.Steps {
-		if st.AfterMS > 0 {
-			// The subject is the lease running out on the ledger's clock:
-			// the step waits longer than the case's lease.
-			time.Sleep(time.Duration(st.AfterMS) * time.Millisecond)
-		}
+		clock.Advance(time.Duration(st.AfterMS) * time.Millisecond)
 		next(i)
 		if st.Tool.Hold {
 			held = make(chan answer, 1)
 			go func() { held <- send(st) }()
 			<-g.entered
+			if st.HangUpMS > 0 {
+				// Its caller hangs up while the run is held; then the run
+				// goes on, outliving it.
+				if h := <-held; h != st.Expect {
+					t.Errorf("step %d: %+v, want %+v", i+1, h, st.Expect)
+				}
+				held = nil
+				g.open()
+			}
 			continue
 		}
 		if held != nil && st.ReleaseMS > 0 {

@@ -13,13 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
-	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // The same table over HTTP, against httpguard: a step is a POST of its
@@ -32,35 +28,10 @@ import (
 // problem's code and retryable.
 
 func TestGuardCasesHTTP(t *testing.T) {
-	tb := load(t)
-	addr := memoryLedger(t)
-	for i, c := range tb.Cases {
-		t.Run(c.Name, func(t *testing.T) {
-			target := addr
-			if c.LedgerDown {
-				target = closedPort(t)
-			}
-			runHTTPCase(t, c, target, fmt.Sprintf("go-http-%d-%d", i, time.Now().UnixNano()))
-		})
-	}
+	forEachCase(t, "go-http", runHTTPCase)
 }
 
-func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
-	conn, err := grpc.NewClient(ledgerAddr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	t.Cleanup(func() { _ = lc.Close() })
-	var gopts []guard.Option
-	if c.MaxOutcomeBytes > 0 {
-		gopts = append(gopts, guard.WithMaxOutcomeBytes(c.MaxOutcomeBytes))
-	}
-	gd, err := guard.New(lc, gopts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+func runHTTPCase(t *testing.T, c tcase, gd *guard.Guard, clock *ledgertest.Clock, keyPrefix string) {
 	route := httpguard.Route{Policy: policyOf(c)}
 	if text := c.Policy.ReconcileText; text != "" {
 		route.Reconcile = func(*http.Request) (*httpguard.Response, error) {
@@ -78,10 +49,6 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 		st := c.Steps[current.Load()]
 		if st.Tool.Hold {
 			g.hold()
-		}
-		if st.Tool.SleepMS > 0 {
-			// A slow handler: the run outlives a caller who hangs up before it ends.
-			time.Sleep(time.Duration(st.Tool.SleepMS) * time.Millisecond)
 		}
 		status, text := http.StatusCreated, st.Tool.Text
 		switch {
@@ -107,7 +74,7 @@ func runHTTPCase(t *testing.T, c tcase, ledgerAddr, keyPrefix string) {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
-	drive(t, c, &g, func(i int) { current.Store(int64(i)) }, func(st step) answer { return post(t, srv.URL+"/v1/invoices", keyPrefix, st) })
+	drive(t, c, &g, clock, func(i int) { current.Store(int64(i)) }, func(st step) answer { return post(t, srv.URL+"/v1/invoices", keyPrefix, st) })
 	if runs.Load() != c.Runs {
 		t.Errorf("the handler ran %d times, want %d", runs.Load(), c.Runs)
 	}

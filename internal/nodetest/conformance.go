@@ -50,6 +50,20 @@ func Conformance(t testing.TB, url string) map[string]Scenario {
 	return got
 }
 
+// SameConformance fails t unless got has the scenarios of want with the
+// same counts of checks; how says how got was run ("through the proxy").
+func SameConformance(t testing.TB, want, got map[string]Scenario, how string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s the suite ran %d scenarios, without %d", how, len(got), len(want))
+	}
+	for name, w := range want {
+		if g := got[name]; g != w {
+			t.Errorf("%s: %d passed, %d failed %s; %d passed, %d failed without", name, g.Passed, g.Failed, how, w.Passed, w.Failed)
+		}
+	}
+}
+
 // mcpTS is examples/mcp-ts, from this file.
 func mcpTS() string {
 	_, file, _, _ := runtime.Caller(0)
