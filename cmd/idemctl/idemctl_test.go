@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,27 +17,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/ledgerdtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 )
 
-// ledgerdBinary is ledgerd, built once by TestMain from the workspace.
-var ledgerdBinary string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "idemctl-test")
-	if err != nil {
-		panic(err)
-	}
-	ledgerdBinary = filepath.Join(dir, "ledgerd")
-	if out, err := exec.Command("go", "build", "-o", ledgerdBinary, "../ledgerd").CombinedOutput(); err != nil {
-		os.Stderr.Write(out)
-		panic(err)
-	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(ledgerdtest.Main(m)) }
 
 // startLedgerd runs ledgerd on its embedded store with a write service
 // (billing, token billing-secret) and an admin (ops-alice, token
@@ -52,37 +35,8 @@ func startLedgerd(t *testing.T) (string, *ledgertest.Buffer) {
 		server.HashToken("ops-secret")+" _admin ops-alice\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(ledgerdBinary, "--listen", "127.0.0.1:0", "--admin-listen", "", "--http-listen", "",
-		"--data-dir", filepath.Join(dir, "data"), "--tokens", tokens)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	log := &ledgertest.Buffer{}
-	addr := make(chan string, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			_, _ = log.Write(append(sc.Bytes(), '\n'))
-			var line struct{ Msg, GRPC string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
-				addr <- line.GRPC
-			}
-		}
-	}()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); <-done })
-	select {
-	case a := <-addr:
-		return a, log
-	case <-time.After(20 * time.Second):
-		t.Fatalf("ledgerd did not listen:\n%s", log.String())
-	}
-	return "", nil
+	p := ledgerdtest.Start(t, "--admin-listen", "", "--http-listen", "", "--data-dir", filepath.Join(dir, "data"), "--tokens", tokens)
+	return p.GRPC, p.Log
 }
 
 // idemctl runs the command and returns its status and output.

@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
-	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // The same table over HTTP, against httpguard: a step is a POST of its
@@ -28,17 +27,21 @@ import (
 // problem's code and retryable.
 
 func TestGuardCasesHTTP(t *testing.T) {
-	forEachCase(t, "go-http", runHTTPCase)
+	forEachCase(t, "http", runHTTPCase)
 }
 
-func runHTTPCase(t *testing.T, c tcase, gd *guard.Guard, clock *ledgertest.Clock, keyPrefix string) {
+func runHTTPCase(t *testing.T, c tcase, gd *guard.Guard, pass func(time.Duration), keyPrefix string) {
 	route := httpguard.Route{Policy: policyOf(c)}
 	if text := c.Policy.ReconcileText; text != "" {
 		route.Reconcile = func(*http.Request) (*httpguard.Response, error) {
 			return &httpguard.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(text)}, nil
 		}
 	}
-	hg, err := httpguard.New(gd, httpguard.WithTenant(httpguard.Tenant("acme")), httpguard.WithRoute("POST /v1/invoices", route))
+	opts := []httpguard.Option{httpguard.WithTenant(httpguard.Tenant("acme")), httpguard.WithRoute("POST /v1/invoices", route)}
+	if c.MaxBodyBytes > 0 {
+		opts = append(opts, httpguard.WithMaxBodyBytes(c.MaxBodyBytes))
+	}
+	hg, err := httpguard.New(gd, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +77,7 @@ func runHTTPCase(t *testing.T, c tcase, gd *guard.Guard, clock *ledgertest.Clock
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 
-	drive(t, c, &g, clock, func(i int) { current.Store(int64(i)) }, func(st step) answer { return post(t, srv.URL+"/v1/invoices", keyPrefix, st) })
+	drive(t, c, &g, pass, func(i int) { current.Store(int64(i)) }, func(st step) answer { return post(t, srv.URL+"/v1/invoices", keyPrefix, st) })
 	if runs.Load() != c.Runs {
 		t.Errorf("the handler ran %d times, want %d", runs.Load(), c.Runs)
 	}
@@ -117,9 +120,9 @@ func post(t *testing.T, url, keyPrefix string, st step) answer {
 		if err := json.Unmarshal(body, &p); err != nil {
 			t.Fatal(err)
 		}
-		return answer{Error: p.Code, Retryable: p.Retryable}
+		return answer{Error: p.Code, Retryable: p.Retryable, Status: res.StatusCode}
 	}
-	a := answer{Text: string(body), Replayed: res.Header.Get("Idempotency-Replayed") == "true",
+	a := answer{Text: string(body), Status: res.StatusCode, Replayed: res.Header.Get("Idempotency-Replayed") == "true",
 		IsError: res.StatusCode == http.StatusUnprocessableEntity || res.StatusCode == http.StatusServiceUnavailable}
 	if len(body) > 1024 {
 		a.Text, a.TextBytes = "", len(body)

@@ -1,6 +1,7 @@
-// The HTTP guard in front of a node:http handler, driven by fetch, by
-// node:http requests with two key lines, and by curl, against a real
-// ledgerd (TestTypeScriptClient, cmd/ledgerd).
+// The HTTP guard in front of a node:http handler, an Express route and a
+// Fastify route, driven by fetch, by node:http requests with two key
+// lines, and by curl, against a real ledgerd (TestTypeScriptClient,
+// cmd/ledgerd).
 import { strict as assert } from "node:assert";
 import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
@@ -150,6 +151,48 @@ test("Express: the guard in front of a route whose handler answers with res.json
     assert.equal(runs, 1);
   } finally {
     server.close();
+  }
+});
+
+test("Fastify: the guarded route in a scope of its own that leaves the body unread, its reply hijacked", async () => {
+  const Fastify = (await import("fastify")).default;
+  let runs = 0;
+  const guarded = httpGuard(new Guard(ledger), { route: "/v1/invoices", tenant: "acme" })((req, res) => {
+    runs++;
+    const body = JSON.parse(req.rawBody!.toString()) as { customer: string };
+    res.writeHead(201, { "Content-Type": "application/json", Location: `/v1/invoices/${runs}` }).end(JSON.stringify({ id: `inv_${randomUUID()}`, customer: body.customer }));
+  });
+  const app = Fastify();
+  await app.register(async (scope) => {
+    // The guard reads the body itself, as it came: this scope's parser
+    // leaves it unread, and the reply is the guard's.
+    scope.removeAllContentTypeParsers();
+    scope.addContentTypeParser("*", (_req, _payload, done) => done(null));
+    scope.post("/v1/invoices", async (request, reply) => {
+      reply.hijack();
+      await guarded(request.raw, reply.raw);
+    });
+  });
+  app.get("/v1/health", async () => ({ ok: true })); // the rest of the app as it was
+  await app.listen({ port: 0, host: "127.0.0.1" });
+  try {
+    const url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
+    const key = randomUUID();
+    const post = (customer: string) => fetch(`${url}/v1/invoices`, { method: "POST", body: JSON.stringify({ customer }), headers: { "Content-Type": "application/json", "Idempotency-Key": key } });
+    const first = await post("c");
+    const again = await post("c");
+    assert.equal(first.status, 201);
+    assert.equal(again.status, 201);
+    assert.equal(again.headers.get("Idempotency-Replayed"), "true");
+    assert.equal(again.headers.get("Location"), "/v1/invoices/1");
+    assert.equal(await again.text(), await first.text());
+    const reused = await post("d");
+    assert.equal(reused.status, 422);
+    assert.equal(((await reused.json()) as { code: string }).code, "KEY_REUSED");
+    assert.equal(runs, 1);
+    assert.deepEqual(await (await fetch(`${url}/v1/health`)).json(), { ok: true });
+  } finally {
+    await app.close();
   }
 });
 
