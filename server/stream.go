@@ -25,10 +25,17 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
-// MaxStreamCalls bounds the calls in flight on one Stream. Past it the
-// server stops reading the stream until a call ends, and HTTP/2 flow
-// control holds the client back.
-const MaxStreamCalls = 1024
+// The bounds of one Stream's calls in flight. Past MaxStreamCalls calls
+// other than Lookups, the server stops reading the stream until one ends,
+// and HTTP/2 flow control holds the client back. Lookups count apart: one
+// that waits holds no goroutine, and however many wait, the stream's
+// other calls go on being read and run. Past MaxStreamLookups Lookups, a
+// Lookup is answered RATE_LIMITED at once (retryable, after a second), as
+// the ledger answers one past its waiters' bounds.
+const (
+	MaxStreamCalls   = 1024
+	MaxStreamLookups = 16384
+)
 
 // Stream implements LedgerService.Stream. Each call runs on its own
 // goroutine as its unary counterpart (the same authentication, rate limit,
@@ -48,20 +55,20 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
 	ctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
-	st := &callStream{s: s, stream: stream, done: make(chan uint64, MaxStreamCalls), inFlight: map[uint64]context.CancelFunc{}}
+	st := &callStream{s: s, stream: stream, done: make(chan uint64, MaxStreamCalls), inFlight: map[uint64]inFlight{}}
 	reqs, recvErr := st.receive(ctx)
 	drain := st.drainSignals()
 	defer drain.stop()
 	for {
 		var in <-chan *ledgerv1.StreamRequest
-		if len(st.inFlight) < MaxStreamCalls {
+		if len(st.inFlight)-st.lookups < MaxStreamCalls {
 			in = reqs // past the bound, read nothing until a call ends
 		}
 		select {
 		case req := <-in:
 			st.start(ctx, req)
 		case id := <-st.done:
-			delete(st.inFlight, id)
+			st.ended(id)
 		case err := <-recvErr:
 			if !errors.Is(err, io.EOF) {
 				cancelAll() // the stream is broken: nobody hears the answers
@@ -95,13 +102,28 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 
 // callStream is one Stream as Stream serves it: the calls in flight, by
 // id, and the one writer of the answers. Only Stream's loop touches
-// inFlight.
+// inFlight and lookups.
 type callStream struct {
 	s        *Server
 	stream   ledgerv1.LedgerService_StreamServer
 	sendMu   sync.Mutex
 	done     chan uint64 // ids of the calls answered
-	inFlight map[uint64]context.CancelFunc
+	inFlight map[uint64]inFlight
+	lookups  int // of inFlight
+}
+
+// inFlight is a call started and not yet answered.
+type inFlight struct {
+	cancel context.CancelFunc
+	lookup bool
+}
+
+// ended forgets the answered call id.
+func (st *callStream) ended(id uint64) {
+	if st.inFlight[id].lookup {
+		st.lookups--
+	}
+	delete(st.inFlight, id)
 }
 
 // receive reads the calls into reqs until the stream ends, and then says
@@ -142,19 +164,19 @@ func (st *callStream) sendDrain(d *drainSignals) {
 // answered waits until every call started is answered.
 func (st *callStream) answered() {
 	for len(st.inFlight) > 0 {
-		delete(st.inFlight, <-st.done)
+		st.ended(<-st.done)
 	}
 }
 
 // start starts one call under ctx, the stream's, or answers at once a
-// cancel, a duplicate id, a call the codec let through with bad UTF-8, or
-// a bad timeout.
+// cancel, a duplicate id, a call the codec let through with bad UTF-8, a
+// Lookup past MaxStreamLookups, or a bad timeout.
 func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 	id := req.GetId()
 	switch {
 	case req.GetCancel() != nil:
-		if cancel, ok := st.inFlight[id]; ok {
-			cancel()
+		if c, ok := st.inFlight[id]; ok {
+			c.cancel()
 		}
 		return
 	case hasBadUTF8(req):
@@ -165,8 +187,11 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 		}
 		st.send(streamError(id, bad))
 		return
-	case st.inFlight[id] != nil:
+	case st.inFlight[id].cancel != nil:
 		st.send(streamError(id, errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)))
+		return
+	case req.GetLookup() != nil && st.lookups >= MaxStreamLookups:
+		st.send(streamError(id, tooManyLookups))
 		return
 	}
 	callCtx, cancel, err := callContext(ctx, req)
@@ -174,13 +199,17 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 		st.send(streamError(id, err))
 		return
 	}
-	st.inFlight[id] = cancel
+	lookup := req.GetLookup()
+	st.inFlight[id] = inFlight{cancel: cancel, lookup: lookup != nil}
+	if lookup != nil {
+		st.lookups++
+	}
 	answer := func(res *ledgerv1.StreamResponse) {
 		cancel()
 		st.send(res)
 		st.done <- id
 	}
-	if lookup := req.GetLookup(); lookup != nil {
+	if lookup != nil {
 		// A Lookup may wait: it holds no goroutine while it does.
 		go st.s.lookup(callCtx, lookup, func(res *ledgerv1.LookupResponse, err error) {
 			if err != nil {
@@ -193,6 +222,9 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 	}
 	go func() { answer(st.s.streamCall(callCtx, req)) }()
 }
+
+// tooManyLookups answers a Lookup past MaxStreamLookups.
+var tooManyLookups = &errcode.Error{Code: errcode.RateLimited, Message: fmt.Sprintf("this stream has %d Lookups in flight already", MaxStreamLookups), RetryAfter: time.Second}
 
 // drainSignals are what ends a stream gently: the server's drain or the
 // stream's age ask for the drain notice; DrainGrace after it, the stream

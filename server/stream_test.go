@@ -327,44 +327,129 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 }
 
 // TestDeadStreamIsFreed: a client that queues more calls than a stream
-// runs at once (waiting Lookups) and then dies leaves nothing behind: the
-// stream's goroutines and calls are gone within seconds, not at the
-// stream's maximum age.
+// runs at once (Begins held by the store) and then dies leaves nothing
+// behind: the stream's goroutines and calls are gone within seconds, not
+// at the stream's maximum age.
 func TestDeadStreamIsFreed(t *testing.T) {
-	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	st := &heldClaims{Store: memory.New(memory.Config{}), entered: make(chan struct{}, server.MaxStreamCalls)}
+	l := ledger.New(st, ledger.Config{})
 	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, StreamMaxAge: time.Hour})))
-	ctl := ledgerv1.NewLedgerServiceClient(srv.Dial(t))
-	if _, err := ctl.Begin(as(t, "billing-token"), beginReq("held")); err != nil {
-		t.Fatal(err)
-	}
 	baseline := runtime.NumGoroutine()
 	conn := srv.Dial(t)
 	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer billing-token"))
-	st, err := ledgerv1.NewLedgerServiceClient(conn).Stream(ctx)
+	stream, err := ledgerv1.NewLedgerServiceClient(conn).Stream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const calls = server.MaxStreamCalls + 100
 	for id := range uint64(calls) {
-		req := &ledgerv1.StreamRequest{Id: id + 1, Call: &ledgerv1.StreamRequest_Lookup{Lookup: &ledgerv1.LookupRequest{
-			Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)}}}
-		if err := st.Send(req); err != nil {
+		req := &ledgerv1.StreamRequest{Id: id + 1, Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq(fmt.Sprint("held-", id))}}
+		if err := stream.Send(req); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The server runs 1024 and holds the rest back.
-	for deadline := time.Now().Add(5 * time.Second); l.Waiters() < server.MaxStreamCalls; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d Lookups waiting, want %d", l.Waiters(), server.MaxStreamCalls)
-		}
+	for range server.MaxStreamCalls {
+		<-st.entered
 	}
 	cancel() // the client dies
 	_ = conn.Close()
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning() || l.Waiters() > 0; time.Sleep(20 * time.Millisecond) { // poll until the streams' goroutines are gone
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning(); time.Sleep(20 * time.Millisecond) { // poll until the streams' goroutines are gone
 		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v, %d Lookups waiting: the dead stream was kept",
-				runtime.NumGoroutine(), baseline, streamsRunning(), l.Waiters())
+			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v: the dead stream was kept",
+				runtime.NumGoroutine(), baseline, streamsRunning())
 		}
+	}
+	if n := st.claims.Load(); n != server.MaxStreamCalls {
+		t.Fatalf("the store saw %d claims, want %d: the stream ran past its bound", n, server.MaxStreamCalls)
+	}
+}
+
+// heldClaims is a memory store whose claims wait for their call to end.
+type heldClaims struct {
+	*memory.Store
+	claims  atomic.Int64
+	entered chan struct{}
+}
+
+func (s *heldClaims) Claim(ctx context.Context, _ ledger.ClaimParams) (ledger.ClaimResult, error) {
+	s.claims.Add(1)
+	s.entered <- struct{}{}
+	<-ctx.Done()
+	return ledger.ClaimResult{}, ctx.Err()
+}
+
+// TestWaitingLookupsHoldNothingBack: Lookups waiting on a stream, more of
+// them than the stream runs other calls at once, neither hold back its
+// other calls nor each other: a Begin of another key is answered while
+// they wait, and a Complete wakes its key's waiter. Past MaxStreamLookups
+// a Lookup is RATE_LIMITED at once.
+func TestWaitingLookupsHoldNothingBack(t *testing.T) {
+	const n = server.MaxStreamCalls + 100
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 2 * server.MaxStreamLookups, MaxWaitersTotal: 2 * server.MaxStreamLookups})
+	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth})))
+	client := streamClient(t, srv.Dial(t), "billing-token")
+	tokens := make([]uint64, n)
+	for i := range n {
+		res, err := client.Begin(t.Context(), beginReq(fmt.Sprint("held-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[i] = res.GetClaim().GetToken()
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	woken := make(chan *ledgerv1.LookupResponse, 1)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			res, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: fmt.Sprint("held-", i), Wait: durationpb.New(time.Minute)})
+			if i == 0 {
+				if err != nil {
+					t.Errorf("the woken Lookup: %v", err)
+				}
+				woken <- res
+			}
+		})
+	}
+	for deadline := time.Now().Add(10 * time.Second); l.Waiters() < n; time.Sleep(10 * time.Millisecond) { // poll until every Lookup waits
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d Lookups waiting", l.Waiters(), n)
+		}
+	}
+	bctx, bcancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer bcancel()
+	if _, err := client.Begin(bctx, beginReq("fresh")); err != nil {
+		t.Fatalf("a Begin behind %d waiting Lookups: %v", n, err)
+	}
+	if _, err := client.Complete(bctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "held-0", Token: tokens[0], Outcome: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: []byte{1}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-woken; res.GetRecord().GetState() != ledgerv1.State_STATE_COMPLETED {
+		t.Fatalf("the woken Lookup answered %v", res)
+	}
+	cancel()
+	wg.Wait()
+
+	// Past the bound, at once (held-0 is completed: its Lookups would not wait).
+	raw, err := ledgerv1.NewLedgerServiceClient(srv.Dial(t)).Stream(as(t, "billing-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := range uint64(server.MaxStreamLookups + 1) {
+		req := &ledgerv1.StreamRequest{Id: id + 1, Call: &ledgerv1.StreamRequest_Lookup{Lookup: &ledgerv1.LookupRequest{
+			Tenant: "acme", Key: fmt.Sprint("held-", 1+id%(n-1)), Wait: durationpb.New(time.Minute)}}}
+		if err := raw.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := raw.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStreamCode(t, res, server.MaxStreamLookups+1, errcode.RateLimited)
+	if le := ledgerstatus.FromError(ledgerstatus.FromFields(res.GetError()).Err()); le.RetryAfter != time.Second {
+		t.Fatalf("past the bound: retry after %v", le.RetryAfter)
 	}
 }
 

@@ -75,7 +75,7 @@ type proc struct {
 
 // start runs ledgerd with args on loopback ports of its own choosing and
 // waits until it says where it listens. It is killed when the test ends.
-func start(t *testing.T, args ...string) *proc {
+func start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	p := &proc{exited: make(chan struct{})}
 	p.cmd = exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--drain-timeout", "10s"}, args...)...)
@@ -138,7 +138,7 @@ func (p *proc) wait(t *testing.T) int {
 	return p.cmd.ProcessState.ExitCode()
 }
 
-func (p *proc) dial(t *testing.T) *grpc.ClientConn {
+func (p *proc) dial(t testing.TB) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -149,7 +149,7 @@ func (p *proc) dial(t *testing.T) *grpc.ClientConn {
 }
 
 // waitServing waits for gRPC health to say SERVING.
-func (p *proc) waitServing(t *testing.T, conn *grpc.ClientConn) {
+func (p *proc) waitServing(t testing.TB, conn *grpc.ClientConn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -168,7 +168,7 @@ func (p *proc) waitServing(t *testing.T, conn *grpc.ClientConn) {
 	}
 }
 
-func (p *proc) metrics(t *testing.T) string {
+func (p *proc) metrics(t testing.TB) string {
 	t.Helper()
 	res, err := http.Get("http://" + p.admin + "/metrics")
 	if err != nil {
@@ -751,7 +751,7 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 }
 
 // metricValue reads a sample without labels from a text exposition.
-func metricValue(t *testing.T, exposition, name string) float64 {
+func metricValue(t testing.TB, exposition, name string) float64 {
 	t.Helper()
 	for _, line := range strings.Split(exposition, "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {

@@ -1154,7 +1154,10 @@ export const LedgerService: GenService<{
    * server wants the stream to end (it is shutting down, or the stream is
    * old), it sends a drain notice: the client sends no more calls on it,
    * closes its side, and opens a new stream; every call sent is answered,
-   * then the server ends the stream with OK.
+   * then the server ends the stream with OK. A stream runs up to 1,024
+   * calls at once besides its Lookups (past that the server reads no more
+   * of it until one ends), and up to 16,384 Lookups (past that a Lookup is
+   * RATE_LIMITED): Lookups that wait never hold back its other calls.
    *
    * @generated from rpc idemledger.v1.LedgerService.Stream
    */
