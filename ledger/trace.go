@@ -8,12 +8,13 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// tracer makes the spans of the store's calls. Without a tracer provider
-// (otel.SetTracerProvider) they cost nothing.
+// tracer makes the spans of the store's calls, under the call's span when
+// that one is recorded.
 var tracer = otel.Tracer("github.com/idemledger/idemledger/ledger")
 
 // Span attributes of a store call.
@@ -24,8 +25,13 @@ const (
 	AttrCode      = attribute.Key("idemledger.code")
 )
 
-// storeSpan starts the span of a store call ("idemledger.store claim").
+// storeSpan starts the span of a store call ("idemledger.store claim"),
+// when the call's own span is recorded; otherwise the store call has a
+// span that records nothing and costs nothing.
 func storeSpan(ctx context.Context, op string, s Scope) (context.Context, trace.Span) {
+	if !trace.SpanFromContext(ctx).IsRecording() {
+		return ctx, noop.Span{}
+	}
 	return tracer.Start(ctx, "idemledger.store "+op, trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(attribute.String("idemledger.namespace", s.Namespace), attribute.String("idemledger.tenant", s.Tenant)))
 }

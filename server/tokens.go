@@ -79,8 +79,7 @@ func HashToken(token string) string {
 // Authenticate implements Authenticator: UNAUTHENTICATED without a bearer
 // token or with one that is not in the table.
 func (t *Tokens) Authenticate(ctx context.Context) (Principal, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
+	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
 		scheme, token, ok := strings.Cut(v, " ")
 		if !ok || !strings.EqualFold(scheme, "bearer") || token == "" {
 			continue

@@ -193,6 +193,10 @@ func answer[R any](res *ledgerv1.StreamResponse, err error, get func(*ledgerv1.S
 // before it ran.
 const notRunAttempts = 3
 
+// callSpan are the options of a call's span, made once.
+var callSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient),
+	trace.WithAttributes(attribute.String("rpc.system", "grpc"), attribute.Bool("idemledger.stream", true))}
+
 // call sends req on the current stream, opening one if needed, and waits
 // for its answer. A call that did not run because its stream was draining
 // or ended (the server answers every call it starts before it ends a
@@ -200,12 +204,11 @@ const notRunAttempts = 3
 func (c *Client) call(ctx context.Context, req *ledgerv1.StreamRequest) (res *ledgerv1.StreamResponse, err error) {
 	// The call's span, and its trace context on the request: the server
 	// puts its own span, and the store's, under it.
-	ctx, span := tracer.Start(ctx, streamcall.Name(req), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("rpc.system", "grpc"), attribute.Bool("idemledger.stream", true)))
+	ctx, span := tracer.Start(ctx, streamcall.Name(req), callSpan...)
 	defer func() { endCallSpan(span, res, err) }()
-	carrier := propagation.MapCarrier{}
-	propagation.TraceContext{}.Inject(ctx, carrier) // the request's field is W3C trace context
-	if len(carrier) > 0 {
+	if span.SpanContext().IsValid() {
+		carrier := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(ctx, carrier) // the request's field is W3C trace context
 		req.TraceContext = carrier
 	}
 	if err := ctx.Err(); err != nil {
