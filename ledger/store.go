@@ -50,9 +50,35 @@ type Store interface {
 	// of a tenant), except those that read as in progress or unknown: an
 	// attempt may still complete them.
 	Purge(ctx context.Context, p PurgeParams) (PurgeResult, error)
-	// CountByState counts the live records by the state they read in
-	// now: the operators' records-by-state gauge. It reads every record.
-	CountByState(ctx context.Context) (map[State]int, error)
+	// CountByState counts the live records by namespace and by the state
+	// they read in now: the operators' records-by-state gauge and the
+	// console's census. It reads every record.
+	CountByState(ctx context.Context) (Census, error)
+}
+
+// Census is Store.CountByState's count: records by namespace, then by
+// state.
+type Census map[string]map[State]int
+
+// Add counts one record of namespace ns in state st.
+func (c Census) Add(ns string, st State) {
+	m := c[ns]
+	if m == nil {
+		m = map[State]int{}
+		c[ns] = m
+	}
+	m[st]++
+}
+
+// ByState is the census summed over the namespaces.
+func (c Census) ByState() map[State]int {
+	out := map[State]int{}
+	for _, m := range c {
+		for st, n := range m {
+			out[st] += n
+		}
+	}
+	return out
 }
 
 // ClaimParams are the inputs of Store.Claim, validated and with defaults

@@ -183,4 +183,4 @@ func (downStore) Purge(context.Context, ledger.PurgeParams) (ledger.PurgeResult,
 	return ledger.PurgeResult{}, errDown
 }
 
-func (downStore) CountByState(context.Context) (map[ledger.State]int, error) { return nil, errDown }
+func (downStore) CountByState(context.Context) (ledger.Census, error) { return nil, errDown }

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/ledger"
@@ -136,6 +137,8 @@ type daemon struct {
 	health    *health.Server
 	conns     *connLimit // gRPC's
 	httpConns *connLimit
+	console   *console.Console
+	census    latestCensus
 
 	// Set by listen.
 	lis        net.Listener
@@ -156,8 +159,13 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	d := &daemon{cfg: cfg, log: log, creds: cs, reg: prometheus.NewRegistry(), store: newLateStore(cfg, log), health: health.NewServer()}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	decisions, observe := decisionCounter()
+	decisions, count := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
+	perMin := &perMinute{now: time.Now}
+	observe := func(namespace string, dec server.Decision) {
+		count(namespace, dec)
+		perMin.add()
+	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemledger", Name: "connections_shed_total",
 		Help: "Idle connections closed to make room for a new one at --max-connections, by listener (grpc, http)."}, []string{"listener"})
 	d.reg.MustRegister(shed)
@@ -177,7 +185,17 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 		Help: "Lookups with a wait waiting now (bounded per namespace by --max-waiters, in all by --max-waiters-total)."}, func() float64 { return float64(l.Waiters()) }))
 	d.ledgerSrv = server.New(l, srvCfg)
 	ledgerv1.RegisterLedgerServiceServer(d.grpc, d.ledgerSrv)
-	ledgerv1.RegisterAdminServiceServer(d.grpc, server.NewAdmin(l, srvCfg))
+	// AdminService's audit lines go to the log, and the latest to the
+	// console's audit page.
+	audit := &auditRing{}
+	adminCfg := srvCfg
+	adminCfg.Logger = slog.New(audit.handler(log.Handler()))
+	admin := server.NewAdmin(l, adminCfg)
+	ledgerv1.RegisterAdminServiceServer(d.grpc, admin)
+	if d.console, err = console.New(console.Config{Admin: admin, Auth: cs.authenticator(), Census: d.census.get, Decisions: perMin.lastHour,
+		Ready: d.ready, Store: storeName(cfg), Audit: audit.recent, Log: adminCfg.Logger}); err != nil {
+		return nil, err
+	}
 	d.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(d.grpc, d.health)
 	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "ready",
@@ -281,7 +299,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		}
 	}
 	if d.cfg.adminListen != "" {
-		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.store.mustRestart, d.log); err != nil {
+		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.store.mustRestart, d.console, d.log); err != nil {
 			return err
 		}
 	}
@@ -321,7 +339,7 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	if d.cfg.censusInterval > 0 {
-		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, d.log) })
+		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, &d.census, d.log) })
 	}
 	// SIGHUP reloads the credentials files (tokens, certificate principals,
 	// the server's certificate and the client CA).
@@ -537,15 +555,16 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 }
 
 // startAdmin serves /metrics, /healthz (the process is up, and its store
-// needs no restart: mustRestart) and /readyz (the store answers) over
-// HTTP.
-func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, log *slog.Logger) (*http.Server, error) {
+// needs no restart: mustRestart), /readyz (the store answers) and the
+// operator's console (/console/) over HTTP.
+func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, con http.Handler, log *slog.Logger) (*http.Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle(console.Prefix, con)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := mustRestart(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -569,6 +588,15 @@ func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRes
 		}
 	}()
 	return srv, nil
+}
+
+// ready is nil while ledgerd serves (its store takes writes).
+func (d *daemon) ready(ctx context.Context) error {
+	res, err := d.health.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || res.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return errors.New("NOT_SERVING: the store does not take writes")
+	}
+	return nil
 }
 
 func adminAddr(s *http.Server) string {

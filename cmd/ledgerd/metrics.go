@@ -129,7 +129,7 @@ var censusStates = map[ledger.State]string{
 
 // census counts the store's records by state every interval until ctx
 // ends, the first time as soon as the store is open.
-func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.Duration, log *slog.Logger) {
+func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.Duration, latest *latestCensus, log *slog.Logger) {
 	select {
 	case <-st.opened:
 	case <-ctx.Done():
@@ -144,8 +144,10 @@ func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.
 		if err != nil {
 			log.WarnContext(ctx, "record census failed", "error", err)
 		} else {
+			latest.set(counts, time.Now())
+			byState := counts.ByState()
 			for state, label := range censusStates {
-				m.records.WithLabelValues(label).Set(float64(counts[state]))
+				m.records.WithLabelValues(label).Set(float64(byState[state]))
 			}
 		}
 		select {

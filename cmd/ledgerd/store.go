@@ -283,7 +283,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 }
 
 // CountByState is the store's own.
-func (l *lateStore) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+func (l *lateStore) CountByState(ctx context.Context) (ledger.Census, error) {
 	defer l.timed("census", "")()
 	s, err := l.get()
 	if err != nil {

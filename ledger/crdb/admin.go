@@ -121,21 +121,22 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	return res, nil
 }
 
-// censusSQL counts the rows by the state they read in now (Record.View).
-// It reads the whole table: ledgerd runs it every --census-interval.
-const censusSQL = `SELECT v, count(*) FROM (
-	SELECT CASE
+// censusSQL counts the rows by namespace and by the state they read in
+// now (Record.View). It reads the whole table: ledgerd runs it every
+// --census-interval.
+const censusSQL = `SELECT namespace, v, count(*) FROM (
+	SELECT namespace, CASE
 		WHEN state = 3 OR COALESCE(forget_at, expires_at) <= c.n THEN 0
 		WHEN state = 1 AND on_lease_expiry = 1 AND lease_expires_at <= c.n THEN 5
 		WHEN state = 1 THEN 1
 		WHEN state = 4 OR (state = 2 AND expires_at <= c.n) THEN 4
 		ELSE 2 END AS v
 	FROM idempotency_records, (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n) AS c
-) AS views WHERE v <> 0 GROUP BY v`
+) AS views WHERE v <> 0 GROUP BY namespace, v`
 
 // CountByState implements ledger.Store.
-func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
-	counts := map[ledger.State]int{}
+func (s *Store) CountByState(ctx context.Context) (ledger.Census, error) {
+	counts := ledger.Census{}
 	err := s.retry(ctx, func(ctx context.Context) error {
 		clear(counts)
 		rows, err := s.pool.Query(ctx, censusSQL, s.now())
@@ -144,11 +145,15 @@ func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) 
 		}
 		defer rows.Close()
 		for rows.Next() {
+			var ns string
 			var v, n int
-			if err := rows.Scan(&v, &n); err != nil {
+			if err := rows.Scan(&ns, &v, &n); err != nil {
 				return err
 			}
-			counts[censusState[v]] = n
+			if counts[ns] == nil {
+				counts[ns] = map[ledger.State]int{}
+			}
+			counts[ns][censusState[v]] = n
 		}
 		return rows.Err()
 	})

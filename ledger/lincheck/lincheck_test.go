@@ -140,6 +140,6 @@ func (s *checkThenInsert) Purge(context.Context, ledger.PurgeParams) (ledger.Pur
 	return ledger.PurgeResult{}, errcode.Errorf(errcode.Internal, "not offered")
 }
 
-func (s *checkThenInsert) CountByState(context.Context) (map[ledger.State]int, error) {
+func (s *checkThenInsert) CountByState(context.Context) (ledger.Census, error) {
 	return nil, errcode.Errorf(errcode.Internal, "not offered")
 }

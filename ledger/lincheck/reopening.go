@@ -102,6 +102,6 @@ func (r *Reopening) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.Pur
 }
 
 // CountByState implements ledger.Store on the store open now.
-func (r *Reopening) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+func (r *Reopening) CountByState(ctx context.Context) (ledger.Census, error) {
 	return r.store().CountByState(ctx)
 }

@@ -86,17 +86,17 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 }
 
 // CountByState implements ledger.Store.
-func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+func (s *Store) CountByState(ctx context.Context) (ledger.Census, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, ledger.TimedOut(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	counts := map[ledger.State]int{}
+	counts := ledger.Census{}
 	for _, rec := range s.records {
 		if v := rec.View(now); v != ledger.StateAbsent {
-			counts[v]++
+			counts.Add(rec.Scope.Namespace, v)
 		}
 	}
 	return counts, nil

@@ -168,11 +168,11 @@ func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.Purg
 }
 
 // CountByState implements ledger.Store, from one consistent view.
-func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) {
+func (s *Store) CountByState(ctx context.Context) (ledger.Census, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.classify("census", err)
 	}
-	counts := map[ledger.State]int{}
+	counts := ledger.Census{}
 	err := s.with(func(db *pebbledb.DB) error {
 		now := s.cfg.Now()
 		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: recordPrefix, UpperBound: upperBound(recordPrefix)})
@@ -186,7 +186,7 @@ func (s *Store) CountByState(ctx context.Context) (map[ledger.State]int, error) 
 				return err
 			}
 			if st := rec.View(now); st != ledger.StateAbsent {
-				counts[st]++
+				counts.Add(rec.Scope.Namespace, st)
 			}
 		}
 		return it.Error()

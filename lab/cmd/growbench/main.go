@@ -86,7 +86,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 			os.Exit(1)
 		}
 		var n int64
-		for _, c := range counts {
+		for _, c := range counts.ByState() {
 			n += int64(c)
 		}
 		return n
