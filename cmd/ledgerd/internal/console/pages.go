@@ -88,6 +88,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 // recordsData is the search page's.
 type recordsData struct {
 	Namespace, Tenant, State, Prefix, Method string
+	From, To                                 string // first claimed, in UTC: "2006-01-02T15:04"
 	States                                   []string
 	Records                                  []*ledgerv1.AdminRecord
 	Next, Page                               string
@@ -103,7 +104,12 @@ var searchStates = []string{"OUTCOME_UNKNOWN", "IN_PROGRESS", "COMPLETED", "EXPI
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	d := recordsData{Namespace: q.Get("namespace"), Tenant: q.Get("tenant"), State: q.Get("state"),
-		Prefix: q.Get("prefix"), Method: q.Get("method"), Page: q.Get("page"), States: searchStates}
+		Prefix: q.Get("prefix"), Method: q.Get("method"), From: q.Get("from"), To: q.Get("to"), Page: q.Get("page"), States: searchStates}
+	from, to, err := timeRange(d.From, d.To)
+	if err != nil {
+		c.fail(w, s, err)
+		return
+	}
 	if d.Namespace == "" {
 		c.render(w, http.StatusOK, "records", view{Title: "Search", Who: s.who, CSRF: s.csrf, Data: d})
 		return
@@ -124,12 +130,35 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	d.Searched, d.Next, d.Scanned = true, res.GetNextPageToken(), len(res.GetRecords())
 	for _, rec := range res.GetRecords() {
-		if strings.HasPrefix(rec.GetKey(), d.Prefix) && (d.Method == "" || rec.GetRecord().GetMethod() == d.Method) {
+		created := rec.GetRecord().GetCreatedAt().AsTime()
+		if strings.HasPrefix(rec.GetKey(), d.Prefix) && (d.Method == "" || rec.GetRecord().GetMethod() == d.Method) &&
+			!created.Before(from) && (to.IsZero() || created.Before(to)) {
 			d.Records = append(d.Records, rec)
 		}
 	}
 	c.render(w, http.StatusOK, "records", view{Title: "Search", Who: s.who, CSRF: s.csrf, Data: d})
 }
+
+// timeRange reads the search's range of first claims, in UTC to the
+// minute; the end is the minute after to.
+func timeRange(from, to string) (time.Time, time.Time, error) {
+	var f, t time.Time
+	var err error
+	if from != "" {
+		if f, err = time.Parse(minute, from); err != nil {
+			return f, t, errcode.Errorf(errcode.ValidationFailed, "from %q is not a time such as 2026-12-02T15:04", from)
+		}
+	}
+	if to != "" {
+		if t, err = time.Parse(minute, to); err != nil {
+			return f, t, errcode.Errorf(errcode.ValidationFailed, "to %q is not a time such as 2026-12-02T15:04", to)
+		}
+		t = t.Add(time.Minute)
+	}
+	return f, t, nil
+}
+
+const minute = "2006-01-02T15:04"
 
 // recordData is the record page's.
 type recordData struct {

@@ -1,0 +1,257 @@
+package console_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+)
+
+// serve is a console over AdminService on the memory store, with an admin
+// token (ops-secret) and a write service's (billing-secret), at clock.
+func serve(t *testing.T, clock *ledgertest.Clock, tls bool) (*httptest.Server, *ledger.Ledger) {
+	t.Helper()
+	tokens, err := server.ParseTokens(strings.NewReader(server.HashToken("ops-secret") + " _admin ops-alice\n" + server.HashToken("billing-secret") + " billing acme\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})
+	c, err := console.New(console.Config{Admin: server.NewAdmin(l, server.Config{Auth: tokens}), Auth: tokens, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(console.Prefix, c)
+	srv := httptest.NewUnstartedServer(mux)
+	if tls {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv, l
+}
+
+// browser is a client with a cookie jar that does not follow redirects.
+func browser(t *testing.T, srv *httptest.Server) *http.Client {
+	t.Helper()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := srv.Client()
+	c.Jar = jar
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return c
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values) (*http.Response, string) {
+	t.Helper()
+	res, err := c.PostForm(u, form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	res, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// TestSignInAndSessions: only an admin token signs in; the cookie is
+// HttpOnly, SameSite=Strict, scoped to the console and Secure under TLS;
+// a session ends at sign-out and after SessionTTL; every page has the
+// console's headers.
+func TestSignInAndSessions(t *testing.T) {
+	for _, tls := range []bool{false, true} {
+		clock := ledgertest.NewClock(time.Now())
+		srv, _ := serve(t, clock, tls)
+		c := browser(t, srv)
+		base := srv.URL + console.Prefix
+
+		if res, _ := get(t, c, base); res.StatusCode != http.StatusSeeOther || res.Header.Get("Location") != console.Prefix+"login" {
+			t.Fatalf("signed out: %d to %q", res.StatusCode, res.Header.Get("Location"))
+		}
+		if res, body := post(t, c, base+"login", url.Values{"token": {"billing-secret"}}); res.StatusCode != http.StatusForbidden || !strings.Contains(body, "admins only") {
+			t.Fatalf("a write token: %d", res.StatusCode)
+		}
+		if res, _ := post(t, c, base+"login", url.Values{"token": {"nope"}}); res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("an unknown token: %d", res.StatusCode)
+		}
+		res, _ := post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+		if res.StatusCode != http.StatusSeeOther || len(res.Cookies()) != 1 {
+			t.Fatalf("the admin's sign-in: %d, cookies %v", res.StatusCode, res.Cookies())
+		}
+		ck := res.Cookies()[0]
+		if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != console.Prefix || ck.Secure != tls || ck.MaxAge != int(console.SessionTTL.Seconds()) {
+			t.Fatalf("the session cookie (TLS %v): %+v", tls, ck)
+		}
+		res, body := get(t, c, base)
+		if res.StatusCode != http.StatusOK || !strings.Contains(body, "ops-alice") {
+			t.Fatalf("the overview: %d", res.StatusCode)
+		}
+		for h, want := range map[string]string{"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY", "Cache-Control": "no-store"} {
+			if !strings.Contains(res.Header.Get(h), want) {
+				t.Fatalf("%s: %q", h, res.Header.Get(h))
+			}
+		}
+		if strings.Contains(res.Header.Get("Content-Security-Policy"), "unsafe-inline") {
+			t.Fatal("the policy allows inline script")
+		}
+
+		// Past SessionTTL the session is gone.
+		clock.Advance(console.SessionTTL + time.Second)
+		if res, _ := get(t, c, base); res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("an expired session: %d", res.StatusCode)
+		}
+
+		// Sign-out ends it at once.
+		post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+		_, body = get(t, c, base)
+		csrf := csrfField.FindStringSubmatch(body)
+		if csrf == nil {
+			t.Fatal("no CSRF token on the page")
+		}
+		if res, _ := post(t, c, base+"logout", url.Values{"csrf": {csrf[1]}}); res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("sign-out: %d", res.StatusCode)
+		}
+		if res, _ := get(t, c, base); res.StatusCode != http.StatusSeeOther {
+			t.Fatalf("after sign-out: %d", res.StatusCode)
+		}
+	}
+}
+
+// TestFormsNeedTheirCSRFTokenAndOrigin: a state-changing form without the
+// session's CSRF token, with another's, or from another origin, is
+// refused and changes nothing.
+func TestFormsNeedTheirCSRFTokenAndOrigin(t *testing.T) {
+	clock := ledgertest.NewClock(time.Now())
+	srv, l := serve(t, clock, false)
+	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+	res0, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(t.Context(), sc, res0.Claim.Token, ledgertest.Response("inv")); err != nil {
+		t.Fatal(err)
+	}
+	c := browser(t, srv)
+	base := srv.URL + console.Prefix
+	post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+	_, body := get(t, c, base)
+	csrf := csrfField.FindStringSubmatch(body)[1]
+	form := url.Values{"namespace": {"billing"}, "tenant": {"acme"}, "key": {"k"}, "confirm": {"k"}}
+
+	for name, f := range map[string]url.Values{"none": form, "another": with(form, "csrf", csrf[:len(csrf)-1]+"x")} {
+		if res, body := post(t, c, base+"record/purge", f); res.StatusCode != http.StatusForbidden || !strings.Contains(body, "CSRF") {
+			t.Fatalf("%s CSRF token: %d", name, res.StatusCode)
+		}
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"record/purge", strings.NewReader(with(form, "csrf", csrf).Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "https://evil.example")
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusForbidden {
+		t.Fatalf("another origin: %d", res.StatusCode)
+	}
+	if rec, err := l.Get(t.Context(), sc); err != nil || rec.State != ledger.StateCompleted {
+		t.Fatalf("the record after refused forms: %v, %v", rec.State, err)
+	}
+	// The wrong confirmation is refused too; the right one purges.
+	if res, _ := post(t, c, base+"record/purge", with(with(form, "csrf", csrf), "confirm", "K")); res.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a wrong confirmation: %d", res.StatusCode)
+	}
+	if res, body := post(t, c, base+"record/purge", with(form, "csrf", csrf)); res.StatusCode != http.StatusOK || !strings.Contains(body, "purged") {
+		t.Fatalf("the purge: %d %s", res.StatusCode, body)
+	}
+}
+
+func with(v url.Values, k, val string) url.Values {
+	out := url.Values{}
+	for key, vs := range v {
+		out[key] = append([]string(nil), vs...)
+	}
+	out.Set(k, val)
+	return out
+}
+
+// TestSearch: a namespace's records by tenant, state, key prefix, method
+// and the time of their first claim; a bad time is VALIDATION_FAILED.
+func TestSearch(t *testing.T) {
+	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	clock := ledgertest.NewClock(start)
+	srv, l := serve(t, clock, false)
+	begin := func(tenant, key, method string) {
+		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: ledger.Scope{Namespace: "billing", Tenant: tenant, Key: key},
+			Fingerprint: ledgertest.Fingerprint("p"), Method: method, Lease: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin("acme", "inv-1", "http:POST /v1/invoices")
+	clock.Advance(time.Hour)
+	begin("acme", "inv-2", "http:POST /v1/invoices")
+	begin("acme", "ref-1", "http:POST /v1/refunds")
+	begin("globex", "inv-3", "http:POST /v1/invoices")
+	c := browser(t, srv)
+	base := srv.URL + console.Prefix
+	post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+	keys := regexp.MustCompile(`class="key" href="[^"]+">([^<]+)</a>`)
+	search := func(q url.Values) []string {
+		t.Helper()
+		res, body := get(t, c, base+"records?"+q.Encode())
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("%v: %d", q, res.StatusCode)
+		}
+		var out []string
+		for _, m := range keys.FindAllStringSubmatch(body, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		q    url.Values
+		want string
+	}{
+		{url.Values{"namespace": {"billing"}}, "inv-1 inv-2 ref-1 inv-3"},
+		{url.Values{"namespace": {"billing"}, "tenant": {"acme"}}, "inv-1 inv-2 ref-1"},
+		{url.Values{"namespace": {"billing"}, "prefix": {"inv-"}}, "inv-1 inv-2 inv-3"},
+		{url.Values{"namespace": {"billing"}, "method": {"http:POST /v1/refunds"}}, "ref-1"},
+		{url.Values{"namespace": {"billing"}, "from": {"2026-12-02T10:30"}}, "inv-2 ref-1 inv-3"},
+		{url.Values{"namespace": {"billing"}, "to": {"2026-12-02T10:30"}}, "inv-1"},
+		{url.Values{"namespace": {"billing"}, "state": {"COMPLETED"}}, ""},
+		{url.Values{"namespace": {"other"}}, ""},
+	} {
+		if got := strings.Join(search(tc.q), " "); got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.q, got, tc.want)
+		}
+	}
+	if res, body := get(t, c, base+"records?namespace=billing&from=yesterday"); res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "VALIDATION_FAILED") {
+		t.Fatalf("a bad time: %d", res.StatusCode)
+	}
+}
