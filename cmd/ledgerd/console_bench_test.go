@@ -1,0 +1,137 @@
+package main_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/pebble"
+	"github.com/idemledger/idemledger/server"
+)
+
+// BenchmarkConsoleAt1M fills a store with CONSOLE_BENCH_RECORDS records
+// (1,000,000 when unset) of one tenant, 100 of them with an unknown
+// outcome, and reports the p95 of the console's pages, each requested 50
+// times: the overview (it reads the latest census, not the store), a
+// search page of the tenant, a search page of its unknown keys (100 rows
+// read, few kept, a next page), and a record. It also reports the census
+// itself, the whole-store read that ledgerd runs every --census-interval
+// in the background. On the embedded store (Pebble) and on PostgreSQL.
+func BenchmarkConsoleAt1M(b *testing.B) {
+	n := 1_000_000
+	if v := os.Getenv("CONSOLE_BENCH_RECORDS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	stores := map[string]func(b *testing.B) ledger.Store{
+		"pebble": func(b *testing.B) ledger.Store {
+			s, err := pebble.Open(b.TempDir(), pebble.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close() })
+			return s
+		},
+		"postgres": func(b *testing.B) ledger.Store {
+			s, err := crdb.Open(b.Context(), crdbtest.NewDatabase(b), crdb.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(s.Close)
+			if _, err := s.Migrate(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+			return s
+		},
+	}
+	for _, name := range []string{"pebble", "postgres"} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				consoleAt(b, stores[name](b), n)
+			}
+		})
+	}
+}
+
+func consoleAt(b *testing.B, st ledger.Store, n int) {
+	l := ledger.New(st, ledger.Config{})
+	ledgertest.Fill(b, l, n, 500)
+	for i := range 100 {
+		sc := ledger.Scope{Namespace: "size", Tenant: "acme", Key: fmt.Sprintf("unknown-%03d", i)}
+		if _, err := l.Begin(b.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method,
+			Lease: time.Millisecond, OnLeaseExpiry: ledger.Hold}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	time.Sleep(10 * time.Millisecond) // the unknown keys' 1 ms leases run out on the store's clock
+	start := time.Now()
+	census, err := st.CountByState(b.Context())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(time.Since(start).Milliseconds()), "census-ms")
+	if got := census.ByState()[ledger.StateUnknown]; got != 100 {
+		b.Fatalf("the census counts %d unknown", got)
+	}
+	tokens, err := server.ParseTokens(strings.NewReader(server.HashToken("ops-secret") + " _admin ops\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	counts := map[string]map[string]int{}
+	for ns, m := range census {
+		counts[ns] = map[string]int{}
+		for s, c := range m {
+			counts[ns][s.String()] = c
+		}
+	}
+	c, err := console.New(console.Config{Admin: server.NewAdmin(l, server.Config{Auth: tokens}), Auth: tokens,
+		Census: func() (map[string]map[string]int, time.Time) { return counts, start }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	defer srv.Close()
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	if _, err := client.PostForm(srv.URL+console.Prefix+"login", url.Values{"token": {"ops-secret"}}); err != nil {
+		b.Fatal(err)
+	}
+	p95 := func(path, want string) float64 {
+		var ds []time.Duration
+		for range 50 {
+			t0 := time.Now()
+			res, err := client.Get(srv.URL + console.Prefix + path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			_ = res.Body.Close()
+			ds = append(ds, time.Since(t0))
+			if res.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+				b.Fatalf("%s: %d\n%s", path, res.StatusCode, body)
+			}
+		}
+		slices.Sort(ds)
+		return float64(ds[len(ds)*95/100].Microseconds()) / 1000
+	}
+	b.ReportMetric(p95("", "census"), "overview-p95-ms")
+	b.ReportMetric(p95("records?namespace=size&tenant=acme", `class="key"`), "search-p95-ms")
+	b.ReportMetric(p95("records?namespace=size&tenant=acme&state=OUTCOME_UNKNOWN", "results"), "search-unknown-p95-ms")
+	b.ReportMetric(p95(fmt.Sprintf("record?namespace=size&tenant=acme&key=0192f6c4-7d3e-7abc-8def-%012d", n/2), "timeline"), "record-p95-ms")
+}
