@@ -197,6 +197,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	if res.GetClaim().GetToken() <= before.GetRecord().GetToken() {
 		t.Fatalf("the Begin after the resolution: %v, want a claim above token %d", res, before.GetRecord().GetToken())
 	}
+	// The record's timeline says who resolved it.
+	do("read the timeline", chromedp.Navigate(base+"record?namespace=billing&tenant=acme&key="+keys.unknown), chromedp.WaitVisible(chromedp.CSS("#timeline")))
+	if text = textOf("#timeline"); !strings.Contains(text, "resolved as not applied by ops-alice") {
+		t.Fatalf("the timeline after the resolution: %q", text)
+	}
 
 	// Purge a key.
 	if text = act(keys.done, "#purge-key"); !strings.HasPrefix(text, "purged") {

@@ -179,6 +179,9 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	ar := res.GetRecord()
 	d := recordData{Rec: ar, Timeline: timeline(ar), Outcome: decode(ar.GetRecord().GetOutcome())}
+	if c.cfg.Audit != nil {
+		d.Timeline = withResolutions(d.Timeline, ar, c.cfg.Audit())
+	}
 	c.render(w, http.StatusOK, "record", view{Title: "Record " + ar.GetKey(), Who: s.who, CSRF: s.csrf, Data: d})
 }
 
@@ -212,6 +215,34 @@ func timeline(ar *ledgerv1.AdminRecord) []event {
 	}
 	at(rec.GetExpiresAt(), "expires: the outcome is dropped, a tombstone stays")
 	at(rec.GetForgetAt(), "forgotten: the key may be used afresh")
+	return byTime(ev)
+}
+
+// withResolutions adds to a record's timeline who resolved its key and
+// when, as the audit lines this ledgerd kept say (since it started).
+func withResolutions(ev []event, ar *ledgerv1.AdminRecord, audit []AuditEntry) []event {
+	scope := []string{"namespace=" + ar.GetNamespace(), "tenant=" + ar.GetTenant(), "key=" + ar.GetKey()}
+	for _, e := range audit {
+		if e.Action != "audit: record resolved" || !containsAll(e.Attrs, scope) {
+			continue
+		}
+		what := "resolved as not applied"
+		if slices.Contains(e.Attrs, "applied=true") {
+			what = "resolved as applied"
+		}
+		for _, a := range e.Attrs {
+			if who, ok := strings.CutPrefix(a, "principal="); ok {
+				what += " by " + who
+			}
+		}
+		ev = append(ev, event{When: e.Time.UTC().Format("2006-01-02 15:04:05.000 UTC"), What: what})
+	}
+	return byTime(ev)
+}
+
+// byTime orders a timeline by time; a line without one stays after the
+// line before it.
+func byTime(ev []event) []event {
 	slices.SortStableFunc(ev, func(a, b event) int {
 		if a.When == "" || b.When == "" {
 			return 0
@@ -219,6 +250,15 @@ func timeline(ar *ledgerv1.AdminRecord) []event {
 		return strings.Compare(a.When, b.When)
 	})
 	return ev
+}
+
+func containsAll(have, want []string) bool {
+	for _, w := range want {
+		if !slices.Contains(have, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // resolve settles a record whose outcome nobody knows: not applied, or
