@@ -255,3 +255,38 @@ func TestSearch(t *testing.T) {
 		t.Fatalf("a bad time: %d", res.StatusCode)
 	}
 }
+
+// TestOverview: the census by namespace, the counts to act on linked to
+// their search, the decisions chart and readiness.
+func TestOverview(t *testing.T) {
+	tokens, err := server.ParseTokens(strings.NewReader(server.HashToken("ops-secret") + " _admin ops-alice\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	perMinute := make([]int, 60)
+	perMinute[59] = 42
+	c, err := console.New(console.Config{Admin: server.NewAdmin(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: tokens}), Auth: tokens,
+		Census: func() (map[string]map[string]int, time.Time) {
+			return map[string]map[string]int{"billing": {"outcome_unknown": 3, "completed": 7}, "refunds": {"in_progress": 2}}, at
+		},
+		Decisions: func() []int { return perMinute }, Store: "embedded:/data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c)
+	t.Cleanup(srv.Close)
+	cl := browser(t, srv)
+	post(t, cl, srv.URL+console.Prefix+"login", url.Values{"token": {"ops-secret"}})
+	_, body := get(t, cl, srv.URL+console.Prefix)
+	for _, want := range []string{
+		`<b>3</b> outcome unknown`, `<b>2</b> in progress`, `<b>7</b> completed`,
+		`href="/console/records?namespace=billing&amp;state=OUTCOME_UNKNOWN">3</a>`,
+		`href="/console/records?namespace=refunds&amp;state=IN_PROGRESS">2</a>`,
+		`42 decisions in the hour`, `embedded:/data`, `Counted at 2026-12-02 10:00:00 UTC`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the overview has no %s", want)
+		}
+	}
+}
