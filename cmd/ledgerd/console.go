@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	"github.com/idemledger/idemledger/ledger"
@@ -82,57 +83,79 @@ func (h auditHandler) WithGroup(name string) slog.Handler {
 	return auditHandler{Handler: h.Handler.WithGroup(name), ring: h.ring, attrs: h.attrs}
 }
 
-// perMinute counts events in the minutes of the last hour, without a
-// lock: a bucket a minute, taken over by the minute an hour later.
-type perMinute struct {
-	now     func() time.Time
-	buckets [60]struct{ minute, n atomic.Int64 }
+// decisionRate is the ledger's decisions a minute over the last hour,
+// sampled from idemledger_decisions_total once a minute: nothing is added
+// to a call's path.
+type decisionRate struct {
+	mu      sync.Mutex
+	last    float64
+	sampled bool
+	minutes []int // oldest first, at most 60
 }
 
-func (p *perMinute) add() {
-	m := p.now().Unix() / 60
-	b := &p.buckets[m%60]
-	if b.minute.Load() != m && b.minute.Swap(m) != m {
-		b.n.Store(0)
-	}
-	b.n.Add(1)
-}
-
-// lastHour is the counts of the last 60 minutes, oldest first, the minute
-// now last.
-func (p *perMinute) lastHour() []int {
-	now := p.now().Unix() / 60
-	out := make([]int, 60)
-	for i := range out {
-		m := now - 59 + int64(i)
-		if b := &p.buckets[((m%60)+60)%60]; b.minute.Load() == m {
-			out[i] = int(b.n.Load())
+// sample takes the counter's total now.
+func (r *decisionRate) sample(total float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sampled {
+		r.minutes = append(r.minutes, int(total-r.last))
+		if len(r.minutes) > 60 {
+			r.minutes = r.minutes[1:]
 		}
 	}
+	r.last, r.sampled = total, true
+}
+
+// lastHour is the decisions of each of the last 60 minutes, oldest first
+// (zero before ledgerd had run that long).
+func (r *decisionRate) lastHour() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int, 60)
+	copy(out[60-len(r.minutes):], r.minutes)
 	return out
+}
+
+// run samples the decisions counter of reg every minute
+// until ctx ends.
+func (r *decisionRate) run(ctx context.Context, reg prometheus.Gatherer) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		mfs, err := reg.Gather()
+		if err == nil {
+			var total float64
+			for _, mf := range mfs {
+				if mf.GetName() == "idemledger_decisions_total" {
+					for _, m := range mf.GetMetric() {
+						total += m.GetCounter().GetValue()
+					}
+				}
+			}
+			r.sample(total)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // latestCensus is the census's last count, for the console.
 type latestCensus struct {
 	mu     sync.Mutex
-	counts map[string]map[string]int
+	counts ledger.Census
 	at     time.Time
 }
 
 func (c *latestCensus) set(counts ledger.Census, at time.Time) {
-	out := map[string]map[string]int{}
-	for ns, m := range counts {
-		out[ns] = map[string]int{}
-		for st, n := range m {
-			out[ns][censusStates[st]] = n
-		}
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.counts, c.at = out, at
+	c.counts, c.at = counts, at
 }
 
-func (c *latestCensus) get() (map[string]map[string]int, time.Time) {
+func (c *latestCensus) get() (ledger.Census, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.counts, c.at

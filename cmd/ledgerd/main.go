@@ -139,6 +139,7 @@ type daemon struct {
 	httpConns *connLimit
 	console   *console.Console
 	census    latestCensus
+	decisions decisionRate
 
 	// Set by listen.
 	lis        net.Listener
@@ -159,13 +160,8 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	d := &daemon{cfg: cfg, log: log, creds: cs, reg: prometheus.NewRegistry(), store: newLateStore(cfg, log), health: health.NewServer()}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	decisions, count := decisionCounter()
+	decisions, observe := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
-	perMin := &perMinute{now: time.Now}
-	observe := func(namespace string, dec server.Decision) {
-		count(namespace, dec)
-		perMin.add()
-	}
 	shed := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "idemledger", Name: "connections_shed_total",
 		Help: "Idle connections closed to make room for a new one at --max-connections, by listener (grpc, http)."}, []string{"listener"})
 	d.reg.MustRegister(shed)
@@ -192,7 +188,7 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	adminCfg.Logger = slog.New(audit.handler(log.Handler()))
 	admin := server.NewAdmin(l, adminCfg)
 	ledgerv1.RegisterAdminServiceServer(d.grpc, admin)
-	if d.console, err = console.New(console.Config{Admin: admin, Auth: cs.authenticator(), Census: d.census.get, Decisions: perMin.lastHour,
+	if d.console, err = console.New(console.Config{Admin: admin, Auth: cs.authenticator(), Census: d.census.get, Decisions: d.decisions.lastHour,
 		Ready: d.ready, Store: storeName(cfg), Audit: audit.recent, Log: adminCfg.Logger}); err != nil {
 		return nil, err
 	}
@@ -338,6 +334,7 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
+	wg.Go(func() { d.decisions.run(bg, d.reg) })
 	if d.cfg.censusInterval > 0 {
 		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, &d.census, d.log) })
 	}

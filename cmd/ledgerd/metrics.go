@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/server"
 )
@@ -121,12 +121,6 @@ func (m *storeMetrics) bind(st *lateStore) {
 	st.onOutcome = func(n int) { m.outcome.Observe(float64(n)) }
 }
 
-// censusStates are the states the census reports, by their label.
-var censusStates = map[ledger.State]string{
-	ledger.StateInProgress: "in_progress", ledger.StateCompleted: "completed",
-	ledger.StateUnknown: "outcome_unknown", ledger.StateExpired: "expired",
-}
-
 // census counts the store's records by state every interval until ctx
 // ends, the first time as soon as the store is open.
 func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.Duration, latest *latestCensus, log *slog.Logger) {
@@ -146,7 +140,7 @@ func (m *storeMetrics) census(ctx context.Context, st *lateStore, interval time.
 		} else {
 			latest.set(counts, time.Now())
 			byState := counts.ByState()
-			for state, label := range censusStates {
+			for state, label := range console.CensusLabel {
 				m.records.WithLabelValues(label).Set(float64(byState[state]))
 			}
 		}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 	"github.com/idemledger/idemledger/server"
@@ -53,7 +54,7 @@ type Config struct {
 	Auth server.Authenticator
 	// Census is the latest count of records by namespace and state, and
 	// when it was taken (zero before the first).
-	Census func() (map[string]map[string]int, time.Time)
+	Census func() (ledger.Census, time.Time)
 	// Decisions is the ledger's decisions a minute over the last hour,
 	// oldest first.
 	Decisions func() []int
@@ -213,7 +214,7 @@ func (c *Console) authenticate(ctx context.Context, token string) (server.Princi
 	if c.cfg.Auth == nil {
 		return server.Principal{}, errors.New("no authenticator")
 	}
-	return c.cfg.Auth.Authenticate(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token)))
+	return c.cfg.Auth.Authenticate((&session{token: token}).as(ctx))
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {

@@ -267,8 +267,8 @@ func TestOverview(t *testing.T) {
 	perMinute := make([]int, 60)
 	perMinute[59] = 42
 	c, err := console.New(console.Config{Admin: server.NewAdmin(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: tokens}), Auth: tokens,
-		Census: func() (map[string]map[string]int, time.Time) {
-			return map[string]map[string]int{"billing": {"outcome_unknown": 3, "completed": 7}, "refunds": {"in_progress": 2}}, at
+		Census: func() (ledger.Census, time.Time) {
+			return ledger.Census{"billing": {ledger.StateUnknown: 3, ledger.StateCompleted: 7}, "refunds": {ledger.StateInProgress: 2}}, at
 		},
 		Decisions: func() []int { return perMinute }, Store: "embedded:/data"})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
@@ -62,16 +63,23 @@ type namespaceCount struct {
 // an operator acts on first.
 var censusOrder = []string{"outcome_unknown", "in_progress", "completed", "expired"}
 
+// CensusLabel names a state of the census as the overview and ledgerd's
+// idemledger_records gauge do.
+var CensusLabel = map[ledger.State]string{ledger.StateUnknown: "outcome_unknown", ledger.StateInProgress: "in_progress",
+	ledger.StateCompleted: "completed", ledger.StateExpired: "expired"}
+
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	d := overviewData{States: censusOrder, Totals: map[string]int{}, Store: c.cfg.Store, Ready: "serving"}
 	if c.cfg.Census != nil {
-		var census map[string]map[string]int
+		var census ledger.Census
 		census, d.CensusAt = c.cfg.Census()
-		for ns, counts := range census {
-			d.Namespaces = append(d.Namespaces, namespaceCount{Namespace: ns, Counts: counts})
-			for st, n := range counts {
-				d.Totals[st] += n
+		for ns, byState := range census {
+			counts := map[string]int{}
+			for st, n := range byState {
+				counts[CensusLabel[st]] = n
+				d.Totals[CensusLabel[st]] += n
 			}
+			d.Namespaces = append(d.Namespaces, namespaceCount{Namespace: ns, Counts: counts})
 		}
 		slices.SortFunc(d.Namespaces, func(a, b namespaceCount) int { return strings.Compare(a.Namespace, b.Namespace) })
 	}
