@@ -86,7 +86,7 @@ func (*failed) Ping(context.Context) error {
 func TestLivenessAsksForARestart(t *testing.T) {
 	st := newLateStore(config{}, slog.New(slog.DiscardHandler))
 	h := health.NewServer()
-	srv, err := startAdmin("127.0.0.1:0", prometheus.NewRegistry(), h, st.mustRestart, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	srv, err := startAdmin("127.0.0.1:0", nil, prometheus.NewRegistry(), h, st.mustRestart, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,6 +43,7 @@ type config struct {
 	tlsCert    string
 	tlsKey     string
 	clientCA   string
+	adminTLS   bool
 
 	ledger ledger.Config
 
@@ -84,6 +85,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate (PEM); with --tls-key, serve TLS")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "server private key (PEM)")
 	fs.StringVar(&c.clientCA, "client-ca", "", "CA bundle (PEM) that client certificates must chain to")
+	fs.BoolVar(&c.adminTLS, "admin-tls", false, "serve --admin-listen over TLS with --tls-cert, verifying a client certificate against --client-ca when one is given (never requiring one, so probes and scrapers without one still connect); the console then signs in an admin certificate by itself")
 	fs.DurationVar(&c.ledger.DefaultLease, "lease", ledger.DefaultLease, "lease of a claim when the request sets none")
 	fs.DurationVar(&c.ledger.MaxLease, "max-lease", ledger.DefaultMaxLease, "longest lease a request may ask")
 	fs.DurationVar(&c.ledger.DefaultRetention, "retention", ledger.DefaultRetention, "retention of a record when the request sets none")
@@ -157,6 +159,8 @@ func (c config) check() error {
 	switch {
 	case (c.tlsCert == "") != (c.tlsKey == ""):
 		return errors.New("--tls-cert and --tls-key go together")
+	case c.adminTLS && c.tlsCert == "":
+		return errors.New("--admin-tls needs --tls-cert and --tls-key")
 	case c.clientCA != "" && c.tlsCert == "":
 		return errors.New("--client-ca needs --tls-cert and --tls-key")
 	case c.certsFile != "" && c.clientCA == "":

@@ -140,3 +140,25 @@ func (cs *credentialSet) httpTLS() *tls.Config {
 		},
 	}
 }
+
+// adminTLS is the admin listener's TLS configuration: nil without
+// --admin-tls; otherwise the certificate in force, HTTP/1.1 and HTTP/2,
+// and a client certificate verified against the client CA when one is
+// given but never required, so that probes and scrapers without one still
+// connect. Only the console reads the certificate.
+func (cs *credentialSet) adminTLS() *tls.Config {
+	if !cs.cfg.adminTLS {
+		return nil
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := cs.tls.Load().Clone()
+			c.NextProtos = []string{"h2", "http/1.1"}
+			if c.ClientCAs != nil {
+				c.ClientAuth = tls.VerifyClientCertIfGiven
+			}
+			return c, nil
+		},
+	}
+}

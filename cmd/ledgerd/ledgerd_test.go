@@ -406,6 +406,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"DevModeOffLoopback":  {"--listen", "0.0.0.0:0"},
 		"DevModeAllAddresses": {"--listen", ":0"},
 		"HalfTLS":             {"--tls-cert", "x.pem"},
+		"AdminTLSWithoutCert": {"--admin-tls"},
 		"MigrateWithoutSQL":   {"--migrate"},
 		"UnknownFlag":         {"--no-such-flag"},
 		"NegativeRateLimit":   {"--rate-limit", "-1"},

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -295,7 +296,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		}
 	}
 	if d.cfg.adminListen != "" {
-		if d.admin, err = startAdmin(d.cfg.adminListen, d.reg, d.health, d.store.mustRestart, d.console, d.log); err != nil {
+		if d.admin, err = startAdmin(d.cfg.adminListen, d.creds.adminTLS(), d.reg, d.health, d.store.mustRestart, d.console, d.log); err != nil {
 			return err
 		}
 	}
@@ -553,8 +554,8 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 
 // startAdmin serves /metrics, /healthz (the process is up, and its store
 // needs no restart: mustRestart), /readyz (the store answers) and the
-// operator's console (/console/) over HTTP.
-func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, con http.Handler, log *slog.Logger) (*http.Server, error) {
+// operator's console (/console/) over HTTP, or HTTPS with tc.
+func startAdmin(addr string, tc *tls.Config, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, con http.Handler, log *slog.Logger) (*http.Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)
@@ -579,8 +580,13 @@ func startAdmin(addr string, reg *prometheus.Registry, h *health.Server, mustRes
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	srv.Addr = lis.Addr().String()
+	serve := func() error { return srv.Serve(lis) }
+	if tc != nil {
+		srv.TLSConfig = tc
+		serve = func() error { return srv.ServeTLS(lis, "", "") }
+	}
 	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin server failed", "error", err)
 		}
 	}()

@@ -10,7 +10,9 @@ package console
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/x509"
 	"embed"
 	"encoding/base64"
 	"errors"
@@ -23,7 +25,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
@@ -82,9 +86,11 @@ type Console struct {
 }
 
 // session is one sign-in: the admin's token, which every AdminService
-// call carries, and the CSRF token of its forms.
+// call carries, or the certificate that signed it in, which every request
+// of the session must present; and the CSRF token of its forms.
 type session struct {
 	token, who, csrf string
+	cert             [sha256.Size]byte // zero for a token's session
 	expires          time.Time
 }
 
@@ -170,9 +176,14 @@ func (c *Console) fail(w http.ResponseWriter, s *session, err error) {
 	c.render(w, status, "done", v)
 }
 
-// loginPage asks for the admin token.
-func (c *Console) loginPage(w http.ResponseWriter, _ *http.Request) {
-	c.render(w, http.StatusOK, "login", view{Title: "Sign in"})
+// loginPage asks for the admin token, or names the client certificate
+// that signs the connection in.
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	v := view{Title: "Sign in"}
+	if leaf := verifiedLeaf(r); leaf != nil {
+		v.Data = leaf.Subject.String()
+	}
+	c.render(w, http.StatusOK, "login", v)
 }
 
 // login signs an admin principal in: its token must authenticate, as an
@@ -194,27 +205,62 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, http.StatusForbidden, "login", view{Title: "Sign in", Error: "that token is a write service's (namespace " + p.Namespace + "): the console signs in admins only"})
 		return
 	}
-	id, csrf := random(), random()
+	c.start(w, r, &session{token: token, who: p.Admin})
+	c.audit(r, p.Admin, "console sign-in", "by", "token")
+	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+// start keeps s as a new session, with its expiry and CSRF token, and
+// sets its cookie.
+func (c *Console) start(w http.ResponseWriter, r *http.Request, s *session) {
+	id := random()
+	s.csrf = random()
 	c.mu.Lock()
 	now := c.cfg.Now()
-	for k, s := range c.sessions {
-		if now.After(s.expires) {
+	for k, old := range c.sessions {
+		if now.After(old.expires) {
 			delete(c.sessions, k)
 		}
 	}
-	c.sessions[id] = &session{token: token, who: p.Admin, csrf: csrf, expires: now.Add(SessionTTL)}
+	s.expires = now.Add(SessionTTL)
+	c.sessions[id] = s
 	c.mu.Unlock()
-	c.audit(r, p.Admin, "console sign-in")
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: Prefix, MaxAge: int(SessionTTL.Seconds()),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+// certificateSignIn signs in the admin whose verified client certificate
+// the request's connection presents: with certificates, the certificate
+// decides. It answers false when the request presents none, and refuses
+// (answering the request itself) a certificate of no principal or a write
+// service's.
+func (c *Console) certificateSignIn(ctx context.Context, w http.ResponseWriter, r *http.Request) (*session, bool) {
+	leaf := verifiedLeaf(r)
+	if leaf == nil || c.cfg.Auth == nil {
+		return nil, false
+	}
+	p, err := c.cfg.Auth.Authenticate(byCertificate(ctx, r))
+	switch {
+	case err != nil:
+		c.audit(r, "unauthenticated", "console sign-in refused", "reason", "a certificate of no principal", "subject", leaf.Subject.String())
+		c.render(w, http.StatusUnauthorized, "login", view{Title: "Sign in", Error: "the certificate this connection presents (" + leaf.Subject.String() + ") names no principal", Data: leaf.Subject.String()})
+		return nil, true
+	case p.Admin == "":
+		c.audit(r, "namespace:"+p.Namespace, "console sign-in refused", "reason", "a write service's certificate")
+		c.render(w, http.StatusForbidden, "login", view{Title: "Sign in", Error: "the certificate this connection presents is a write service's (namespace " + p.Namespace + "): the console signs in admins only", Data: leaf.Subject.String()})
+		return nil, true
+	}
+	s := &session{who: p.Admin, cert: sha256.Sum256(leaf.Raw)}
+	c.start(w, r, s)
+	c.audit(r, p.Admin, "console sign-in", "by", "certificate", "subject", leaf.Subject.String())
+	return s, true
 }
 
 func (c *Console) authenticate(ctx context.Context, token string) (server.Principal, error) {
 	if c.cfg.Auth == nil {
 		return server.Principal{}, errors.New("no authenticator")
 	}
-	return c.cfg.Auth.Authenticate((&session{token: token}).as(ctx))
+	return c.cfg.Auth.Authenticate(metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token)))
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
@@ -235,6 +281,12 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request, s *session) {
 func (c *Console) signedIn(h func(http.ResponseWriter, *http.Request, *session)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s := c.session(r)
+		if s == nil {
+			var answered bool
+			if s, answered = c.certificateSignIn(r.Context(), w, r); s == nil && answered {
+				return
+			}
+		}
 		if s == nil {
 			if r.Method == http.MethodGet {
 				http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
@@ -266,6 +318,13 @@ func (c *Console) session(r *http.Request) *session {
 		delete(c.sessions, ck.Value)
 		return nil
 	}
+	if s.cert != ([sha256.Size]byte{}) {
+		// A certificate's session lasts while its connections present
+		// that certificate.
+		if leaf := verifiedLeaf(r); leaf == nil || sha256.Sum256(leaf.Raw) != s.cert {
+			return nil
+		}
+	}
 	return s
 }
 
@@ -286,11 +345,35 @@ func sameOrigin(r *http.Request) bool {
 	return err == nil && u.Host == r.Host
 }
 
-// as is ctx carrying the session's credentials, as AdminService reads
-// them.
-func (s *session) as(ctx context.Context) context.Context {
-	return metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+s.token))
+// as is r's context carrying the session's credentials, as AdminService
+// reads them: its token, or the certificate r's connection presents.
+func (s *session) as(r *http.Request) context.Context {
+	if s.cert != ([sha256.Size]byte{}) {
+		return byCertificate(r.Context(), r)
+	}
+	return metadata.NewIncomingContext(r.Context(), metadata.Pairs("authorization", "Bearer "+s.token))
 }
+
+// byCertificate is ctx carrying r's connection's TLS state as a gRPC
+// peer's, which is where server.Certificates reads the certificate.
+func byCertificate(ctx context.Context, r *http.Request) context.Context {
+	return peer.NewContext(ctx, &peer.Peer{Addr: remoteAddr(r.RemoteAddr), AuthInfo: credentials.TLSInfo{State: *r.TLS}})
+}
+
+// verifiedLeaf is the client certificate of r's connection when its chain
+// verified against the client CA, or nil.
+func verifiedLeaf(r *http.Request) *x509.Certificate {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return r.TLS.VerifiedChains[0][0]
+}
+
+// remoteAddr is a request's RemoteAddr as a net.Addr.
+type remoteAddr string
+
+func (a remoteAddr) Network() string { return "tcp" }
+func (a remoteAddr) String() string  { return string(a) }
 
 func random() string {
 	b := make([]byte, 32)

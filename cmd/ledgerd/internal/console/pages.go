@@ -132,7 +132,7 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		req.State = ledgerv1.State(st)
 	}
-	res, err := c.cfg.Admin.ListRecords(s.as(r.Context()), req)
+	res, err := c.cfg.Admin.ListRecords(s.as(r), req)
 	if err != nil {
 		c.fail(w, s, err)
 		return
@@ -181,7 +181,7 @@ type event struct{ When, What string }
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
-	res, err := c.cfg.Admin.GetRecord(s.as(r.Context()), &ledgerv1.GetRecordRequest{Namespace: q.Get("namespace"), Tenant: q.Get("tenant"), Key: q.Get("key")})
+	res, err := c.cfg.Admin.GetRecord(s.as(r), &ledgerv1.GetRecordRequest{Namespace: q.Get("namespace"), Tenant: q.Get("tenant"), Key: q.Get("key")})
 	if err != nil {
 		c.fail(w, s, err)
 		return
@@ -289,7 +289,7 @@ func (c *Console) resolve(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "say whether the write happened"))
 		return
 	}
-	res, err := c.cfg.Admin.ResolveRecord(s.as(r.Context()), req)
+	res, err := c.cfg.Admin.ResolveRecord(s.as(r), req)
 	if err != nil {
 		c.fail(w, s, err)
 		return
@@ -308,7 +308,7 @@ func (c *Console) purgeKey(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "type the key to confirm"))
 		return
 	}
-	res, err := c.cfg.Admin.PurgeKey(s.as(r.Context()), req)
+	res, err := c.cfg.Admin.PurgeKey(s.as(r), req)
 	if err != nil {
 		c.fail(w, s, err)
 		return
@@ -328,7 +328,7 @@ func (c *Console) purgeTenant(w http.ResponseWriter, r *http.Request, s *session
 		c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "type the tenant to confirm"))
 		return
 	}
-	res, err := c.cfg.Admin.PurgeTenant(s.as(r.Context()), req)
+	res, err := c.cfg.Admin.PurgeTenant(s.as(r), req)
 	if err != nil {
 		c.fail(w, s, err)
 		return
