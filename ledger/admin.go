@@ -11,21 +11,65 @@ import (
 type ListParams struct {
 	Namespace string
 	Tenant    string // "" lists every tenant of the namespace
+	// State, when set, keeps the records that read in that state as of
+	// the page's Now; StateAbsent keeps every live record.
+	State State
 	// After is the last scope of the previous page: the listing resumes
 	// after it. Zero starts at the beginning.
 	After Scope
+	// Limit is the most records a page holds. Scan, when larger, is the
+	// most rows a page reads while it looks for records in State; 0 means
+	// Limit.
 	Limit int
+	Scan  int
 }
+
+// rows is the most rows a page of p reads.
+func (p ListParams) rows() int { return max(p.Limit, p.Scan) }
 
 // ListPage is a page of Store.List.
 type ListPage struct {
-	Records []Record // the live records read, as of Now
-	// Scanned counts the rows read; Last is the last of them, where the
-	// next page resumes; More says there may be rows after it.
-	Scanned int
-	Last    Scope
-	More    bool
-	Now     time.Time
+	Records []Record // the live records read, as of Now, in State
+	// Last is the last row read, where the next page resumes (zero when
+	// none was); More says there may be rows after it.
+	Last Scope
+	More bool
+	Now  time.Time
+}
+
+// Lister builds a ListPage row by row, for a store that reads the rows
+// itself in order: it keeps each row that is live and in the state
+// asked, and says when the page is done.
+type Lister struct {
+	p    ListParams
+	read int
+	Page ListPage
+}
+
+// NewLister starts a page of p as of now.
+func NewLister(p ListParams, now time.Time) *Lister {
+	return &Lister{p: p, Page: ListPage{Now: now}}
+}
+
+// Full reports whether the page is done before the next row: it holds
+// Limit records, or read the rows it may. A store that has a next row
+// calls it before reading it, and stops when it answers true (the page
+// then has More set).
+func (l *Lister) Full() bool {
+	if len(l.Page.Records) >= l.p.Limit || l.read >= l.p.rows() {
+		l.Page.More = true
+		return true
+	}
+	return false
+}
+
+// Add takes the next row.
+func (l *Lister) Add(rec *Record) {
+	l.read++
+	l.Page.Last = rec.Scope
+	if live, ok := rec.AsOf(l.Page.Now); ok && (l.p.State == StateAbsent || live.State == l.p.State) {
+		l.Page.Records = append(l.Page.Records, live)
+	}
 }
 
 // PurgeParams are the inputs of Store.Purge.
@@ -57,9 +101,10 @@ func (r *Record) Purgeable(now time.Time) bool {
 const (
 	DefaultListPage = 100
 	MaxListPage     = 1000
-	// listScanPages is how many pages of rows one List reads at most while
-	// it looks for records in the state asked: a page may come back short.
-	listScanPages    = 10
+	// ListScanRows is how many rows one page of a listing by state reads
+	// at most while it looks for records in that state: such a page may
+	// come back short, or empty, with a next page.
+	ListScanRows     = 50000
 	DefaultPurgeSize = 1000
 	MaxPurgeSize     = 10000
 )
@@ -82,9 +127,9 @@ type ListResult struct {
 }
 
 // List returns a page of the live records of a namespace (and tenant), in
-// order of tenant and key, those in req.State only when it is set. It
-// reads at most ten store pages of req.PageSize rows, so a page that
-// filters by state may come back short, or empty, with More set.
+// order of tenant and key, those in req.State only when it is set. A page
+// by state reads at most ListScanRows rows, so it may come back short, or
+// empty, with More set.
 func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) {
 	if err := ValidateScope(Scope{Namespace: req.Namespace, Tenant: orX(req.Tenant), Key: "x"}, l.cfg.MaxKeyBytes); err != nil {
 		return ListResult{}, err
@@ -98,32 +143,19 @@ func (l *Ledger) List(ctx context.Context, req ListRequest) (ListResult, error) 
 	if req.After != (Scope{}) && (req.After.Namespace != req.Namespace || (req.Tenant != "" && req.After.Tenant != req.Tenant)) {
 		return ListResult{}, errcode.Errorf(errcode.ValidationFailed, "the page token belongs to another listing")
 	}
-	res := ListResult{Next: req.After}
-	for range listScanPages {
-		ctx, cancel := l.bound(ctx)
-		page, err := l.store.List(ctx, ListParams{Namespace: req.Namespace, Tenant: req.Tenant, After: res.Next, Limit: req.PageSize})
-		cancel()
-		if err != nil {
-			return ListResult{}, err
-		}
-		for _, rec := range page.Records {
-			if req.State == StateAbsent || rec.State == req.State {
-				res.Records = append(res.Records, rec)
-			}
-		}
-		res.More = page.More
-		if page.Scanned > 0 {
-			res.Next = page.Last
-		}
-		if !page.More || len(res.Records) >= req.PageSize {
-			break
-		}
+	p := ListParams{Namespace: req.Namespace, Tenant: req.Tenant, State: req.State, After: req.After, Limit: req.PageSize}
+	if req.State != StateAbsent {
+		p.Scan = ListScanRows
 	}
-	if len(res.Records) > req.PageSize {
-		// The last store page matched more than the page holds: resume
-		// after the last record kept.
-		res.Records = res.Records[:req.PageSize]
-		res.Next, res.More = res.Records[len(res.Records)-1].Scope, true
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
+	page, err := l.store.List(ctx, p)
+	if err != nil {
+		return ListResult{}, err
+	}
+	res := ListResult{Records: page.Records, Next: req.After, More: page.More}
+	if page.Last != (Scope{}) {
+		res.Next = page.Last
 	}
 	return res, nil
 }

@@ -15,13 +15,6 @@ const (
 	erasable       = `(state <> 1 OR COALESCE(forget_at, expires_at) <= ` + nowArg + `)`
 	liveAfterPurge = `state IN (2, 4) AND COALESCE(forget_at, expires_at) > ` + nowArg
 
-	listTenantSQL = `SELECT ` + columns + `, ` + nowArg + ` FROM idempotency_records
-WHERE namespace = $2 AND tenant = $3 AND idem_key > $4
-ORDER BY tenant, idem_key LIMIT $5`
-	listNamespaceSQL = `SELECT ` + columns + `, ` + nowArg + ` FROM idempotency_records
-WHERE namespace = $2 AND (tenant, idem_key) > ($3, $4)
-ORDER BY tenant, idem_key LIMIT $5`
-
 	purgeKeySQL = `DELETE FROM idempotency_records WHERE ` + scope + ` AND ` + erasable + `
 RETURNING ` + liveAfterPurge
 	heldKeySQL = `SELECT count(*) FROM idempotency_records WHERE ` + scope + ` AND NOT ` + erasable
@@ -36,43 +29,171 @@ LIMIT $4 RETURNING ` + liveAfterPurge
 WHERE namespace = $2 AND tenant = $3 AND NOT ` + erasable + ` LIMIT 10001) AS held`
 )
 
+// The statements of a listing by state. A page by state first finds the
+// last row it may read, Scan rows on (an index-only read of the primary
+// key), then reads the rows of the state up to it; so it reads at most
+// Scan rows whatever the state's share, and returns only the state's.
+const (
+	boundTenantSQL = `SELECT tenant, idem_key FROM idempotency_records
+WHERE namespace = $1 AND tenant = $2 AND idem_key > $3
+ORDER BY tenant, idem_key OFFSET $4 LIMIT 2`
+	boundNamespaceSQL = `SELECT tenant, idem_key FROM idempotency_records
+WHERE namespace = $1 AND (tenant, idem_key) > ($2, $3)
+ORDER BY tenant, idem_key OFFSET $4 LIMIT 2`
+	inStates = ` AND state = ANY($6::INT2[])`
+	upTo     = ` AND (tenant, idem_key) <= ($7, $8)`
+	orderBy  = `
+ORDER BY tenant, idem_key LIMIT $5`
+	listTenantWhere = `SELECT ` + columns + `, ` + nowArg + ` FROM idempotency_records
+WHERE namespace = $2 AND tenant = $3 AND idem_key > $4`
+	listNamespaceWhere = `SELECT ` + columns + `, ` + nowArg + ` FROM idempotency_records
+WHERE namespace = $2 AND (tenant, idem_key) > ($3, $4)`
+
+	listTenantSQL             = listTenantWhere + orderBy
+	listNamespaceSQL          = listNamespaceWhere + orderBy
+	listTenantStateSQL        = listTenantWhere + inStates + orderBy
+	listNamespaceStateSQL     = listNamespaceWhere + inStates + orderBy
+	listTenantStateUpToSQL    = listTenantWhere + inStates + upTo + orderBy
+	listNamespaceStateUpToSQL = listNamespaceWhere + inStates + upTo + orderBy
+)
+
+// storedStates are the stored states of the records that may read in
+// state v.
+func storedStates(v ledger.State) []int16 {
+	switch v {
+	case ledger.StateInProgress, ledger.StateUnknown:
+		return []int16{int16(ledger.StateInProgress)}
+	case ledger.StateCompleted:
+		return []int16{int16(ledger.StateCompleted)}
+	case ledger.StateExpired:
+		return []int16{int16(ledger.StateCompleted), int16(ledger.StateExpired)}
+	}
+	return nil
+}
+
 // List implements ledger.Store, in order of tenant and key.
 func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
 	var page ledger.ListPage
 	err := s.retry(ctx, func(ctx context.Context) error {
-		page = ledger.ListPage{}
-		sql, tenant, afterKey := listNamespaceSQL, p.After.Tenant, p.After.Key
-		if p.Tenant != "" {
-			sql, tenant = listTenantSQL, p.Tenant
-			if p.After.Tenant != p.Tenant {
-				afterKey = ""
-			}
+		var err error
+		if p.State == ledger.StateAbsent {
+			page, err = s.listRows(ctx, p)
+		} else {
+			page, err = s.listState(ctx, p)
 		}
-		rows, err := s.pool.Query(ctx, sql, s.now(), p.Namespace, tenant, afterKey, p.Limit+1)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r row
-			if err := scanInto(rows, &r, &r.now); err != nil {
-				return err
-			}
-			page.Now = r.now
-			if page.Scanned == p.Limit {
-				page.More = true
-				break
-			}
-			page.Scanned++
-			page.Last = r.rec.Scope
-			if live, ok := r.rec.AsOf(r.now); ok {
-				page.Records = append(page.Records, live)
-			}
-		}
-		return rows.Err()
+		return err
 	})
 	if err != nil {
 		return ledger.ListPage{}, s.classify("list", err)
+	}
+	return page, nil
+}
+
+// listArgs are a page's first arguments: the clock, the namespace, and
+// where the page starts; tenant says whether it lists one tenant.
+func (s *Store) listArgs(p ledger.ListParams) (args []any, tenant bool) {
+	t, afterKey := p.After.Tenant, p.After.Key
+	if p.Tenant != "" {
+		t = p.Tenant
+		if p.After.Tenant != p.Tenant {
+			afterKey = ""
+		}
+	}
+	return []any{s.now(), p.Namespace, t, afterKey}, p.Tenant != ""
+}
+
+// pick is the tenant's statement or the namespace's.
+func pick(tenant bool, ofTenant, ofNamespace string) string {
+	if tenant {
+		return ofTenant
+	}
+	return ofNamespace
+}
+
+// listRows reads the next Limit rows.
+func (s *Store) listRows(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	args, tenant := s.listArgs(p)
+	rows, err := s.pool.Query(ctx, pick(tenant, listTenantSQL, listNamespaceSQL), append(args, p.Limit+1)...)
+	if err != nil {
+		return ledger.ListPage{}, err
+	}
+	defer rows.Close()
+	var l *ledger.Lister
+	for rows.Next() {
+		var r row
+		if err := scanInto(rows, &r, &r.now); err != nil {
+			return ledger.ListPage{}, err
+		}
+		if l == nil {
+			l = ledger.NewLister(p, r.now)
+		}
+		if l.Full() {
+			break
+		}
+		l.Add(&r.rec)
+	}
+	if err := rows.Err(); err != nil || l == nil {
+		return ledger.ListPage{}, err
+	}
+	return l.Page, nil
+}
+
+// listState reads the rows of the state among the next Scan rows.
+func (s *Store) listState(ctx context.Context, p ledger.ListParams) (ledger.ListPage, error) {
+	args, tenant := s.listArgs(p)
+	var last []ledger.Scope
+	brows, err := s.pool.Query(ctx, pick(tenant, boundTenantSQL, boundNamespaceSQL), p.Namespace, args[2], args[3], max(p.Scan, p.Limit)-1)
+	if err != nil {
+		return ledger.ListPage{}, err
+	}
+	for brows.Next() {
+		sc := ledger.Scope{Namespace: p.Namespace}
+		if err := brows.Scan(&sc.Tenant, &sc.Key); err != nil {
+			brows.Close()
+			return ledger.ListPage{}, err
+		}
+		last = append(last, sc)
+	}
+	brows.Close()
+	if err := brows.Err(); err != nil {
+		return ledger.ListPage{}, err
+	}
+	sql := pick(tenant, listTenantStateSQL, listNamespaceStateSQL)
+	args = append(args, p.Limit+1, storedStates(p.State))
+	if len(last) > 0 {
+		sql = pick(tenant, listTenantStateUpToSQL, listNamespaceStateUpToSQL)
+		args = append(args, last[0].Tenant, last[0].Key)
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return ledger.ListPage{}, err
+	}
+	defer rows.Close()
+	// Only the state's rows come back: the page counts what it keeps.
+	page := ledger.ListPage{}
+	kept := 0
+	for rows.Next() {
+		var r row
+		if err := scanInto(rows, &r, &r.now); err != nil {
+			return ledger.ListPage{}, err
+		}
+		page.Now = r.now
+		if kept == p.Limit {
+			page.More = true
+			return page, nil
+		}
+		kept++
+		page.Last = r.rec.Scope
+		if live, ok := r.rec.AsOf(r.now); ok && live.State == p.State {
+			page.Records = append(page.Records, live)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return ledger.ListPage{}, err
+	}
+	if len(last) > 0 {
+		// The page read up to its bound: it resumes there.
+		page.Last, page.More = last[0], len(last) > 1
 	}
 	return page, nil
 }

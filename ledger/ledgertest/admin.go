@@ -137,6 +137,80 @@ func ruleList(t *testing.T, suite Suite) {
 	}
 }
 
+// ruleListScan: a store's page by state reads at most Scan rows: it
+// resumes after its Last, which is never more than Scan rows past the
+// page before, and holds only records of that state. Paged so, a listing
+// by state finds each record of the state once.
+func ruleListScan(t *testing.T, suite Suite) {
+	e := newEnv(t, suite, ledger.Config{})
+	world := adminWorld(t, e)
+	all, err := e.store.List(t.Context(), ledger.ListParams{Namespace: e.ns, Limit: ledger.MaxListPage})
+	if err != nil || all.More {
+		t.Fatalf("the whole listing: %v, more %v", err, all.More)
+	}
+	// Every row the store holds, in its order, released rows included:
+	// a page reads those too.
+	var order []ledger.Scope
+	for after := (ledger.Scope{}); ; {
+		page, err := e.store.List(t.Context(), ledger.ListParams{Namespace: e.ns, After: after, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if page.Last != (ledger.Scope{}) {
+			order = append(order, page.Last)
+		}
+		if !page.More {
+			break
+		}
+		after = page.Last
+	}
+	if len(order) < len(all.Records) {
+		t.Fatalf("%d rows read one by one, %d records", len(order), len(all.Records))
+	}
+	at := map[ledger.Scope]int{}
+	for i, sc := range order {
+		at[sc] = i
+	}
+	for _, st := range []ledger.State{ledger.StateCompleted, ledger.StateInProgress, ledger.StateUnknown, ledger.StateExpired} {
+		seen := map[ledger.Scope]bool{}
+		prev := -1
+		for after, pages := (ledger.Scope{}), 0; ; pages++ {
+			if pages > len(order)+1 {
+				t.Fatalf("state %s: the listing does not end", st)
+			}
+			page, err := e.store.List(t.Context(), ledger.ListParams{Namespace: e.ns, State: st, After: after, Limit: 2, Scan: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Records) > 2 {
+				t.Fatalf("state %s: a page of %d records, limit 2", st, len(page.Records))
+			}
+			for _, rec := range page.Records {
+				if rec.State != st || world[rec.Scope] != st || seen[rec.Scope] {
+					t.Fatalf("state %s: listed %v in %s (seen before: %v)", st, rec.Scope, rec.State, seen[rec.Scope])
+				}
+				seen[rec.Scope] = true
+			}
+			if page.Last != (ledger.Scope{}) {
+				i, ok := at[page.Last]
+				if !ok || i <= prev || i > prev+3 {
+					t.Fatalf("state %s: a page read from row %d to row %d (%v), more than Scan 3", st, prev+1, i, page.Last)
+				}
+				prev = i
+			}
+			if !page.More {
+				break
+			}
+			after = page.Last
+		}
+		for sc, s := range world {
+			if seen[sc] != (s == st) {
+				t.Fatalf("state %s: listed %v, world %v", st, seen, world)
+			}
+		}
+	}
+}
+
 // rulePurge: a purge erases records (outcomes and tombstones) but never
 // one an attempt holds or whose outcome is unknown; a tenant purge goes a
 // limit at a time and leaves other tenants and namespaces alone.

@@ -74,6 +74,7 @@ var rules = []rule{
 	{"ResolveRefusals", ruleResolveRefusals},
 	// The admin surface.
 	{"List", ruleList},
+	{"ListScan", ruleListScan},
 	{"Purge", rulePurge},
 }
 
@@ -123,16 +124,19 @@ type env struct {
 	t      *testing.T
 	clock  *Clock
 	ledger *ledger.Ledger
+	store  ledger.Store
 	ns     string
 }
 
 func newEnv(t *testing.T, suite Suite, cfg ledger.Config) *env {
 	t.Helper()
 	clock := NewClock(Start)
+	store := suite.NewStore(t, clock.Now)
 	return &env{
 		t:      t,
 		clock:  clock,
-		ledger: ledger.New(suite.NewStore(t, clock.Now), cfg),
+		ledger: ledger.New(store, cfg),
+		store:  store,
 		ns:     "ns-" + randomHex(8),
 	}
 }

@@ -28,18 +28,17 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 		}
 	}
 	slices.SortFunc(scopes, scopeOrder)
-	page := ledger.ListPage{Now: s.now(), More: len(scopes) > p.Limit}
-	scopes = scopes[:min(len(scopes), p.Limit)]
+	l := ledger.NewLister(p, s.now())
 	for _, sc := range scopes {
-		if rec, ok := s.records[sc].AsOf(page.Now); ok {
-			page.Records = append(page.Records, copyOf(rec))
+		if l.Full() {
+			break
 		}
+		l.Add(s.records[sc])
 	}
-	page.Scanned = len(scopes)
-	if len(scopes) > 0 {
-		page.Last = scopes[len(scopes)-1]
+	for i, rec := range l.Page.Records {
+		l.Page.Records[i] = copyOf(rec)
 	}
-	return page, nil
+	return l.Page, nil
 }
 
 // Purge implements ledger.Store.

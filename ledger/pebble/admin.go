@@ -57,7 +57,7 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 	}
 	var page ledger.ListPage
 	err := s.with(func(db *pebbledb.DB) error {
-		page = ledger.ListPage{Now: s.cfg.Now()}
+		l := ledger.NewLister(p, s.cfg.Now())
 		pre := prefix(p.Namespace, p.Tenant)
 		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: pre, UpperBound: upperBound(pre)})
 		if err != nil {
@@ -71,21 +71,14 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 				valid = it.Next()
 			}
 		}
-		for ; valid; valid = it.Next() {
-			if page.Scanned == p.Limit {
-				page.More = true
-				break
-			}
+		for ; valid && !l.Full(); valid = it.Next() {
 			rec, err := decodeAt(it)
 			if err != nil {
 				return err
 			}
-			page.Scanned++
-			page.Last = rec.Scope
-			if live, ok := rec.AsOf(page.Now); ok {
-				page.Records = append(page.Records, live)
-			}
+			l.Add(&rec)
 		}
+		page = l.Page
 		return it.Error()
 	})
 	if err != nil {

@@ -25,8 +25,9 @@ var funcs = template.FuncMap{
 		}
 		return ts.AsTime().UTC().Format("2006-01-02 15:04:05.000 UTC")
 	},
-	"state": stateName,
-	"upper": strings.ToUpper,
+	"state":    stateName,
+	"upper":    strings.ToUpper,
+	"scanRows": func() string { return strconv.Itoa(ledger.ListScanRows) },
 	"query": func(kv ...string) template.URL {
 		q := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
