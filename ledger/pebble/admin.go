@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"hash/maphash"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -129,9 +128,9 @@ func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.Purg
 	if err != nil {
 		return err
 	}
-	mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
-	mu.Lock()
-	defer mu.Unlock()
+	st := s.stripe(key)
+	st.Lock()
+	defer st.Unlock()
 	return s.with(func(db *pebbledb.DB) error {
 		rec, err := getRecord(db, scope, key)
 		if err != nil || rec == nil {
@@ -156,7 +155,9 @@ func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.Purg
 		if err := b.Delete(key, nil); err != nil {
 			return err
 		}
-		return s.commit(b, pebbledb.NoSync)
+		err = s.commit(b, pebbledb.NoSync)
+		st.wrote(key, nil)
+		return err
 	})
 }
 

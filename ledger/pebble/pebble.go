@@ -52,6 +52,52 @@ var (
 // time.
 const lockStripes = 1024
 
+// maxHeld is how many records in progress a stripe keeps in memory.
+const maxHeld = 64
+
+// stripe is one of the locks the scopes share. Every write of a record
+// key takes its stripe's lock, and after it counts the write and keeps
+// held in step. So, under the lock, a record in held is the record Pebble
+// holds, and a claim whose lock-free read began after the last write
+// counted has read what Pebble holds: a fresh pair reads Pebble once,
+// in its claim's first read, not three times.
+type stripe struct {
+	sync.Mutex
+	writes atomic.Uint64
+	held   map[string]ledger.Record // by record key: records in progress only
+}
+
+// stripe is the stripe of a record key.
+func (s *Store) stripe(key []byte) *stripe {
+	return &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
+}
+
+// wrote counts a write of key, whose record is now rec (nil when erased
+// or not known: a commit that failed). Under the lock.
+func (st *stripe) wrote(key []byte, rec *ledger.Record) {
+	st.writes.Add(1)
+	if rec == nil || rec.State != ledger.StateInProgress {
+		delete(st.held, string(key))
+		return
+	}
+	if _, ok := st.held[string(key)]; !ok && len(st.held) >= maxHeld {
+		return
+	}
+	if st.held == nil {
+		st.held = make(map[string]ledger.Record, maxHeld)
+	}
+	st.held[string(key)] = *rec
+}
+
+// read is key's record as Pebble holds it: the one held in memory, or
+// Pebble's. Under the lock.
+func (st *stripe) read(db reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	if rec, ok := st.held[string(key)]; ok {
+		return &rec, nil
+	}
+	return getRecord(db, scope, key)
+}
+
 // Config configures a Store. The zero value works.
 type Config struct {
 	// Now is the clock, for tests. nil means the wall clock read at Open,
@@ -119,7 +165,7 @@ type Store struct {
 	cfg     Config
 	clock   *recordkv.MonoClock // nil when Config.Now is set
 	seed    maphash.Seed
-	locks   [lockStripes]sync.Mutex
+	locks   [lockStripes]stripe
 	id      string
 	created bool
 
@@ -319,13 +365,14 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	var res ledger.ClaimResult
 	var readOnly bool
 	key := recordKey(p.Scope)
+	read := seen{writes: s.stripe(key).writes.Load()}
 	err := s.with(func(db *pebbledb.DB) error {
-		cur, err := getRecord(db, p.Scope, key)
-		if err != nil {
+		var err error
+		if read.rec, err = getRecord(db, p.Scope, key); err != nil {
 			return err
 		}
 		now := s.cfg.Now()
-		next, claimed := ledger.NextClaim(cur, p, now)
+		next, claimed := ledger.NextClaim(read.rec, p, now)
 		res, readOnly = ledger.ClaimResult{Record: next, Now: now}, !claimed
 		return nil
 	})
@@ -335,7 +382,7 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	if readOnly {
 		return res, nil
 	}
-	err = s.update(ctx, "claim", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+	err = s.update(ctx, "claim", p.Scope, &read, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, claimed := ledger.NextClaim(cur, p, now)
 		res = ledger.ClaimResult{Record: next, Claimed: claimed, Now: now}
 		if !claimed {
@@ -352,7 +399,7 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 // Complete implements ledger.Store.
 func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
 	var rec ledger.Record
-	err := s.update(ctx, "complete", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+	err := s.update(ctx, "complete", p.Scope, nil, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, err := ledger.NextComplete(cur, p, now)
 		rec = next
 		return &next, err
@@ -365,7 +412,7 @@ func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.R
 
 // Release implements ledger.Store.
 func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
-	return s.update(ctx, "release", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+	return s.update(ctx, "release", p.Scope, nil, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, err := ledger.NextRelease(cur, p, now)
 		return &next, err
 	})
@@ -374,7 +421,7 @@ func (s *Store) Release(ctx context.Context, p ledger.ReleaseParams) error {
 // Extend implements ledger.Store.
 func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Record, error) {
 	var rec ledger.Record
-	err := s.update(ctx, "extend", p.Scope, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
+	err := s.update(ctx, "extend", p.Scope, nil, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, err := ledger.NextExtend(cur, p, now)
 		rec = next
 		return &next, err
@@ -389,7 +436,7 @@ func (s *Store) Extend(ctx context.Context, p ledger.ExtendParams) (ledger.Recor
 func (s *Store) Resolve(ctx context.Context, p ledger.ResolveParams) (ledger.Record, error) {
 	var rec ledger.Record
 	var now time.Time
-	err := s.update(ctx, "resolve", p.Scope, func(cur *ledger.Record, at time.Time) (*ledger.Record, error) {
+	err := s.update(ctx, "resolve", p.Scope, nil, func(cur *ledger.Record, at time.Time) (*ledger.Record, error) {
 		next, err := ledger.NextResolve(cur, p, at)
 		rec, now = next, at
 		return &next, err
@@ -454,11 +501,20 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 // which also stores nothing.
 type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
 
+// seen is a record read without the lock, and the count of its stripe's
+// writes before the read began.
+type seen struct {
+	writes uint64
+	rec    *ledger.Record
+}
+
 // update runs one transition under the scope's lock and commits it with
-// an fsync. The call returns at ctx's end if the commit takes longer (a
-// stalled disk); the commit may still land, as a call cut off by a broken
-// connection may have.
-func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next transition) error {
+// an fsync. It reads the record again unless read (when given) is still
+// what Pebble holds: no write of its stripe since it began. The call
+// returns at ctx's end if the commit takes longer (a stalled disk); the
+// commit may still land, as a call cut off by a broken connection may
+// have.
+func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read *seen, next transition) error {
 	if err := ctx.Err(); err != nil {
 		return s.classify(op, err)
 	}
@@ -468,12 +524,15 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 	key := recordKey(scope)
 	var ruleErr error
 	err := waitFor(ctx, func() error {
-		mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
-		mu.Lock()
-		defer mu.Unlock()
+		st := s.stripe(key)
+		st.Lock()
+		defer st.Unlock()
 		return s.with(func(db *pebbledb.DB) error {
-			cur, err := getRecord(db, scope, key)
-			if err != nil {
+			var cur *ledger.Record
+			var err error
+			if read != nil && read.writes == st.writes.Load() {
+				cur = read.rec
+			} else if cur, err = st.read(db, scope, key); err != nil {
 				return err
 			}
 			rec, err := next(cur, s.cfg.Now())
@@ -486,8 +545,10 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, next 
 				return err
 			}
 			if err := s.commit(b, pebbledb.Sync); err != nil {
+				st.wrote(key, nil) // it may have landed: read it next time
 				return err
 			}
+			st.wrote(key, rec)
 			s.mark.ack(b)
 			return nil
 		})

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"hash/maphash"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -65,9 +64,9 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	mu := &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
-	mu.Lock()
-	defer mu.Unlock()
+	st := s.stripe(key)
+	st.Lock()
+	defer st.Unlock()
 	return s.with(func(db *pebbledb.DB) error {
 		b := db.NewBatch()
 		defer b.Close()
@@ -78,13 +77,16 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 		if err != nil {
 			return err
 		}
+		after := rec
 		switch {
 		case rec == nil || !bytes.Equal(indexKey(rec, key), entry):
 			// A stale entry: the record moved on, and has its own.
+			return s.commit(b, pebbledb.NoSync)
 		case rec.Forgotten(now):
 			if err := b.Delete(key, nil); err != nil {
 				return err
 			}
+			after = nil
 		default:
 			if rec.Shrinkable(now) {
 				rec.State, rec.Outcome = ledger.StateExpired, nil
@@ -95,7 +97,12 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 				return err
 			}
 		}
-		return s.commit(b, pebbledb.NoSync)
+		err = s.commit(b, pebbledb.NoSync)
+		if err != nil {
+			after = nil // it may have landed: read it next time
+		}
+		st.wrote(key, after)
+		return err
 	})
 }
 
