@@ -55,20 +55,12 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
 	ctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
-	st := &callStream{s: s, stream: stream, done: make(chan uint64, MaxStreamCalls), inFlight: map[uint64]inFlight{}}
-	reqs, recvErr := st.receive(ctx)
+	st := &callStream{s: s, stream: stream, room: make(chan struct{}, 1), inFlight: map[uint64]inFlight{}}
+	recvErr := st.receive(ctx)
 	drain := st.drainSignals()
 	defer drain.stop()
 	for {
-		var in <-chan *ledgerv1.StreamRequest
-		if len(st.inFlight)-st.lookups < MaxStreamCalls {
-			in = reqs // past the bound, read nothing until a call ends
-		}
 		select {
-		case req := <-in:
-			st.start(ctx, req)
-		case id := <-st.done:
-			st.ended(id)
 		case err := <-recvErr:
 			if !errors.Is(err, io.EOF) {
 				cancelAll() // the stream is broken: nobody hears the answers
@@ -80,7 +72,7 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 			return err
 		case <-ctx.Done():
 			// The stream ended under us (its client went away) while the
-			// reader was held back by a full queue: nobody hears the
+			// reader was held back by a full stream: nobody hears the
 			// answers, so end the calls and free the stream now. A client
 			// that goes away is a normal end: CANCELED, not UNKNOWN.
 			cancelAll()
@@ -101,15 +93,20 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 }
 
 // callStream is one Stream as Stream serves it: the calls in flight, by
-// id, and the one writer of the answers. Only Stream's loop touches
-// inFlight and lookups.
+// id, and the one writer of the answers. Its reader starts each call as
+// it reads it, and each call forgets itself as it is answered, so that a
+// call passes through no goroutine but its own.
 type callStream struct {
-	s        *Server
-	stream   ledgerv1.LedgerService_StreamServer
-	sendMu   sync.Mutex
-	done     chan uint64 // ids of the calls answered
+	s      *Server
+	stream ledgerv1.LedgerService_StreamServer
+	sendMu sync.Mutex
+	calls  sync.WaitGroup // the calls started and not yet answered
+	room   chan struct{}  // a call ended: the reader may go on
+
+	mu       sync.Mutex // guards the fields below
 	inFlight map[uint64]inFlight
-	lookups  int // of inFlight
+	lookups  int  // of inFlight
+	stopped  bool // no call starts any more
 }
 
 // inFlight is a call started and not yet answered.
@@ -118,33 +115,67 @@ type inFlight struct {
 	lookup bool
 }
 
-// ended forgets the answered call id.
-func (st *callStream) ended(id uint64) {
+// forget forgets the answered call id, before its answer is sent: a
+// client that has the answer may use the id again at once.
+func (st *callStream) forget(id uint64) {
+	st.mu.Lock()
 	if st.inFlight[id].lookup {
 		st.lookups--
 	}
 	delete(st.inFlight, id)
+	st.mu.Unlock()
+	select {
+	case st.room <- struct{}{}: // the reader may be waiting for room
+	default:
+	}
 }
 
-// receive reads the calls into reqs until the stream ends, and then says
-// why on recvErr; it stops early when ctx ends.
-func (st *callStream) receive(ctx context.Context) (reqs <-chan *ledgerv1.StreamRequest, recvErr <-chan error) {
-	in, errs := make(chan *ledgerv1.StreamRequest), make(chan error, 1)
+// replyNow answers at once a call that runs nothing. Once the stream
+// stopped it answers nothing: the handler may have returned, and nothing
+// may be sent after it.
+func (st *callStream) replyNow(res *ledgerv1.StreamResponse) {
+	st.mu.Lock()
+	if st.stopped {
+		st.mu.Unlock()
+		return
+	}
+	st.calls.Add(1)
+	st.mu.Unlock()
+	st.send(res)
+	st.calls.Done()
+}
+
+// full reports whether the stream has MaxStreamCalls calls other than
+// Lookups in flight.
+func (st *callStream) full() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.inFlight)-st.lookups >= MaxStreamCalls
+}
+
+// receive reads the calls and starts each, until the stream ends, and
+// then says why on recvErr. Past MaxStreamCalls calls in flight it reads
+// nothing until one ends; it stops early when ctx ends.
+func (st *callStream) receive(ctx context.Context) (recvErr <-chan error) {
+	errs := make(chan error, 1)
 	go func() {
 		for {
+			for st.full() {
+				select {
+				case <-st.room:
+				case <-ctx.Done():
+					return
+				}
+			}
 			req, err := st.stream.Recv()
 			if err != nil {
 				errs <- err
 				return
 			}
-			select {
-			case in <- req:
-			case <-ctx.Done():
-				return
-			}
+			st.start(ctx, req)
 		}
 	}()
-	return in, errs
+	return errs
 }
 
 // send writes one answer. A failed Send breaks the stream; Recv reports
@@ -161,53 +192,78 @@ func (st *callStream) sendDrain(d *drainSignals) {
 	d.noticeSent()
 }
 
-// answered waits until every call started is answered.
+// answered starts no more calls, and waits until every call started is
+// answered.
 func (st *callStream) answered() {
-	for len(st.inFlight) > 0 {
-		st.ended(<-st.done)
-	}
+	st.mu.Lock()
+	st.stopped = true
+	st.mu.Unlock()
+	st.calls.Wait()
 }
 
 // start starts one call under ctx, the stream's, or answers at once a
 // cancel, a duplicate id, a call the codec let through with bad UTF-8, a
-// Lookup past MaxStreamLookups, or a bad timeout.
+// Lookup past MaxStreamLookups, or a bad timeout. Once the stream stopped
+// it starts nothing.
 func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 	id := req.GetId()
-	switch {
-	case req.GetCancel() != nil:
-		if c, ok := st.inFlight[id]; ok {
+	if req.GetCancel() != nil {
+		st.mu.Lock()
+		c, ok := st.inFlight[id]
+		st.mu.Unlock()
+		if ok {
 			c.cancel()
 		}
 		return
-	case hasBadUTF8(req):
+	}
+	if hasBadUTF8(req) {
 		// Codec let it through: answer it typed, as its unary call.
 		bad := takeBadUTF8(req)
 		if _, err := st.s.principal(ctx); err != nil {
 			bad = err
 		}
-		st.send(streamError(id, bad))
+		st.replyNow(streamError(id, bad))
+		return
+	}
+	lookup := req.GetLookup()
+	st.mu.Lock()
+	var refused error
+	switch {
+	case st.stopped:
+		st.mu.Unlock()
 		return
 	case st.inFlight[id].cancel != nil:
-		st.send(streamError(id, errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)))
-		return
-	case req.GetLookup() != nil && st.lookups >= MaxStreamLookups:
-		st.send(streamError(id, tooManyLookups))
+		refused = errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)
+	case lookup != nil && st.lookups >= MaxStreamLookups:
+		refused = tooManyLookups
+	}
+	st.mu.Unlock()
+	if refused != nil {
+		st.replyNow(streamError(id, refused))
 		return
 	}
 	callCtx, cancel, err := callContext(ctx, req)
 	if err != nil {
-		st.send(streamError(id, err))
+		st.replyNow(streamError(id, err))
 		return
 	}
-	lookup := req.GetLookup()
+	st.mu.Lock()
+	if st.stopped {
+		st.mu.Unlock()
+		cancel()
+		return
+	}
 	st.inFlight[id] = inFlight{cancel: cancel, lookup: lookup != nil}
 	if lookup != nil {
 		st.lookups++
 	}
+	st.calls.Add(1)
+	st.mu.Unlock()
 	answer := func(res *ledgerv1.StreamResponse) {
 		cancel()
+		st.forget(id)
 		st.send(res)
-		st.done <- id
+		st.calls.Done()
 	}
 	if lookup != nil {
 		// A Lookup may wait: it holds no goroutine while it does.

@@ -187,6 +187,13 @@ func TestStreamProtocol(t *testing.T) {
 	send(&ledgerv1.StreamRequest{Id: 5, Call: &ledgerv1.StreamRequest_Cancel{Cancel: &ledgerv1.CancelRequest{}}})
 	wantStreamCode(t, recv(), 5, errcode.UpstreamTimeout)
 
+	// An id answered is free again at once: the server forgets a call
+	// before it sends the answer.
+	for range 500 {
+		send(&ledgerv1.StreamRequest{Id: 7, Call: &ledgerv1.StreamRequest_Lookup{Lookup: &ledgerv1.LookupRequest{Tenant: "acme", Key: "missing"}}})
+		wantStreamCode(t, recv(), 7, errcode.NotFound)
+	}
+
 	// The stream still works, and ends with OK when the client closes it.
 	send(&ledgerv1.StreamRequest{Id: 6, Call: &ledgerv1.StreamRequest_Begin{Begin: beginReq("fresh")}})
 	if res := recv(); res.GetId() != 6 || res.GetBegin().GetClaim().GetToken() != 1 {

@@ -149,7 +149,8 @@ func (OnLeaseExpiry) EnumDescriptor() ([]byte, []int) {
 type StreamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// id names the call; its response carries it. Calls in flight on one
-	// stream must have distinct ids.
+	// stream must have distinct ids; an id is free again once its response
+	// has arrived.
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// timeout bounds the call, as a unary call's deadline would. Unset means
 	// no bound but the server's own.

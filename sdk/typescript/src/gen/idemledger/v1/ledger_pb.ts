@@ -22,7 +22,8 @@ export const file_idemledger_v1_ledger: GenFile = /*@__PURE__*/
 export type StreamRequest = Message<"idemledger.v1.StreamRequest"> & {
   /**
    * id names the call; its response carries it. Calls in flight on one
-   * stream must have distinct ids.
+   * stream must have distinct ids; an id is free again once its response
+   * has arrived.
    *
    * @generated from field: uint64 id = 1;
    */
