@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,6 +109,7 @@ func main() {
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	traceFile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace): where a call waits, goroutine by goroutine")
 	from := flag.String("from", "", "measure nothing: read the results of an earlier -json run from this file, and print and plot them")
 	flag.Parse()
 	for _, c := range strings.Split(clients, ",") {
@@ -162,10 +164,16 @@ func main() {
 			_ = pprof.StartCPUProfile(f)
 		}
 	}
+	if *traceFile != "" {
+		if f, err := os.Create(*traceFile); err == nil {
+			_ = trace.Start(f)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	err := run(ctx, cfg)
 	stop()
 	pprof.StopCPUProfile()
+	trace.Stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
 		os.Exit(1)
