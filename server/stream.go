@@ -202,9 +202,9 @@ func (st *callStream) answered() {
 }
 
 // start starts one call under ctx, the stream's, or answers at once a
-// cancel, a duplicate id, a call the codec let through with bad UTF-8, a
-// Lookup past MaxStreamLookups, or a bad timeout. Once the stream stopped
-// it starts nothing.
+// call the codec let through with bad UTF-8, a bad timeout, a duplicate
+// id or a Lookup past MaxStreamLookups; a cancel ends its call and is not
+// answered. Once the stream stopped it starts and answers nothing.
 func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 	id := req.GetId()
 	if req.GetCancel() != nil {
@@ -225,40 +225,37 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 		st.replyNow(streamError(id, bad))
 		return
 	}
-	lookup := req.GetLookup()
-	st.mu.Lock()
-	var refused error
-	switch {
-	case st.stopped:
-		st.mu.Unlock()
-		return
-	case st.inFlight[id].cancel != nil:
-		refused = errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)
-	case lookup != nil && st.lookups >= MaxStreamLookups:
-		refused = tooManyLookups
-	}
-	st.mu.Unlock()
-	if refused != nil {
-		st.replyNow(streamError(id, refused))
-		return
-	}
 	callCtx, cancel, err := callContext(ctx, req)
 	if err != nil {
 		st.replyNow(streamError(id, err))
 		return
 	}
+	lookup := req.GetLookup()
+	var refused error
 	st.mu.Lock()
-	if st.stopped {
+	switch {
+	case st.stopped:
 		st.mu.Unlock()
 		cancel()
 		return
-	}
-	st.inFlight[id] = inFlight{cancel: cancel, lookup: lookup != nil}
-	if lookup != nil {
-		st.lookups++
+	case st.inFlight[id].cancel != nil:
+		refused = errcode.Errorf(errcode.ValidationFailed, "call %d is already in flight on this stream", id)
+	case lookup != nil && st.lookups >= MaxStreamLookups:
+		refused = tooManyLookups
+	default:
+		st.inFlight[id] = inFlight{cancel: cancel, lookup: lookup != nil}
+		if lookup != nil {
+			st.lookups++
+		}
 	}
 	st.calls.Add(1)
 	st.mu.Unlock()
+	if refused != nil {
+		cancel()
+		st.send(streamError(id, refused))
+		st.calls.Done()
+		return
+	}
 	answer := func(res *ledgerv1.StreamResponse) {
 		cancel()
 		st.forget(id)
