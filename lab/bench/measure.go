@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +43,8 @@ type Result struct {
 	P999ms     float64 `json:"p999_ms"`
 	CPUus      float64 `json:"cpu_us_per_op"`    // this process, user+system
 	DBCPUus    float64 `json:"db_cpu_us_per_op"` // every other process: the database, on a quiet machine
+	AllocKB    float64 `json:"alloc_kb_per_op"`  // heap this process allocated, in KiB
+	GCs        float64 `json:"gcs_per_kop"`      // garbage collections per 1,000 operations
 	FirstError string  `json:"first_error,omitempty"`
 
 	// On a batching SQL store, over the point's run (its warm-up
@@ -117,6 +120,7 @@ type meter struct {
 	first           string
 	secs            float64
 	cpu, other      time.Duration
+	alloc, gcs      uint64
 	batches, calls  uint64
 	busy, batchTime time.Duration // batchTime: the turns' time, warm-ups included
 	roundTrip       time.Duration
@@ -125,10 +129,14 @@ type meter struct {
 // turn measures op for d.
 func (m *meter) turn(ctx context.Context, clients int, d time.Duration, op Op) {
 	cpu0, all0 := cpuTime(), machineCPUTime()
+	alloc0, gcs0 := heapStats()
 	start := time.Now()
 	ops, errs, first := run(ctx, clients, d, op, &m.lat)
 	m.secs += time.Since(start).Seconds()
 	cpu := cpuTime() - cpu0
+	alloc, gcs := heapStats()
+	m.alloc += alloc - alloc0
+	m.gcs += gcs - gcs0
 	m.cpu += cpu
 	m.other += max(machineCPUTime()-all0-cpu, 0)
 	m.ops += ops
@@ -146,6 +154,8 @@ func (m *meter) result(target, workload string, clients int) Result {
 		r.P50ms, r.P99ms, r.P999ms = ms(pct(m.lat, 0.50)), ms(pct(m.lat, 0.99)), ms(pct(m.lat, 0.999))
 		r.CPUus = float64(m.cpu.Microseconds()) / float64(m.ops)
 		r.DBCPUus = float64(m.other.Microseconds()) / float64(m.ops)
+		r.AllocKB = float64(m.alloc) / 1024 / float64(m.ops)
+		r.GCs = float64(m.gcs) * 1000 / float64(m.ops)
 	}
 	if m.batches > 0 {
 		r.BatchCalls = float64(m.calls) / float64(m.batches)
@@ -215,6 +225,14 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// heapStats is what this process allocated on the heap, in bytes, and the
+// garbage collections it ran, since it started.
+func heapStats() (alloc, gcs uint64) {
+	ss := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(ss)
+	return ss[0].Value.Uint64(), ss[1].Value.Uint64()
+}
+
 // machineCPUTime is the CPU time the whole machine spent (user, nice,
 // system, irq, softirq, steal), from /proc/stat. Its growth minus this
 // process's is what the other processes (the database) spent.
@@ -239,11 +257,11 @@ func machineCPUTime() time.Duration {
 // Markdown writes results as a table.
 func Markdown(rs []Result) string {
 	var b strings.Builder
-	b.WriteString("| target | workload | clients | ops/s | p50 ms | p99 ms | p99.9 ms | CPU µs/op | DB CPU µs/op | errors |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| target | workload | clients | ops/s | p50 ms | p99 ms | p99.9 ms | CPU µs/op | DB CPU µs/op | alloc KiB/op | GCs/kop | errors |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f | %d |\n",
-			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.Errors)
+		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.1f | %d |\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, r.Errors)
 	}
 	return b.String()
 }

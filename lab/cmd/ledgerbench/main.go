@@ -109,6 +109,7 @@ func main() {
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memprofile := flag.String("memprofile", "", "write a heap profile of the whole run to this file: go tool pprof -sample_index=alloc_space shows what each call allocated")
 	traceFile := flag.String("trace", "", "write an execution trace of the whole run to this file (go tool trace): where a call waits, goroutine by goroutine")
 	from := flag.String("from", "", "measure nothing: read the results of an earlier -json run from this file, and print and plot them")
 	flag.Parse()
@@ -174,6 +175,12 @@ func main() {
 	stop()
 	pprof.StopCPUProfile()
 	trace.Stop()
+	if *memprofile != "" {
+		if f, err := os.Create(*memprofile); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			_ = f.Close()
+		}
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
 		os.Exit(1)
@@ -191,8 +198,8 @@ func run(ctx context.Context, cfg config) error {
 				batches += fmt.Sprintf(", round trip %.2f ms", r.RoundTripMs)
 			}
 		}
-		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op%s  errors %d %s\n",
-			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, batches, r.Errors, r.FirstError)
+		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, batches, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	if len(cfg.batchInFlight) == 0 {
