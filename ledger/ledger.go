@@ -376,15 +376,14 @@ func (l *Ledger) get(ctx context.Context, s Scope) (Record, error) {
 // checkOutcome refuses a malformed outcome (VALIDATION_FAILED) and one
 // over the size limit (OUTCOME_TOO_LARGE).
 func (l *Ledger) checkOutcome(o *Outcome) error {
-	b, err := o.MarshalBinary()
-	if err != nil {
+	if err := o.Validate(); err != nil {
 		return err
 	}
-	if len(b) > l.cfg.MaxOutcomeBytes {
+	if n := o.BinarySize(); n > l.cfg.MaxOutcomeBytes {
 		return &errcode.Error{
 			Code:     errcode.OutcomeTooLarge,
 			Message:  "the outcome is larger than the limit",
-			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(len(b))},
+			Metadata: map[string]string{"limitBytes": strconv.Itoa(l.cfg.MaxOutcomeBytes), "sizeBytes": strconv.Itoa(n)},
 		}
 	}
 	return nil

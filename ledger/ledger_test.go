@@ -79,6 +79,16 @@ func TestOutcomeRoundTrip(t *testing.T) {
 		if !got.Equal(o) {
 			t.Fatalf("round trip changed the outcome: %v", &got)
 		}
+		if o.BinarySize() != len(b) {
+			t.Fatalf("BinarySize = %d, MarshalBinary wrote %d bytes", o.BinarySize(), len(b))
+		}
+		appended, err := o.AppendBinary([]byte("prefix"))
+		if err != nil || string(appended) != "prefix"+string(b) {
+			t.Fatalf("AppendBinary = %q, %v; want the prefix, then MarshalBinary's bytes", appended, err)
+		}
+	}
+	if _, err := (&ledger.Outcome{}).AppendBinary(nil); errcode.Of(err) != errcode.ValidationFailed {
+		t.Fatalf("AppendBinary of an empty outcome: %v, want VALIDATION_FAILED", err)
 	}
 	var o ledger.Outcome
 	for _, b := range [][]byte{nil, {'X'}, {'R', 0xff}} {

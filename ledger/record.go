@@ -185,18 +185,34 @@ const (
 // MarshalBinary encodes the outcome for a store: one tag byte, then the
 // deterministic protobuf encoding of the response Any or the status.
 func (o *Outcome) MarshalBinary() ([]byte, error) {
+	return o.AppendBinary(nil)
+}
+
+// AppendBinary appends MarshalBinary's encoding of the outcome to b.
+func (o *Outcome) AppendBinary(b []byte) ([]byte, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	tag, msg := byte(outcomeResponse), proto.Message(o.Response)
-	if o.Status != nil {
-		tag, msg = outcomeStatus, o.Status
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend([]byte{tag}, msg)
+	tag, msg := o.wire()
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(append(b, tag), msg)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: encode outcome: %w", err)
 	}
 	return b, nil
+}
+
+// BinarySize is the length of MarshalBinary's encoding of a valid outcome.
+func (o *Outcome) BinarySize() int {
+	_, msg := o.wire()
+	return 1 + proto.Size(msg)
+}
+
+// wire is the tag and the message of the outcome's encoding.
+func (o *Outcome) wire() (byte, proto.Message) {
+	if o.Status != nil {
+		return outcomeStatus, o.Status
+	}
+	return outcomeResponse, o.Response
 }
 
 // UnmarshalBinary decodes what MarshalBinary encoded.

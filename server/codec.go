@@ -6,22 +6,23 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
-	_ "google.golang.org/grpc/encoding/proto" // registers the proto codec Codec wraps
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemledger/idemledger/internal/protocodec"
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// Codec returns the gRPC codec of LedgerService: protobuf, except that a
-// request whose string fields are not valid UTF-8 is decoded anyway and
-// marked, so that the server answers it with a typed error (KEY_INVALID for
-// the key, VALIDATION_FAILED for any other field) instead of gRPC's untyped
-// INTERNAL, which no caller can act on. Install it on the server with
-// grpc.ForceServerCodecV2; ledgerd and servertest do.
-func Codec() encoding.CodecV2 { return codec{encoding.GetCodecV2("proto")} }
+// Codec returns the gRPC codec of LedgerService: protobuf, with buffers
+// that are not cleared before they are written (a large outcome is not
+// cleared twice over on its way in), and with one exception: a request
+// whose string fields are not valid UTF-8 is decoded anyway and marked, so
+// that the server answers it with a typed error (KEY_INVALID for the key,
+// VALIDATION_FAILED for any other field) instead of gRPC's untyped
+// INTERNAL, which no caller can act on. TransportOptions install it.
+func Codec() encoding.CodecV2 { return codec{protocodec.Codec()} }
 
 type codec struct{ encoding.CodecV2 }
 

@@ -21,11 +21,12 @@ const (
 )
 
 // TransportOptions are the server's transport settings for LedgerService:
-// fixed flow-control windows. ledgerd uses them, with MaxConnectionStreams
-// and MaxHeaderListBytes.
+// fixed flow-control windows and the Codec. ledgerd uses them, with
+// MaxConnectionStreams and MaxHeaderListBytes.
 func TransportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
+		grpc.ForceServerCodecV2(Codec()),
 	}
 }

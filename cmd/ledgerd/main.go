@@ -218,7 +218,6 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 		grpc.StatsHandler(otelgrpc.NewServerHandler()),
 		grpc.StatsHandler(d.conns),
 		grpc.Creds(d.creds.transport()),
-		grpc.ForceServerCodecV2(server.Codec()),
 		grpc.MaxRecvMsgSize(cfg.maxRecvBytes),
 		grpc.MaxSendMsgSize(cfg.maxRecvBytes),
 		grpc.MaxConcurrentStreams(server.MaxConnectionStreams),

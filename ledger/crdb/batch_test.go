@@ -466,3 +466,54 @@ func TestLargeOutcomesRunAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeOutcomesInBorrowedBuffers: an outcome sent in its own statement
+// is encoded into a buffer that goes back to a pool, uncleared, when the
+// statement is done. Many at once, of sizes that share the pool's tiers
+// and of bytes of their own, each store exactly their outcome: no buffer
+// is reused while a statement still reads it, and none carries the bytes
+// of an earlier, longer outcome into a shorter one.
+func TestLargeOutcomesInBorrowedBuffers(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, crdbtest.NewDatabase(t), Config{Batching: true, MaxBatchedOutcome: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 8, 6
+	outcome := func(w, i int) *ledger.Outcome {
+		// 40 to 100 KiB: all in the 64 and 128 KiB tiers, longer and
+		// shorter in turns.
+		size := (40 + (w*each+i)*37%61) << 10
+		return ledgertest.Response(strings.Repeat(string(rune('a'+(w*each+i)%26)), size))
+	}
+	key := func(w, i int) string { return fmt.Sprintf("borrowed-%d-%d", w, i) }
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				claim, err := s.Claim(ctx, testClaim(key(w, i)))
+				if err != nil || !claim.Claimed {
+					t.Errorf("%s: claim %+v, %v", key(w, i), claim, err)
+					return
+				}
+				if _, err := s.Complete(ctx, ledger.CompleteParams{Scope: testScope(key(w, i)), Token: claim.Record.Token, Outcome: outcome(w, i)}); err != nil {
+					t.Errorf("%s: %v", key(w, i), err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for w := range workers {
+		for i := range each {
+			got, err := s.Get(ctx, testScope(key(w, i)))
+			if err != nil || !got.Outcome.Equal(outcome(w, i)) {
+				t.Errorf("%s: stored outcome differs from the one sent (%v)", key(w, i), err)
+			}
+		}
+	}
+}

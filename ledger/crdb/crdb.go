@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/puddle/v2"
 
 	"github.com/idemledger/idemledger/internal/backoff"
+	"github.com/idemledger/idemledger/internal/bufpool"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
@@ -400,19 +401,34 @@ func (s *Store) claimOne(ctx context.Context, p ledger.ClaimParams, nonce []byte
 
 // Complete implements ledger.Store. The statement is safe to repeat, so an
 // ambiguous commit is resolved by running it again.
+//
+// An outcome sent in a statement of its own is encoded into a borrowed
+// buffer, given back when the statement is done: pgx has copied it by then.
+// One sent in a batch is not, since the batch may still hold it when a
+// cancelled call returns.
 func (s *Store) Complete(ctx context.Context, p ledger.CompleteParams) (ledger.Record, error) {
+	if err := p.Outcome.Validate(); err != nil {
+		return ledger.Record{}, err
+	}
+	if n := p.Outcome.BinarySize(); !s.cfg.Batching || n > s.cfg.MaxBatchedOutcome {
+		buf := bufpool.Pool.Get(n)
+		defer bufpool.Pool.Put(buf)
+		b, err := p.Outcome.AppendBinary((*buf)[:0])
+		if err != nil {
+			return ledger.Record{}, err
+		}
+		*buf = b
+		return s.completeOne(ctx, p, b)
+	}
 	b, err := p.Outcome.MarshalBinary()
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	if s.cfg.Batching && len(b) <= s.cfg.MaxBatchedOutcome {
-		res, err := s.ops[s.home(p.Scope.Tenant)].do(ctx, opKey('u', p.Scope), op{complete: &completeCall{p: p, outcome: b}})
-		if err != nil {
-			return ledger.Record{}, s.classify("complete", err)
-		}
-		return res.rec, nil
+	res, err := s.ops[s.home(p.Scope.Tenant)].do(ctx, opKey('u', p.Scope), op{complete: &completeCall{p: p, outcome: b}})
+	if err != nil {
+		return ledger.Record{}, s.classify("complete", err)
 	}
-	return s.completeOne(ctx, p, b)
+	return res.rec, nil
 }
 
 // completeOne runs the complete statement for one call.

@@ -7,6 +7,7 @@ package recordkv
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
@@ -64,25 +65,37 @@ func ExpiryKey(expires time.Time, scope []byte) []byte {
 // ErrCorrupt is what Decode and DecodeScopeKey say of bytes they cannot read.
 var ErrCorrupt = errors.New("corrupt record")
 
-// Encode lays out a record (its scope is the key, so it is left out).
+// Encode lays out a record (its scope is the key, so it is left out). The
+// outcome is encoded in place, after its length.
 func Encode(r *ledger.Record) ([]byte, error) {
-	var outcome []byte
+	outcome := 0
 	if r.Outcome != nil {
-		var err error
-		if outcome, err = r.Outcome.MarshalBinary(); err != nil {
+		if err := r.Outcome.Validate(); err != nil {
 			return nil, err
 		}
+		outcome = r.Outcome.BinarySize()
 	}
-	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+len(outcome))
+	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+outcome)
 	b = append(b, Version, byte(r.State))
 	b = binary.AppendUvarint(b, r.Token)
 	b = binary.AppendUvarint(b, uint64(r.Attempt))
 	for _, t := range []time.Time{r.CreatedAt, r.LeaseExpiresAt, r.CompletedAt, r.ExpiresAt} {
 		b = binary.AppendVarint(b, unixNano(t))
 	}
-	for _, s := range [][]byte{[]byte(r.Method), []byte(r.Fingerprint), outcome} {
+	for _, s := range []string{r.Method, r.Fingerprint} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
+	}
+	b = binary.AppendUvarint(b, uint64(outcome))
+	if r.Outcome != nil {
+		start := len(b)
+		var err error
+		if b, err = r.Outcome.AppendBinary(b); err != nil {
+			return nil, err
+		}
+		if len(b)-start != outcome {
+			return nil, fmt.Errorf("recordkv: outcome encoded in %d bytes, sized %d", len(b)-start, outcome)
+		}
 	}
 	b = binary.AppendVarint(b, unixNano(r.ForgetAt))
 	return append(b, byte(r.OnLeaseExpiry)), nil

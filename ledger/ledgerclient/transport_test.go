@@ -1,0 +1,82 @@
+package ledgerclient_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server"
+)
+
+// TestOutcomesByteForByte: over ledgerd's transport settings on both ends
+// (server.TransportOptions, DialOptions), whose codecs encode into
+// buffers that are not cleared, outcomes of many sizes, on the stream and
+// as unary calls, are stored and replayed byte for byte, many at once:
+// no buffer lends one message's bytes to another.
+func TestOutcomesByteForByte(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
+	})
+	gs := grpc.NewServer(server.TransportOptions()...)
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = conn.Close()
+	})
+
+	// Longer outcomes first, so that shorter ones get buffers used before.
+	sizes := []int{1000 << 10, 700 << 10, 300 << 10, 200 << 10, 129 << 10, 70 << 10, 60 << 10, 2 << 10, 900, 1}
+	outcome := func(i int) *ledgerv1.Outcome {
+		return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{
+			TypeUrl: "type.googleapis.com/x.Y", Value: bytes.Repeat([]byte{byte('a' + i)}, sizes[i]),
+		}}}
+	}
+	key := func(w, i int) string { return fmt.Sprintf("k-%d-%d", w, i) }
+	const workers = 4
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range sizes {
+				res, err := c.Begin(t.Context(), begin(key(w, i)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := c.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: key(w, i), Token: res.GetClaim().GetToken(), Outcome: outcome(i)}); err != nil {
+					t.Errorf("%s: Complete of %d bytes: %v", key(w, i), sizes[i], err)
+					return
+				}
+			}
+			for i := range sizes {
+				res, err := c.Begin(t.Context(), begin(key(w, i)))
+				want := outcome(i).GetResponse().GetValue()
+				if got := res.GetReplay().GetOutcome().GetResponse().GetValue(); err != nil || !bytes.Equal(got, want) {
+					t.Errorf("%s: replay of %d bytes: %d bytes, equal %t (%v)", key(w, i), sizes[i], len(got), bytes.Equal(got, want), err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
