@@ -137,3 +137,21 @@ func TestMarkdownAndPlot(t *testing.T) {
 		t.Fatal("plotting a workload with no results did not fail")
 	}
 }
+
+// TestRatios: each target of the prefix over the base at the same point,
+// in throughput and in CPU an operation, the other processes' included.
+func TestRatios(t *testing.T) {
+	rs := []bench.Result{
+		{Target: "ledgerd/x", Workload: "fresh", Clients: 8, PerSecond: 600, CPUus: 90, DBCPUus: 10},
+		{Target: "ledgerd/x", Workload: "fresh", Clients: 32, PerSecond: 900, CPUus: 50},
+		{Target: "base", Workload: "fresh", Clients: 8, PerSecond: 800, CPUus: 30, DBCPUus: 20},
+		{Target: "other", Workload: "fresh", Clients: 8, PerSecond: 1},
+	}
+	md := bench.Ratios(rs, "ledgerd/", "base")
+	if !strings.Contains(md, "| ledgerd/x | fresh | 8 | 0.75 | 2.00 |") || strings.Contains(md, "| 32 |") || strings.Contains(md, "other") {
+		t.Fatalf("ratios:\n%s", md)
+	}
+	if md := bench.Ratios(rs, "ledgerd/", "absent"); md != "" {
+		t.Fatalf("ratios over a base not measured:\n%s", md)
+	}
+}

@@ -266,28 +266,34 @@ func Markdown(rs []Result) string {
 	return b.String()
 }
 
-// Ratios is a table of each target whose name starts with prefix over the
-// target named base, at each point both measured: empty when base was
-// not measured.
+// Ratios writes, for each result of a target named with prefix, its
+// throughput over base's at the same point, and the CPU it took an
+// operation, this process's and the other processes' together (the
+// database's or Redis's), over base's: a table, empty when base has no
+// result.
 func Ratios(rs []Result, prefix, base string) string {
 	type point struct {
 		workload string
 		clients  int
 	}
-	bases := map[point]float64{}
+	bases := map[point]Result{}
 	for _, r := range rs {
 		if r.Target == base && r.PerSecond > 0 {
-			bases[point{r.Workload, r.Clients}] = r.PerSecond
+			bases[point{r.Workload, r.Clients}] = r
 		}
 	}
 	if len(bases) == 0 {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| target | workload | clients | ÷ %s |\n|---|---|---:|---:|\n", base)
+	fmt.Fprintf(&b, "\n| target | workload | clients | ops/s ÷ %s | CPU/op ÷ %s's |\n|---|---|---:|---:|---:|\n", base, base)
 	for _, r := range rs {
 		if d, ok := bases[point{r.Workload, r.Clients}]; ok && strings.HasPrefix(r.Target, prefix) {
-			fmt.Fprintf(&b, "| %s | %s | %d | %.2f |\n", r.Target, r.Workload, r.Clients, r.PerSecond/d)
+			cpu := "–"
+			if c := d.CPUus + d.DBCPUus; c > 0 {
+				cpu = fmt.Sprintf("%.2f", (r.CPUus+r.DBCPUus)/c)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %s |\n", r.Target, r.Workload, r.Clients, r.PerSecond/d.PerSecond, cpu)
 		}
 	}
 	return b.String()

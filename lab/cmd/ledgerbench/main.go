@@ -400,6 +400,15 @@ func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
 	fmt.Print(bench.Ratios(results, "ledgerd/embedded", redisName))
 	fmt.Print(bench.Ratios(results, "ledgerd/embedded", floorName))
+	var sqls []string // direct SQL, one target a durability setting
+	for _, r := range results {
+		if strings.HasPrefix(r.Target, "sql/postgres") && !slices.Contains(sqls, r.Target) {
+			sqls = append(sqls, r.Target)
+		}
+	}
+	for _, sql := range sqls {
+		fmt.Print(bench.Ratios(results, "ledgerd/postgres", sql))
+	}
 	if cfg.jsonPath != "" {
 		b, err := json.MarshalIndent(results, "", "  ")
 		if err != nil {
