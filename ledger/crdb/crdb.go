@@ -436,7 +436,7 @@ func (s *Store) completeOne(ctx context.Context, p ledger.CompleteParams, outcom
 	var r row
 	var updated bool
 	err := s.retryAmbiguous(ctx, func(ctx context.Context) (err error) {
-		r, updated, err = s.scanCAS(ctx, completeSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token), outcome)
+		r, updated, err = s.scanCASBytes(ctx, completeSQL, outcome, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, int64(p.Token))
 		return err
 	})
 	switch {

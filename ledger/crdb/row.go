@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemledger/idemledger/ledger"
 )
@@ -84,3 +85,63 @@ func (s *Store) scanCAS(ctx context.Context, sql string, args ...any) (row, bool
 }
 
 var _ scanner = pgx.Row(nil)
+
+// scanCASBytes is scanCAS for a statement whose last parameter is bytea
+// (an outcome), sent as it is. pgx copies every argument into a buffer of
+// its own before it copies it again into the message to the database, and
+// drops both buffers after each statement when they are large: for a
+// large outcome that is an allocation and a copy of it saved. The other
+// arguments are encoded as pgx encodes them, from the statement's
+// description (prepared once a connection, by its text).
+func (s *Store) scanCASBytes(ctx context.Context, sql string, last []byte, args ...any) (row, bool, error) {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return row{}, false, err
+	}
+	defer c.Release()
+	conn := c.Conn()
+	sd, err := conn.Prepare(ctx, sql, sql)
+	if err != nil {
+		return row{}, false, err
+	}
+	if len(sd.ParamOIDs) != len(args)+1 || sd.ParamOIDs[len(args)] != pgtype.ByteaOID {
+		return row{}, false, fmt.Errorf("crdb: statement's parameter types %v: want %d, bytea last", sd.ParamOIDs, len(args)+1)
+	}
+	m := conn.TypeMap()
+	values := make([][]byte, len(sd.ParamOIDs))
+	formats := make([]int16, len(sd.ParamOIDs))
+	buf := make([]byte, 0, 128) // not nil: Encode answers nil for NULL only
+	for i, arg := range args {
+		formats[i] = m.FormatCodeForOID(sd.ParamOIDs[i])
+		start := len(buf)
+		b, err := m.Encode(sd.ParamOIDs[i], formats[i], arg, buf)
+		switch {
+		case err != nil:
+			return row{}, false, fmt.Errorf("crdb: encode parameter %d: %w", i+1, err)
+		case b != nil:
+			buf = b
+			values[i] = buf[start:len(buf):len(buf)]
+		}
+	}
+	values[len(args)], formats[len(args)] = last, pgtype.BinaryFormatCode
+	results := make([]int16, len(sd.Fields))
+	for i, f := range sd.Fields {
+		results[i] = m.FormatCodeForOID(f.DataTypeOID)
+	}
+	rows := pgx.RowsFromResultReader(m, conn.PgConn().ExecPrepared(ctx, sd.Name, values, formats, results))
+	defer rows.Close()
+	if !rows.Next() {
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return row{}, false, err
+		}
+		return row{}, false, pgx.ErrNoRows
+	}
+	var r row
+	var updated bool
+	if err := scanInto(rows, &r, &r.now, &updated); err != nil {
+		return row{}, false, err
+	}
+	rows.Close()
+	return r, updated, rows.Err()
+}
