@@ -413,20 +413,28 @@ func lockRows(t *testing.T, url, where string) pgx.Tx {
 	return hold
 }
 
+// openMigrated opens a store with cfg on a database of its own, migrated,
+// closed when the test ends.
+func openMigrated(t *testing.T, cfg Config) *Store {
+	t.Helper()
+	s, err := Open(t.Context(), crdbtest.NewDatabase(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if _, err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestLargeOutcomesRunAlone: a Complete whose outcome is over
 // MaxBatchedOutcome runs its own statement, beside the batches, and a
 // small one goes through a batch; both store their outcome, and a
 // Complete that applied answers with the outcome it sent.
 func TestLargeOutcomesRunAlone(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, crdbtest.NewDatabase(t), Config{Batching: true, MaxBatchedOutcome: 1 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := openMigrated(t, Config{Batching: true, MaxBatchedOutcome: 1 << 10})
 	for _, tc := range []struct {
 		key     string
 		size    int
@@ -475,14 +483,7 @@ func TestLargeOutcomesRunAlone(t *testing.T) {
 // of an earlier, longer outcome into a shorter one.
 func TestLargeOutcomesInBorrowedBuffers(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, crdbtest.NewDatabase(t), Config{Batching: true, MaxBatchedOutcome: 1 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := openMigrated(t, Config{Batching: true, MaxBatchedOutcome: 1 << 10})
 	const workers, each = 8, 6
 	outcome := func(w, i int) *ledger.Outcome {
 		// 40 to 100 KiB: all in the 64 and 128 KiB tiers, longer and

@@ -60,9 +60,9 @@ func (r recordingStream) RecvMsg(m any) error {
 }
 
 // start serves a real LedgerService (memory store, every caller billing)
-// on a loopback address (addr, or a free port) and records what it
-// receives.
-func start(t *testing.T, addr string) (*grpc.Server, string, *seen) {
+// on a loopback address (addr, or a free port), with opts, and records
+// what it receives.
+func start(t *testing.T, addr string, opts ...grpc.ServerOption) (*grpc.Server, string, *seen) {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -75,7 +75,7 @@ func start(t *testing.T, addr string) (*grpc.Server, string, *seen) {
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
 	})
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(opts,
 		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, recordingStream{ss, rec})
 		}),
@@ -85,7 +85,7 @@ func start(t *testing.T, addr string) (*grpc.Server, string, *seen) {
 			rec.mu.Unlock()
 			return h(ctx, req)
 		}),
-	)
+	)...)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)

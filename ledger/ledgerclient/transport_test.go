@@ -2,20 +2,14 @@ package ledgerclient_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
-	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -25,26 +19,8 @@ import (
 // as unary calls, are stored and replayed byte for byte, many at once:
 // no buffer lends one message's bytes to another.
 func TestOutcomesByteForByte(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
-		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
-	})
-	gs := grpc.NewServer(server.TransportOptions()...)
-	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = conn.Close()
-	})
+	_, addr, _ := start(t, "", server.TransportOptions()...)
+	c := dial(t, addr, ledgerclient.DialOptions()...)
 
 	// Longer outcomes first, so that shorter ones get buffers used before.
 	sizes := []int{1000 << 10, 700 << 10, 300 << 10, 200 << 10, 129 << 10, 70 << 10, 60 << 10, 2 << 10, 900, 1}
