@@ -34,9 +34,13 @@ const DefaultOutcomeSize = 80
 // Outcome is what a fresh pair stores: a response of a given size, as a
 // ledger call carries it and as the store keeps it.
 type Outcome struct {
+	size   int
 	msg    *ledgerv1.Outcome
 	stored []byte // ledger.Outcome.MarshalBinary
 }
+
+// Size is the bytes of the outcome's response.
+func (o *Outcome) Size() int { return o.or().size }
 
 // NewOutcome is an outcome whose response is size bytes.
 func NewOutcome(size int) (*Outcome, error) {
@@ -45,7 +49,7 @@ func NewOutcome(size int) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Outcome{msg: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: resp}}, stored: b}, nil
+	return &Outcome{size: size, msg: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: resp}}, stored: b}, nil
 }
 
 var defaultOutcome = func() *Outcome {

@@ -65,7 +65,8 @@ type config struct {
 	clients                                                        []int
 	apis                                                           []string
 	duration, dbRTT                                                time.Duration
-	pool, rounds, ledgerdProcs, outcomeSize, maxBatchedOutcome     int
+	pool, rounds, ledgerdProcs, maxBatchedOutcome                  int
+	outcomeSizes                                                   []int
 	batchInFlight                                                  []int
 	interceptor, durable, redis                                    bool
 	batching                                                       string
@@ -98,7 +99,7 @@ func main() {
 	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
 	flag.DurationVar(&cfg.dbRTT, "db-rtt", 0, "put the postgres store's database behind a proxy that adds this round trip (half each way): a database a region away; 0: none")
-	flag.IntVar(&cfg.outcomeSize, "outcome-size", bench.DefaultOutcomeSize, "bytes of the response each fresh pair stores, for every target")
+	outcomeSizes := flag.String("outcome-size", strconv.Itoa(bench.DefaultOutcomeSize), "bytes of the response each fresh pair stores, for every target; a list measures the fresh workload at each size, the first as fresh and the others as fresh@size, in one run")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
 	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
@@ -128,6 +129,14 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.batchInFlight = append(cfg.batchInFlight, n)
+	}
+	for _, c := range strings.Split(*outcomeSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n <= 0 || slices.Contains(cfg.outcomeSizes, n) {
+			fmt.Fprintf(os.Stderr, "ledgerbench: bad -outcome-size %q\n", *outcomeSizes)
+			os.Exit(2)
+		}
+		cfg.outcomeSizes = append(cfg.outcomeSizes, n)
 	}
 	for _, a := range strings.Split(apis, ",") {
 		if a = strings.TrimSpace(a); a != "unary" && a != "stream" {
@@ -205,17 +214,31 @@ func run(ctx context.Context, cfg config) error {
 	if len(cfg.batchInFlight) == 0 {
 		cfg.batchInFlight = []int{0} // the store's default
 	}
-	if cfg.outcomeSize <= 0 {
-		cfg.outcomeSize = bench.DefaultOutcomeSize
+	if len(cfg.outcomeSizes) == 0 {
+		cfg.outcomeSizes = []int{bench.DefaultOutcomeSize}
 	}
-	out, err := bench.NewOutcome(cfg.outcomeSize)
-	if err != nil {
-		return err
+	var outs []*bench.Outcome // the first is every workload's; the others, fresh@size's
+	for _, n := range cfg.outcomeSizes {
+		o, err := bench.NewOutcome(n)
+		if err != nil {
+			return err
+		}
+		outs = append(outs, o)
+	}
+	out := outs[0]
+	var workloads []string
+	for _, w := range strings.Split(cfg.workloads, ",") {
+		workloads = append(workloads, w)
+		for _, o := range outs[1:] {
+			if w == "fresh" {
+				workloads = append(workloads, freshAt(o))
+			}
+		}
 	}
 	// sweep measures the targets' workloads, each point (workload and
 	// clients) with the targets in turns (bench.Interleave).
 	sweep := func(targets ...target) {
-		for _, w := range strings.Split(cfg.workloads, ",") {
+		for _, w := range workloads {
 			for _, c := range cfg.clients {
 				var subjects []bench.Subject
 				for _, t := range targets {
@@ -242,7 +265,9 @@ func run(ctx context.Context, cfg config) error {
 				return nil, fmt.Errorf("prepare replays: %w", err)
 			}
 		}
-		return map[string]bench.Op{"fresh": l.Fresh(), "replay": l.Replay(), "hot": l.Hot()}, nil
+		work := map[string]bench.Op{"fresh": l.Fresh(), "replay": l.Replay(), "hot": l.Hot()}
+		addSizes(work, outs, func(o *bench.Outcome) bench.Op { l := *l; l.Outcome = o; return l.Fresh() })
+		return work, nil
 	}
 
 	if cfg.addr != "" {
@@ -286,7 +311,7 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 			defer closeStore()
-			sql, err := sqlTarget(ctx, pool, prefix, "", replays, out)
+			sql, err := sqlTarget(ctx, pool, prefix, "", replays, outs)
 			if err != nil {
 				return err
 			}
@@ -365,7 +390,7 @@ func run(ctx context.Context, cfg config) error {
 			}
 			// Direct SQL runs in turns with the variants, once.
 			if pool != nil && v == variants[len(variants)-1] {
-				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays, out)
+				sql, err := sqlTarget(ctx, pool, prefix, cfg.dbTag(), replays, outs)
 				if err != nil {
 					return err
 				}
@@ -373,7 +398,7 @@ func run(ctx context.Context, cfg config) error {
 			}
 		}
 		if name == "embedded" && cfg.redis {
-			peer, stop, err := redisTarget(ctx, prefix, replays, out, emit)
+			peer, stop, err := redisTarget(ctx, prefix, replays, outs, emit)
 			if err != nil {
 				return err
 			}
@@ -426,14 +451,28 @@ func output(cfg config, results []bench.Result) error {
 
 // sqlTarget is the store's statements sent straight through pool; tag
 // qualifies its name (dbTag).
-func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool, out *bench.Outcome) (target, error) {
-	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql", Outcome: out}
+func sqlTarget(ctx context.Context, pool *pgxpool.Pool, prefix, tag string, replays bool, outs []*bench.Outcome) (target, error) {
+	sql := &bench.SQL{Pool: pool, Prefix: prefix + "sql", Outcome: outs[0]}
 	if replays {
 		if err := sql.PrepareReplays(ctx); err != nil {
 			return target{}, err
 		}
 	}
-	return target{name: "sql/postgres" + tag + " (pgx)", workloads: map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}}, nil
+	work := map[string]bench.Op{"fresh": sql.Fresh(), "replay": sql.Replay(), "hot": sql.Hot()}
+	addSizes(work, outs, func(o *bench.Outcome) bench.Op { sql := *sql; sql.Outcome = o; return sql.Fresh() })
+	return target{name: "sql/postgres" + tag + " (pgx)", workloads: work}, nil
+}
+
+// freshAt names the fresh workload at o's size, when it is not the
+// first size.
+func freshAt(o *bench.Outcome) string { return "fresh@" + strconv.Itoa(o.Size()) }
+
+// addSizes adds to a target's work the fresh workload at each outcome size
+// after the first: at(o) is that target's fresh workload storing o.
+func addSizes(work map[string]bench.Op, outs []*bench.Outcome, at func(*bench.Outcome) bench.Op) {
+	for _, o := range outs[1:] {
+		work[freshAt(o)] = at(o)
+	}
 }
 
 // redisName names the Redis peer; floorName the fsync floor's result.
@@ -446,7 +485,7 @@ const (
 // and returns it as a target, after emitting that disk's fsync floor as a
 // result of its own. Without redis-server it says so and returns no
 // target.
-func redisTarget(ctx context.Context, prefix string, replays bool, out *bench.Outcome, emit func(bench.Result)) (target, func(), error) {
+func redisTarget(ctx context.Context, prefix string, replays bool, outs []*bench.Outcome, emit func(bench.Result)) (target, func(), error) {
 	dir, err := os.MkdirTemp("", "ledgerbench-redis-")
 	if err != nil {
 		return target{}, nil, err
@@ -471,14 +510,16 @@ func redisTarget(ctx context.Context, prefix string, replays bool, out *bench.Ou
 	}
 	client := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 256})
 	closeAll := func() { _ = client.Close(); stop(); _ = os.RemoveAll(dir) }
-	r := &bench.Redis{Client: client, Prefix: prefix + "redis", Outcome: out}
+	r := &bench.Redis{Client: client, Prefix: prefix + "redis", Outcome: outs[0]}
 	if replays {
 		if err := r.PrepareReplays(ctx); err != nil {
 			closeAll()
 			return target{}, nil, err
 		}
 	}
-	return target{name: redisName, workloads: map[string]bench.Op{"fresh": r.Fresh(), "replay": r.Replay(), "hot": r.Hot()}}, closeAll, nil
+	work := map[string]bench.Op{"fresh": r.Fresh(), "replay": r.Replay(), "hot": r.Hot()}
+	addSizes(work, outs, func(o *bench.Outcome) bench.Op { r := *r; r.Outcome = o; return r.Fresh() })
+	return target{name: redisName, workloads: work}, closeAll, nil
 }
 
 // dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when

@@ -13,8 +13,8 @@ import (
 )
 
 // runBench runs the command's measurements with cfg and returns the
-// results it wrote as JSON.
-func runBench(t *testing.T, cfg config) map[string]bench.Result {
+// results it wrote as JSON: the last of each target, and all of them.
+func runBench(t *testing.T, cfg config) (map[string]bench.Result, []bench.Result) {
 	t.Helper()
 	cfg.jsonPath = filepath.Join(t.TempDir(), "results.json")
 	if err := run(t.Context(), cfg); err != nil {
@@ -35,7 +35,7 @@ func runBench(t *testing.T, cfg config) map[string]bench.Result {
 		}
 		byTarget[r.Target] = r
 	}
-	return byTarget
+	return byTarget, rs
 }
 
 // TestTurnsOnPostgres: ledgerd on one core (-ledgerd-procs 1), over unary
@@ -45,8 +45,8 @@ func runBench(t *testing.T, cfg config) map[string]bench.Result {
 // batching store's targets report their batches.
 func TestTurnsOnPostgres(t *testing.T) {
 	pg := crdbtest.NewCluster(t)
-	got := runBench(t, config{stores: "postgres", databaseURL: pg.URL, workloads: "fresh", clients: []int{4}, apis: []string{"unary", "stream"},
-		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: 1})
+	got, rs := runBench(t, config{stores: "postgres", databaseURL: pg.URL, workloads: "fresh", clients: []int{4}, apis: []string{"unary", "stream"},
+		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: 1, outcomeSizes: []int{80, 4096}})
 	for _, target := range []string{"ledgerd/postgres+batching GOMAXPROCS=1", "ledgerd/postgres+batching GOMAXPROCS=1 (stream)", "sql/postgres (pgx)"} {
 		r, ok := got[target]
 		if !ok {
@@ -58,6 +58,14 @@ func TestTurnsOnPostgres(t *testing.T) {
 	}
 	if len(got) != 3 {
 		t.Fatalf("%d targets, want 3: %v", len(got), got)
+	}
+	// Every target ran the fresh workload at both outcome sizes.
+	points := map[string]int{}
+	for _, r := range rs {
+		points[r.Workload]++
+	}
+	if points["fresh"] != 3 || points["fresh@4096"] != 3 || len(points) != 2 {
+		t.Fatalf("results by workload %v, want fresh and fresh@4096 for each of the 3 targets", points)
 	}
 }
 
@@ -93,7 +101,7 @@ func TestEmbeddedBesideRedis(t *testing.T) {
 		}
 		t.Skip("redis-server is not installed")
 	}
-	got := runBench(t, config{stores: "embedded", workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
+	got, _ := runBench(t, config{stores: "embedded", workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
 		duration: 300 * time.Millisecond, rounds: 2, redis: true})
 	for _, target := range []string{"ledgerd/embedded (stream)", redisName, floorName} {
 		if _, ok := got[target]; !ok {
