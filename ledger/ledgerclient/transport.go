@@ -15,8 +15,9 @@ const windowSize = 4 << 20
 // DialOptions are the transport settings of a connection to ledgerd: fixed
 // flow-control windows for the ledger's answers, and protobuf encoded in
 // buffers that are not cleared before they are written (gRPC's own codec
-// clears 1 MiB to send a 256 KiB outcome). Add credentials and any other
-// options of your own.
+// clears 1 MiB to send a 256 KiB outcome), for every call on the
+// connection: give it to a connection to ledgerd alone. Add credentials and
+// any other options of your own.
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithInitialWindowSize(windowSize),
