@@ -6,7 +6,15 @@
 //
 // The store lives in a temporary directory; every write is durable.
 //
+// By default the measured writers run flat out, so a slower step shows as
+// fewer pairs a second. With -paced f they offer f times the empty store's
+// throughput instead (its first row, flat out): a pair starts when it is
+// due, whether or not the one before has finished, and its latency counts
+// from then. At a rate the store keeps up with, growth and the sweep show
+// in the latency and in whether the rate is kept, apart from each other.
+//
 //	go run ./lab/cmd/growbench -records 500000
+//	go run ./lab/cmd/growbench -records 500000 -paced 0.5
 package main
 
 import (
@@ -38,6 +46,7 @@ type config struct {
 	fillers          int
 	outcome          int
 	measure          time.Duration
+	paced            float64
 }
 
 func main() {
@@ -47,9 +56,12 @@ func main() {
 	flag.IntVar(&cfg.fillers, "fillers", 64, "concurrent writers that fill the store")
 	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
 	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
+	flag.Float64Var(&cfg.paced, "paced", 0, "offer this fraction of the empty store's throughput in every measurement after the first, pairs started when due (0.5: half); 0 runs the writers flat out")
 	flag.Parse()
-	fmt.Println("| step | records | pairs/s (8 writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|")
+	if cfg.paced < 0 {
+		fmt.Fprintln(os.Stderr, "growbench: -paced is a fraction of the empty store's throughput, 0 or more")
+		os.Exit(2)
+	}
 	if err := run(context.Background(), cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "growbench:", err)
 		os.Exit(1)
@@ -112,18 +124,25 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 	}
 
-	row("empty", measure(ctx, cfg.writers, cfg.measure, pair("m0")))
+	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	empty := measure(ctx, cfg.writers, cfg.measure, 0, pair("m0"))
+	row("empty", empty)
+	rate := cfg.paced * empty.perSecond // 0: flat out
+	if rate > 0 {
+		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | |\n", rate, cfg.paced)
+	}
 	half := int64(cfg.records / 2)
 	if err := fill(ctx, cfg.fillers, half, pair("a")); err != nil {
 		return err
 	}
-	row("first half written", measure(ctx, cfg.writers, cfg.measure, pair("m1")))
+	row("first half written", measure(ctx, cfg.writers, cfg.measure, rate, pair("m1")))
 	// The first half's retention and tombstone window run out.
 	clock.Advance(ledger.DefaultRetention + ledger.DefaultTombstoneRetention + time.Hour)
 	if err := fill(ctx, cfg.fillers, half, pair("b")); err != nil {
 		return err
 	}
-	row("second half written", measure(ctx, cfg.writers, cfg.measure, pair("m2")))
+	row("second half written", measure(ctx, cfg.writers, cfg.measure, rate, pair("m2")))
 
 	// Sweep the first half away as the store's Run does (batches of 500,
 	// paced as the store paces them) while the writers run; measure the
@@ -137,7 +156,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		swept = ledger.SweepBacklog(ctx, 500, share, s.Sweep, func(err error) { failed = err })
 		sweepDone <- failed
 	}()
-	during := measureUntil(ctx, cfg.writers, sweepDone, pair("m3"))
+	during := measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3"))
 	took := time.Since(start)
 	if during.err != nil {
 		return during.err
@@ -152,7 +171,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 			break
 		}
 	}
-	row("after the sweep", measure(ctx, cfg.writers, cfg.measure, pair("m4")))
+	row("after the sweep", measure(ctx, cfg.writers, cfg.measure, rate, pair("m4")))
 
 	if err := s.Close(); err != nil {
 		return err
@@ -197,11 +216,12 @@ func fill(ctx context.Context, writers int, n int64, o op) error {
 	return first
 }
 
-// measure runs o from writers goroutines for d.
-func measure(ctx context.Context, writers int, d time.Duration, o op) result {
+// measure runs o from writers goroutines for d, at rate pairs a second
+// (0: flat out).
+func measure(ctx context.Context, writers int, d time.Duration, rate float64, o op) result {
 	stop := make(chan error, 1)
-	go func() { time.Sleep(d); stop <- nil }()
-	r := measureUntil(ctx, writers, stop, o)
+	time.AfterFunc(d, func() { stop <- nil })
+	r := measureUntil(ctx, writers, stop, rate, o)
 	if r.err != nil {
 		fmt.Fprintln(os.Stderr, "growbench:", r.err)
 		os.Exit(1)
@@ -215,19 +235,34 @@ type timed struct {
 }
 
 // measureUntil runs o from writers goroutines until stop says so, and
-// returns their throughput and latency, or the first error.
-func measureUntil(ctx context.Context, writers int, stop <-chan error, o op) timed {
+// returns their throughput and latency, or the first error. With a rate
+// above 0 the writers share one schedule: the i-th pair is due i/rate
+// seconds after the start, a writer waits for the next pair due, and a
+// pair's latency counts from when it was due, so a stall shows in the
+// latency of every pair it delayed.
+func measureUntil(ctx context.Context, writers int, stop <-chan error, rate float64, o op) timed {
 	var done atomic.Bool
 	var mu sync.Mutex
 	var lat []time.Duration
 	var first error
 	var wg sync.WaitGroup
+	var due atomic.Int64 // the next pair of the schedule
+	quit := make(chan struct{})
 	start := time.Now()
 	for w := range writers {
 		wg.Go(func() {
 			var mine []time.Duration
+		pairs:
 			for n := int64(0); !done.Load(); n++ {
 				t := time.Now()
+				if rate > 0 {
+					t = start.Add(time.Duration(float64(due.Add(1)-1) / rate * float64(time.Second)))
+					select {
+					case <-time.After(time.Until(t)): // the pair's start is the subject
+					case <-quit:
+						break pairs
+					}
+				}
 				if err := o(ctx, w, n); err != nil {
 					mu.Lock()
 					first = errors.Join(first, err)
@@ -243,6 +278,7 @@ func measureUntil(ctx context.Context, writers int, stop <-chan error, o op) tim
 	}
 	err := <-stop
 	done.Store(true)
+	close(quit)
 	wg.Wait()
 	secs := time.Since(start).Seconds()
 	slices.Sort(lat)
