@@ -131,6 +131,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	rate := cfg.paced * empty.perSecond // 0: flat out
 	if rate > 0 {
 		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | |\n", rate, cfg.paced)
+		row("empty, paced", measure(ctx, cfg.writers, cfg.measure, rate, pair("m0p")))
 	}
 	half := int64(cfg.records / 2)
 	if err := fill(ctx, cfg.fillers, half, pair("a")); err != nil {

@@ -32,7 +32,8 @@ func TestGrowthSteps(t *testing.T) {
 }
 
 // TestPacedRun: with -paced, a run says what it offers after the empty
-// store's row, and goes through every step.
+// store's row, measures the empty store again at that rate (the paced
+// rows' baseline), and goes through every step.
 func TestPacedRun(t *testing.T) {
 	var out strings.Builder
 	cfg := config{records: 1000, writers: 2, fillers: 4, outcome: 100, measure: 100 * time.Millisecond, paced: 0.5}
@@ -40,7 +41,7 @@ func TestPacedRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := out.String()
-	if !strings.Contains(rows, "pairs/s offered (0.50 of empty)") || !strings.Contains(rows, "| after the sweep") {
+	if !strings.Contains(rows, "pairs/s offered (0.50 of empty)") || !strings.Contains(rows, "| empty, paced") || !strings.Contains(rows, "| after the sweep") {
 		t.Errorf("a paced run's rows:\n%s", rows)
 	}
 }
