@@ -130,8 +130,7 @@ func (s *Store) scanCASBytes(ctx context.Context, sql string, last []byte, args 
 	}
 	rows := pgx.RowsFromResultReader(m, conn.PgConn().ExecPrepared(ctx, sd.Name, values, formats, results))
 	defer rows.Close()
-	if !rows.Next() {
-		rows.Close()
+	if !rows.Next() { // which closes rows
 		if err := rows.Err(); err != nil {
 			return row{}, false, err
 		}
