@@ -159,6 +159,41 @@ func TestCorruptBlockIsInternal(t *testing.T) {
 	}
 }
 
+// TestFreshClaimsSkipTablesByFilter: a claim of a key the store does not
+// hold, inside the key range of a table, learns that from the table's
+// Bloom filter, without reading a data block of it.
+func TestFreshClaimsSkipTablesByFilter(t *testing.T) {
+	s, err := Open(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	claim := func(key string) ledger.ClaimResult {
+		t.Helper()
+		sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: key}
+		res, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %+v, %v", key, res, err)
+		}
+		return res
+	}
+	const n = 400
+	for i := range n {
+		claim(fmt.Sprintf("k-%05d", i))
+	}
+	if err := s.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	before := s.db.Metrics().Filter
+	for i := range n {
+		claim(fmt.Sprintf("k-%05d-fresh", i)) // between two keys of the table
+	}
+	after := s.db.Metrics().Filter
+	if skipped := after.Hits - before.Hits; skipped < n*9/10 {
+		t.Fatalf("the filter kept %d of %d fresh claims' first reads out of the table (misses %d); want nearly all", skipped, n, after.Misses-before.Misses)
+	}
+}
+
 // TestRefusesALostLog damages the write-ahead log of a running store, as
 // a crash leaves it (no clean close), whose identity is in a table and
 // whose records are in the log alone: deleted, cut to half, or 8 KiB of
