@@ -239,6 +239,8 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 		`idemledger_decisions_total{decision="completed",ledger_namespace="dev"} 1`,
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemledger.v1.LedgerService",grpc_type="unary"} 3`,
 		`grpc_server_handling_seconds_bucket{`,
+		"idemledger_pebble_write_stalls_total 0",
+		"idemledger_pebble_write_stall_seconds_total 0",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)

@@ -239,7 +239,8 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 }
 
 // storeMetrics registers the store's metrics: call durations, the clock
-// steps the embedded store notices, SQL batches and follower reads.
+// steps and write stalls of the embedded store, SQL batches and follower
+// reads.
 func (d *daemon) storeMetrics(ctx context.Context) {
 	d.storeMet = newStoreMetrics(d.reg)
 	d.storeMet.bind(d.store)
@@ -253,6 +254,7 @@ func (d *daemon) storeMetrics(ctx context.Context) {
 	if d.cfg.databaseURL != "" && d.cfg.sqlBatching {
 		d.reg.MustRegister(d.store.batchMetrics()...)
 	}
+	d.reg.MustRegister(d.store.stallMetrics()...)
 	if d.cfg.followerReads > 0 {
 		d.reg.MustRegister(d.store.followerMetrics()...)
 	}

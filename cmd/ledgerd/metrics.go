@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	"github.com/idemledger/idemledger/ledger/crdb"
+	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -59,6 +60,31 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 			func(b crdb.BatchStats) float64 { return float64(b.Limit) }),
 		gauge("round_trip_seconds", "Round trip to the database, the least of the last minute's pings, that batch_limit is set from.",
 			func(b crdb.BatchStats) float64 { return b.RoundTrip.Seconds() }),
+	}
+}
+
+// stallMetrics are the embedded store's write stalls:
+// idemledger_pebble_write_stalls_total and
+// idemledger_pebble_write_stall_seconds_total. Zero until it is open, and
+// for the SQL store.
+func (l *lateStore) stallMetrics() []prometheus.Collector {
+	stalls := func() pebble.WriteStalls {
+		if s, err := l.get(); err == nil {
+			if p, ok := s.(interface{ WriteStalls() pebble.WriteStalls }); ok {
+				return p.WriteStalls()
+			}
+		}
+		return pebble.WriteStalls{}
+	}
+	counter := func(name, help string, value func(pebble.WriteStalls) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "idemledger", Subsystem: "pebble", Name: name, Help: help},
+			func() float64 { return value(stalls()) })
+	}
+	return []prometheus.Collector{
+		counter("write_stalls_total", "Times the embedded store held writes back: its memtables waiting to be flushed, or level 0 to be compacted, behind the writes.",
+			func(w pebble.WriteStalls) float64 { return float64(w.Count) }),
+		counter("write_stall_seconds_total", "Time the embedded store's writes waited in write stalls.",
+			func(w pebble.WriteStalls) float64 { return w.Waited.Seconds() }),
 	}
 }
 

@@ -79,6 +79,53 @@ func (f *failure) err() error {
 	}
 }
 
+// WriteStalls is what Pebble's write stalls have cost since Open: how
+// many began, and how long writes waited in them. Pebble holds writes
+// back while its memtables wait to be flushed, or level 0 to be
+// compacted, when the disk or the CPU falls behind the writes.
+type WriteStalls struct {
+	Count  uint64
+	Waited time.Duration
+}
+
+// stalls counts Pebble's write stalls from its events, one at a time: a
+// stall ends before the next begins.
+type stalls struct {
+	mu    sync.Mutex
+	began time.Time // zero: none now
+	WriteStalls
+}
+
+func (st *stalls) begin(pebbledb.WriteStallBeginInfo) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.Count++
+	st.began = time.Now()
+}
+
+func (st *stalls) end() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.began.IsZero() {
+		st.Waited += time.Since(st.began)
+		st.began = time.Time{}
+	}
+}
+
+// read is the stalls so far, the one under way counted to now.
+func (st *stalls) read() WriteStalls {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	w := st.WriteStalls
+	if !st.began.IsZero() {
+		w.Waited += time.Since(st.began)
+	}
+	return w
+}
+
+// WriteStalls returns the write stalls since Open.
+func (s *Store) WriteStalls() WriteStalls { return s.stalls.read() }
+
 // fatal is what Fatalf panics with on the commit path, for commit to
 // recover.
 type fatal struct{ msg string }

@@ -194,6 +194,81 @@ func TestFreshClaimsSkipTablesByFilter(t *testing.T) {
 	}
 }
 
+// TestWriteStallsAreCounted: while Pebble cannot flush its memtables (the
+// tables' creation blocked, as a slow disk holds them), the writes that
+// fill them stall; WriteStalls counts the stall, and the time it lasted
+// once the flushes go on.
+func TestWriteStallsAreCounted(t *testing.T) {
+	fs := &heldTables{FS: vfs.Default, release: make(chan struct{})}
+	s, err := Open(t.TempDir(), Config{fs: fs, MemTableSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(fs.release)
+		}
+	}
+	defer release()
+	fs.hold.Store(true)
+	outcome := ledgertest.Response(string(bytes.Repeat([]byte("o"), 16<<10)))
+	pair := func(ctx context.Context, key string) error {
+		sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: key}
+		res, err := s.Claim(ctx, ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+		if err != nil {
+			return err
+		}
+		_, err = s.Complete(ctx, ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: outcome})
+		return err
+	}
+	// 2 MiB of queued memtables stop the writes: well within 1,000 pairs.
+	for i := 0; s.WriteStalls().Count == 0; i++ {
+		if i == 1000 {
+			t.Fatal("1,000 pairs of 16 KiB written with every flush held, and no write stalled")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond) // a stalled write's call returns at its end
+		err := pair(ctx, fmt.Sprintf("k-%04d", i))
+		cancel()
+		if err != nil && errcode.Of(err) != errcode.UpstreamTimeout {
+			t.Fatalf("pair %d: %v", i, err)
+		}
+	}
+	if n := s.WriteStalls().Count; n != 1 {
+		t.Fatalf("%d write stalls while the flushes are held; want 1", n)
+	}
+	release()
+	// This pair's writes queue behind the stalled one: when they are done
+	// the stall is over.
+	if err := pair(t.Context(), "after"); err != nil {
+		t.Fatal(err)
+	}
+	got := s.WriteStalls()
+	if got.Count != 1 || got.Waited <= 0 {
+		t.Fatalf("WriteStalls after the flushes went on = %+v; want 1 stall that waited", got)
+	}
+	if again := s.WriteStalls(); again != got {
+		t.Fatalf("WriteStalls moved on from %+v to %+v with no stall under way", got, again)
+	}
+}
+
+// heldTables is a file system whose tables cannot be created, while hold
+// is set, until release is closed.
+type heldTables struct {
+	vfs.FS
+	hold    atomic.Bool
+	release chan struct{}
+}
+
+func (h *heldTables) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	if h.hold.Load() && strings.HasSuffix(name, ".sst") {
+		<-h.release
+	}
+	return h.FS.Create(name, category)
+}
+
 // TestRefusesALostLog damages the write-ahead log of a running store, as
 // a crash leaves it (no clean close), whose identity is in a table and
 // whose records are in the log alone: deleted, cut to half, or 8 KiB of

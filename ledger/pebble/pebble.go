@@ -180,6 +180,7 @@ type Store struct {
 	path   string     // the store's directory
 	damage *damage    // what Pebble reported damaged, for Ping
 	fail   *failure   // what broke Pebble, if anything did
+	stalls *stalls    // Pebble's write stalls
 	mark   *watermark // the last acknowledged write
 }
 
@@ -212,7 +213,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	}
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
-	damage, fail := &damage{}, &failure{}
+	damage, fail, stalls := &damage{}, &failure{}, &stalls{}
 	log := &logger{fail: fail, seen: map[string]*logLimit{}}
 	log.opening.Store(true)
 	defer log.opening.Store(false)
@@ -224,7 +225,8 @@ func Open(dir string, cfg Config) (*Store, error) {
 		// A damaged block fails the reads of the keys it holds, typed
 		// INTERNAL, and turns readiness off; Pebble's default would end
 		// the process on the first read of it.
-		EventListener: &pebbledb.EventListener{DataCorruption: damage.note},
+		// Write stalls are counted, for WriteStalls.
+		EventListener: &pebbledb.EventListener{DataCorruption: damage.note, WriteStallBegin: stalls.begin, WriteStallEnd: stalls.end},
 		// A marker says a ledger was here: never start an empty one.
 		ErrorIfNotExists: want != "",
 	}
@@ -259,7 +261,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created,
-		fs: cfg.fs, path: path, damage: damage, fail: fail, mark: mark}
+		fs: cfg.fs, path: path, damage: damage, fail: fail, stalls: stalls, mark: mark}
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
