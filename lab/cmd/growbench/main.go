@@ -103,14 +103,24 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		return n
 	}
-	row := func(step string, r result) {
+	// stalled runs m, and returns its result with the write stalls Pebble
+	// had meanwhile.
+	stalled := func(m func() timed) timed {
+		before := s.WriteStalls()
+		r := m()
+		after := s.WriteStalls()
+		r.stalls = pebble.WriteStalls{Count: after.Count - before.Count, Waited: after.Waited - before.Waited}
+		return r
+	}
+	row := func(step string, r timed) {
 		live := live()
 		size := diskBytes(dir)
 		perRecord := "–"
 		if live > 0 {
 			perRecord = strconv.FormatInt(size/live, 10)
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99, size, perRecord, rssMiB())
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d, %.2f s | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99,
+			r.stalls.Count, r.stalls.Waited.Seconds(), size, perRecord, rssMiB())
 	}
 	pair := func(prefix string) op {
 		return func(ctx context.Context, w int, n int64) error {
@@ -124,26 +134,32 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
-	empty := measure(ctx, cfg.writers, cfg.measure, 0, pair("m0"))
-	row("empty", empty)
+	// measured measures a step and writes its row.
+	measured := func(step string, rate float64, prefix string) timed {
+		r := stalled(func() timed { return measure(ctx, cfg.writers, cfg.measure, rate, pair(prefix)) })
+		row(step, r)
+		return r
+	}
+
+	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | write stalls | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	empty := measured("empty", 0, "m0")
 	rate := cfg.paced * empty.perSecond // 0: flat out
 	if rate > 0 {
-		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | |\n", rate, cfg.paced)
-		row("empty, paced", measure(ctx, cfg.writers, cfg.measure, rate, pair("m0p")))
+		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | |\n", rate, cfg.paced)
+		measured("empty, paced", rate, "m0p")
 	}
 	half := int64(cfg.records / 2)
 	if err := fill(ctx, cfg.fillers, half, pair("a")); err != nil {
 		return err
 	}
-	row("first half written", measure(ctx, cfg.writers, cfg.measure, rate, pair("m1")))
+	measured("first half written", rate, "m1")
 	// The first half's retention and tombstone window run out.
 	clock.Advance(ledger.DefaultRetention + ledger.DefaultTombstoneRetention + time.Hour)
 	if err := fill(ctx, cfg.fillers, half, pair("b")); err != nil {
 		return err
 	}
-	row("second half written", measure(ctx, cfg.writers, cfg.measure, rate, pair("m2")))
+	measured("second half written", rate, "m2")
 
 	// Sweep the first half away as the store's Run does (batches of 500,
 	// paced as the store paces them) while the writers run; measure the
@@ -157,12 +173,12 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		swept = ledger.SweepBacklog(ctx, 500, share, s.Sweep, func(err error) { failed = err })
 		sweepDone <- failed
 	}()
-	during := measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3"))
+	during := stalled(func() timed { return measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3")) })
 	took := time.Since(start)
 	if during.err != nil {
 		return during.err
 	}
-	row(fmt.Sprintf("during the sweep (%d steps in %.1f s, share %.2f)", swept, took.Seconds(), share), during.result)
+	row(fmt.Sprintf("during the sweep (%d steps in %.1f s, share %.2f)", swept, took.Seconds(), share), during)
 	for { // what the sweep left, unmeasured
 		n, err := s.Sweep(ctx, 500)
 		if err != nil {
@@ -172,7 +188,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 			break
 		}
 	}
-	row("after the sweep", measure(ctx, cfg.writers, cfg.measure, rate, pair("m4")))
+	measured("after the sweep", rate, "m4")
 
 	if err := s.Close(); err != nil {
 		return err
@@ -182,7 +198,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "| reopened in %.3f s | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
+	fmt.Fprintf(w, "| reopened in %.3f s | | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
 	return nil
 }
 
@@ -219,7 +235,7 @@ func fill(ctx context.Context, writers int, n int64, o op) error {
 
 // measure runs o from writers goroutines for d, at rate pairs a second
 // (0: flat out).
-func measure(ctx context.Context, writers int, d time.Duration, rate float64, o op) result {
+func measure(ctx context.Context, writers int, d time.Duration, rate float64, o op) timed {
 	stop := make(chan error, 1)
 	time.AfterFunc(d, func() { stop <- nil })
 	r := measureUntil(ctx, writers, stop, rate, o)
@@ -227,12 +243,15 @@ func measure(ctx context.Context, writers int, d time.Duration, rate float64, o 
 		fmt.Fprintln(os.Stderr, "growbench:", r.err)
 		os.Exit(1)
 	}
-	return r.result
+	return r
 }
 
+// timed is a measurement: its result, the write stalls during it, or the
+// error that ended it.
 type timed struct {
 	result
-	err error
+	stalls pebble.WriteStalls
+	err    error
 }
 
 // measureUntil runs o from writers goroutines until stop says so, and
