@@ -70,7 +70,7 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 func (l *lateStore) stallMetrics() []prometheus.Collector {
 	stalls := func() pebble.WriteStalls {
 		if s, err := l.get(); err == nil {
-			if p, ok := s.(interface{ WriteStalls() pebble.WriteStalls }); ok {
+			if p, ok := s.(*pebble.Store); ok {
 				return p.WriteStalls()
 			}
 		}
