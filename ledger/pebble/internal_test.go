@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -549,5 +550,93 @@ func TestPebbleErrorLinesAreRateLimited(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[2], "and 999 more like it") {
 		t.Fatalf("1,001 lines of one kind and one of another wrote:\n%s\nwant 3, the last counting the 999 dropped", out.String())
+	}
+}
+
+// TestLogsAreWrittenInPlace: the log a store starts with, and the one
+// after its first memtable, are zero-filled spares as large as a log gets,
+// so their writes overwrite blocks the file has and never grow it. A spare
+// no log took is gone after Close, and a directory in use gets no spares
+// from a second Open.
+func TestLogsAreWrittenInPlace(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{MemTableSize: 1 << 20}
+	s, err := Open(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int64(cfg.MemTableSize + cfg.MemTableSize/10)
+	store := filepath.Join(dir, DirName)
+	// newest is the log Pebble writes now: the highest-numbered one.
+	newest := func() (name string, size int64) {
+		t.Helper()
+		logs, err := filepath.Glob(filepath.Join(store, "*.log"))
+		if err != nil || len(logs) == 0 {
+			t.Fatalf("the store's logs: %v, %v", logs, err)
+		}
+		fi, err := os.Stat(logs[len(logs)-1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Name(), fi.Size()
+	}
+	spares := func() []string {
+		t.Helper()
+		names, err := filepath.Glob(filepath.Join(store, sparePrefix+"*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	if got := spares(); len(got) != spareLogs-1 {
+		t.Fatalf("after Open, spares %v; want %d left (the first log took one)", got, spareLogs-1)
+	}
+	if _, err := Open(dir, cfg); err == nil {
+		t.Fatal("a second Open of the directory in use succeeded")
+	}
+	if got := spares(); len(got) != spareLogs-1 {
+		t.Fatalf("after a second Open failed, spares %v; want the first store's %d untouched", got, spareLogs-1)
+	}
+	claimed := 0
+	claim := func(n int) {
+		t.Helper()
+		for range n {
+			claimed++
+			if _, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprint("k", claimed)},
+				Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var logs []string
+	for round := range spareLogs {
+		claim(100)
+		name, got := newest()
+		if got != size {
+			t.Fatalf("round %d: log %s is %d bytes after 100 claims; want the spare's %d, written in place", round, name, got, size)
+		}
+		if slices.Contains(logs, name) {
+			t.Fatalf("round %d: log %s again; want the next one", round, name)
+		}
+		logs = append(logs, name)
+		if _, err := s.db.AsyncFlush(); err != nil { // the next memtable starts the next log
+			t.Fatal(err)
+		}
+	}
+	if got := spares(); len(got) != 0 {
+		t.Fatalf("spares %v left after %d logs; want none", got, spareLogs)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := spares(); len(got) != 0 {
+		t.Fatalf("spares %v left after Close; want none", got)
 	}
 }

@@ -177,6 +177,7 @@ type Store struct {
 	closed bool
 
 	fs     vfs.FS
+	logs   *logFS     // Pebble's file system
 	path   string     // the store's directory
 	damage *damage    // what Pebble reported damaged, for Ping
 	fail   *failure   // what broke Pebble, if anything did
@@ -211,6 +212,20 @@ func Open(dir string, cfg Config) (*Store, error) {
 	if _, err := cfg.fs.Stat(path); want != "" && errors.Is(err, fs.ErrNotExist) {
 		return nil, lostStore(dir, want)
 	}
+	logs, err := readySpares(cfg.fs, path, int64(cfg.MemTableSize+cfg.MemTableSize/10))
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(path, dir, want, logs, cfg)
+	if err != nil {
+		logs.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// open opens Pebble in path, on logs, and checks what it opened.
+func open(path, dir, want string, logs *logFS, cfg Config) (*Store, error) {
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
 	damage, fail, stalls := &damage{}, &failure{}, &stalls{}
@@ -218,7 +233,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 	log.opening.Store(true)
 	defer log.opening.Store(false)
 	opts := &pebbledb.Options{
-		FS:           cfg.fs,
+		FS:           logs,
 		Cache:        cache,
 		MemTableSize: cfg.MemTableSize,
 		Logger:       log,
@@ -261,7 +276,7 @@ func Open(dir string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created,
-		fs: cfg.fs, path: path, damage: damage, fail: fail, stalls: stalls, mark: mark}
+		fs: cfg.fs, logs: logs, path: path, damage: damage, fail: fail, stalls: stalls, mark: mark}
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
@@ -335,7 +350,9 @@ func (s *Store) Close() error {
 		// exit lets go of its files.
 		return err
 	}
-	return errors.Join(s.db.Close(), s.mark.save())
+	err := errors.Join(s.db.Close(), s.mark.save())
+	s.logs.close()
+	return err
 }
 
 // with runs f on the open database, or says it is closed.
