@@ -640,3 +640,52 @@ func TestLogsAreWrittenInPlace(t *testing.T) {
 		t.Fatalf("spares %v left after Close; want none", got)
 	}
 }
+
+// diskFS reports the free space a test sets, on a disk of 1 TiB.
+type diskFS struct {
+	vfs.FS
+	free atomic.Uint64
+}
+
+func (d *diskFS) GetDiskUsage(string) (vfs.DiskUsage, error) {
+	return vfs.DiskUsage{AvailBytes: d.free.Load(), TotalBytes: 1 << 40}, nil
+}
+
+// TestDiskReadingServesAMillisecond: a reading of the disk's free space
+// serves the writes of the next diskFresh by the store's clock, either
+// way; the first write after that reads the disk again.
+func TestDiskReadingServesAMillisecond(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	disk := &diskFS{FS: vfs.Default}
+	disk.free.Store(1 << 40)
+	s, err := Open(t.TempDir(), Config{Now: clock.Now, fs: disk, DiskReserve: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	claim := func(k string) error {
+		_, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: k},
+			Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
+		return err
+	}
+	full := func(err error) bool { return errcode.Of(err) == errcode.Unavailable && strings.Contains(err.Error(), "disk") }
+	if err := claim("a"); err != nil {
+		t.Fatal(err)
+	}
+	disk.free.Store(1 << 20) // below the reserve
+	if err := claim("b"); err != nil {
+		t.Fatalf("a claim within %s of a reading with room = %v; want it taken", diskFresh, err)
+	}
+	clock.Advance(diskFresh + time.Microsecond)
+	if err := claim("c"); !full(err) {
+		t.Fatalf("a claim %s after the reading, the disk below the reserve = %v; want UNAVAILABLE, the disk full", diskFresh, err)
+	}
+	disk.free.Store(1 << 40)
+	if err := claim("c"); !full(err) {
+		t.Fatalf("a claim within %s of a reading without room = %v; want it refused", diskFresh, err)
+	}
+	clock.Advance(diskFresh + time.Microsecond)
+	if err := claim("c"); err != nil {
+		t.Fatalf("a claim once the disk has room again = %v", err)
+	}
+}

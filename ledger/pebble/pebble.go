@@ -123,7 +123,8 @@ type Config struct {
 	MemTableSize uint64
 	// DiskReserve is the free space, in bytes, below which the store
 	// refuses writes (UNAVAILABLE, retryable) so that Pebble never meets a
-	// full disk: 0 means the smaller of 64 MiB and 5% of the volume.
+	// full disk: 0 means the smaller of 64 MiB and 5% of the volume. The
+	// free space is read at most once a millisecond, by the store's clock.
 	DiskReserve int64
 	// WatermarkInterval is how often Run records the last acknowledged
 	// write in WatermarkFileName: 1 s. Damage to the write-ahead log that
@@ -177,8 +178,10 @@ type Store struct {
 	closed bool
 
 	fs     vfs.FS
-	logs   *logFS     // Pebble's file system
-	path   string     // the store's directory
+	logs   *logFS    // Pebble's file system
+	path   string    // the store's directory
+	opened time.Time // Open's time, for the monotonic clock
+	disk   atomic.Pointer[diskReading]
 	damage *damage    // what Pebble reported damaged, for Ping
 	fail   *failure   // what broke Pebble, if anything did
 	stalls *stalls    // Pebble's write stalls
