@@ -195,7 +195,9 @@ func (r *Record) extendTo(lease time.Time) {
 // (an OUTCOME_UNKNOWN record included). The same Complete repeated
 // succeeds; another outcome for a completed record, a stale token or a
 // record that is neither in progress nor completed is LEASE_LOST.
-// ExpiresAt does not change.
+// ExpiresAt does not change. The record's outcome is p.Outcome itself: a
+// store that keeps records in memory copies them (the memory store's put
+// does); one that encodes them has no use for a copy.
 func NextComplete(cur *Record, p CompleteParams, now time.Time) (Record, error) {
 	if cur == nil || cur.Token != p.Token {
 		return Record{}, leaseLost(p.Token)
@@ -210,7 +212,7 @@ func NextComplete(cur *Record, p CompleteParams, now time.Time) (Record, error) 
 		next := *cur
 		next.State = StateCompleted
 		next.CompletedAt = now
-		next.Outcome = p.Outcome.Clone()
+		next.Outcome = p.Outcome
 		return next, nil
 	}
 	return Record{}, leaseLost(p.Token)
@@ -251,7 +253,8 @@ func NextExtend(cur *Record, p ExtendParams, now time.Time) (Record, error) {
 // released tombstone that reads as absent, so the next Begin claims it
 // afresh with a higher token. A live lease is IN_PROGRESS; a completed
 // record or a tombstone is VALIDATION_FAILED (its outcome is known); no
-// record is NOT_FOUND.
+// record is NOT_FOUND. As with NextComplete, the outcome is p.Outcome
+// itself.
 func NextResolve(cur *Record, p ResolveParams, now time.Time) (Record, error) {
 	switch cur.View(now) {
 	case StateAbsent:
@@ -271,7 +274,7 @@ func NextResolve(cur *Record, p ResolveParams, now time.Time) (Record, error) {
 	}
 	next.State = StateCompleted
 	next.CompletedAt = now
-	next.Outcome = p.Outcome.Clone()
+	next.Outcome = p.Outcome
 	return next, nil
 }
 
