@@ -668,7 +668,9 @@ func TestDiskReadingServesAMillisecond(t *testing.T) {
 			Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
 		return err
 	}
-	full := func(err error) bool { return errcode.Of(err) == errcode.Unavailable && strings.Contains(err.Error(), "disk") }
+	full := func(err error) bool {
+		return errcode.Of(err) == errcode.Unavailable && strings.Contains(err.Error(), "disk")
+	}
 	if err := claim("a"); err != nil {
 		t.Fatal(err)
 	}
