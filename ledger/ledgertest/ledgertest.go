@@ -91,6 +91,7 @@ var sweeps = []rule{
 	{"Sweep", ruleSweep},
 	{"SweepLoop", ruleSweepLoop},
 	{"SweepTombstones", ruleSweepTombstones},
+	{"SweepAbandoned", ruleSweepAbandoned},
 }
 
 // Run runs every rule of the suite, each as a subtest: Rules/<name>,

@@ -124,6 +124,20 @@ func ruleSweepLoop(t *testing.T, suite Suite) {
 	}
 }
 
+// sweepAll sweeps until a sweep finds less than a full batch.
+func sweepAll(t *testing.T, s Sweeper) {
+	t.Helper()
+	for {
+		n, err := s.Sweep(t.Context(), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < 100 {
+			return
+		}
+	}
+}
+
 // ruleSweepTombstones: the sweeper turns a completed record past its
 // retention into a tombstone (the outcome is gone, the record stays and
 // still answers KEY_EXPIRED), and deletes it past its tombstone window.
@@ -140,20 +154,8 @@ func ruleSweepTombstones(t *testing.T, suite Suite) {
 	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, Response("x")); err != nil {
 		t.Fatal(err)
 	}
-	sweepAll := func() {
-		t.Helper()
-		for {
-			n, err := s.Sweep(t.Context(), 100)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n < 100 {
-				return
-			}
-		}
-	}
 	clock.Advance(time.Hour)
-	sweepAll()
+	sweepAll(t, s)
 	rec, err := l.Lookup(t.Context(), sc, 0)
 	if err != nil || rec.State != ledger.StateExpired || rec.Outcome != nil || count() != 1 {
 		t.Fatalf("after a sweep past the retention: %+v, %v, %d records; want one tombstone without its outcome", rec, err, count())
@@ -161,8 +163,44 @@ func ruleSweepTombstones(t *testing.T, suite Suite) {
 	_, err = l.Begin(t.Context(), req)
 	want(t, err, errcode.KeyExpired)
 	clock.Advance(time.Hour)
-	sweepAll()
+	sweepAll(t, s)
 	if n := count(); n != 0 {
 		t.Fatalf("%d records past the tombstone window, want 0", n)
+	}
+}
+
+// ruleSweepAbandoned: an attempt nobody completed or released reads as
+// absent once its retention ends. The sweeper keeps it through its
+// tombstone window, so that a claim of its key then gets a token above
+// its own, and deletes it after.
+func ruleSweepAbandoned(t *testing.T, suite Suite) {
+	s, clock, ns, count := suite.sweeper(t)
+	l := ledger.New(s, ledger.Config{})
+	hour := time.Hour
+	begin := func(key string) ledger.BeginResponse {
+		t.Helper()
+		res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: ledger.Scope{Namespace: ns, Tenant: "acme", Key: key},
+			Fingerprint: Fingerprint("p"), Method: Method, Lease: time.Minute, Retention: time.Hour, TombstoneRetention: &hour})
+		if err != nil || res.Claim == nil {
+			t.Fatalf("Begin %s: %+v, %v; want a claim", key, res, err)
+		}
+		return res
+	}
+	begin("abandoned")
+	first := begin("claimed-again")
+	clock.Advance(time.Hour)
+	sweepAll(t, s)
+	if n := count(); n != 2 {
+		t.Fatalf("%d records after a sweep at the attempts' retention; want both kept through their tombstone window", n)
+	}
+	_, err := l.Lookup(t.Context(), ledger.Scope{Namespace: ns, Tenant: "acme", Key: "abandoned"}, 0)
+	want(t, err, errcode.NotFound)
+	if again := begin("claimed-again"); again.Claim.Token <= first.Claim.Token {
+		t.Fatalf("a claim of a swept attempt's key got token %d; want one above its %d", again.Claim.Token, first.Claim.Token)
+	}
+	clock.Advance(time.Hour)
+	sweepAll(t, s)
+	if n := count(); n != 1 {
+		t.Fatalf("%d records past the abandoned attempt's tombstone window; want only the key claimed again", n)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/pebble/internal/recordkv"
 )
 
 // TestConformance runs the conformance suite, its sweep rules included.
@@ -41,28 +42,43 @@ func TestConformance(t *testing.T) {
 }
 
 // count counts the records of namespace, expired or not, and checks that
-// the expiry index holds exactly one entry for each record, all from one
-// snapshot (a sweep may run meanwhile).
+// the expiry index holds exactly one entry for each record, at the
+// record's IndexAt, all from one snapshot (a sweep may run meanwhile).
 func (s *Store) count(t *testing.T, namespace string) int {
 	t.Helper()
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	keys := func(pre []byte) (n int) {
+	keys := func(pre []byte, each func(k, v []byte)) (n int) {
 		it, err := snap.NewIter(&pebbledb.IterOptions{LowerBound: pre, UpperBound: upperBound(pre)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer it.Close()
 		for valid := it.First(); valid; valid = it.Next() {
+			each(it.Key(), it.Value())
 			n++
 		}
 		return n
 	}
-	records, index := keys(recordPrefix), keys(expiryPrefix)
-	if records != index {
-		t.Fatalf("%d records but %d expiry index entries", records, index)
+	index := map[string]bool{}
+	keys(expiryPrefix, func(k, _ []byte) { index[string(k)] = true })
+	records := keys(recordPrefix, func(k, v []byte) {
+		scope, err := recordkv.DecodeScopeKey(k[len(recordPrefix):])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := recordkv.Decode(scope, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := indexKey(&rec, k); !index[string(want)] {
+			t.Fatalf("the record of %v (%v) has no expiry index entry at %s", scope, rec.State, recordkv.IndexAt(&rec))
+		}
+	})
+	if records != len(index) {
+		t.Fatalf("%d records but %d expiry index entries", records, len(index))
 	}
-	return keys(prefix(namespace, ""))
+	return keys(prefix(namespace, ""), func(_, _ []byte) {})
 }
 
 func TestUpperBound(t *testing.T) {
@@ -689,5 +705,34 @@ func TestDiskReadingServesAMillisecond(t *testing.T) {
 	clock.Advance(diskFresh + time.Microsecond)
 	if err := claim("c"); err != nil {
 		t.Fatalf("a claim once the disk has room again = %v", err)
+	}
+}
+
+// TestCompleteWritesTheRecordAlone: a claim writes the record and its
+// expiry index entry, at the end of its retention; the Complete of an
+// attempt of the TAKEOVER policy writes the record alone, its entry
+// already where a completed record's belongs.
+func TestCompleteWritesTheRecordAlone(t *testing.T) {
+	s, err := Open(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "k"}
+	before := visibleSeq(s.db)
+	res, err := s.Claim(t.Context(), ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method,
+		Lease: time.Minute, Retention: time.Hour, TombstoneRetention: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := visibleSeq(s.db)
+	if _, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: ledgertest.Response("inv_1")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := [2]uint64{claimed - before, visibleSeq(s.db) - claimed}; got != [2]uint64{2, 1} {
+		t.Fatalf("keys written by a claim and its Complete: %v; want [2 1]", got)
+	}
+	if n := s.count(t, "ns"); n != 1 {
+		t.Fatalf("%d records; want 1", n)
 	}
 }

@@ -598,7 +598,7 @@ func recordKey(sc ledger.Scope) []byte {
 // indexKey is the key of a record's expiry index entry; key is its
 // record key.
 func indexKey(rec *ledger.Record, key []byte) []byte {
-	return append(bytes.Clone(expiryPrefix), recordkv.ExpiryKey(recordkv.SweepAt(rec), key[len(recordPrefix):])...)
+	return append(bytes.Clone(expiryPrefix), recordkv.ExpiryKey(recordkv.IndexAt(rec), key[len(recordPrefix):])...)
 }
 
 // reader is what getRecord reads from: the database or a snapshot.
@@ -631,19 +631,22 @@ func getRecord(r reader, scope ledger.Scope, key []byte) (*ledger.Record, error)
 	return &rec, nil
 }
 
-// put stores rec in place of cur in b, and moves its expiry index entry.
+// put stores rec in place of cur in b, and moves its expiry index entry
+// when its time moved: a Complete writes the record alone.
 func put(b *pebbledb.Batch, key []byte, cur, rec *ledger.Record) error {
 	v, err := recordkv.Encode(rec)
 	if err != nil {
 		return err
 	}
-	if cur != nil && !recordkv.SweepAt(cur).Equal(recordkv.SweepAt(rec)) {
-		if err := b.Delete(indexKey(cur, key), nil); err != nil {
+	if cur == nil || !recordkv.IndexAt(cur).Equal(recordkv.IndexAt(rec)) {
+		if cur != nil {
+			if err := b.Delete(indexKey(cur, key), nil); err != nil {
+				return err
+			}
+		}
+		if err := b.Set(indexKey(rec, key), nil, nil); err != nil {
 			return err
 		}
-	}
-	if err := b.Set(indexKey(rec, key), nil, nil); err != nil {
-		return err
 	}
 	return b.Set(key, v, nil)
 }

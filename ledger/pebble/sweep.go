@@ -14,9 +14,11 @@ import (
 
 // Sweep works through up to limit records whose time came, oldest first: a
 // completed record past its retention shrinks to a tombstone (its outcome
-// dropped), a record past ForgetAt is deleted. It returns how many it
-// handled. Reads already see such records as tombstones or absent; the
-// sweep only frees the space, which compaction then gives back.
+// dropped), an attempt past its retention, which reads as absent, becomes
+// a released tombstone, and a record past ForgetAt is deleted. It returns
+// how many it handled. Reads already see such records as tombstones or
+// absent; the sweep only frees the space, which compaction then gives
+// back.
 //
 // Each record is handled under its scope's lock in a batch of its own,
 // committed without an fsync (a sweep lost in a crash is done again), so
@@ -88,11 +90,16 @@ func (s *Store) sweepOne(entry []byte, now time.Time) error {
 			}
 			after = nil
 		default:
-			if rec.Shrinkable(now) {
+			switch {
+			case rec.Shrinkable(now):
 				rec.State, rec.Outcome = ledger.StateExpired, nil
+			case rec.State == ledger.StateInProgress && rec.View(now) == ledger.StateAbsent:
+				// An attempt past its retention reads as absent: it is
+				// kept as the released tombstone it reads as, until
+				// ForgetAt, so that the next claim's token is above its.
+				rec.State = ledger.StateReleased
 			}
-			// Index it again at its next event, the record rewritten
-			// without its outcome if it shrank.
+			// Index it again at its next event, the record rewritten.
 			if err := put(b, key, nil, rec); err != nil {
 				return err
 			}

@@ -45,17 +45,23 @@ func DecodeScopeKey(b []byte) (ledger.Scope, error) {
 	return ledger.Scope{Namespace: parts[0], Tenant: parts[1], Key: parts[2]}, nil
 }
 
-// SweepAt is when the sweeper next has work on a record: at the end of a
-// completed record's retention it drops the outcome (a tombstone is left),
-// at ForgetAt it deletes the record.
-func SweepAt(r *ledger.Record) time.Time {
-	if r.State == ledger.StateCompleted && r.ExpiresAt.Before(r.ForgetAt) {
+// IndexAt is the time of a record's expiry index entry: when the sweeper
+// first has work on it. At the end of a completed record's retention it
+// drops the outcome (a tombstone is left), at ForgetAt it deletes the
+// record. An attempt of the TAKEOVER policy is indexed at the end of its
+// retention too, where its completion will be, so that a Complete leaves
+// the entry where it is and writes only the record; if nobody completed
+// it by then, it reads as absent, and the sweeper keeps it as the released
+// tombstone it reads as.
+func IndexAt(r *ledger.Record) time.Time {
+	attempt := r.State == ledger.StateInProgress && r.OnLeaseExpiry == ledger.Takeover
+	if (r.State == ledger.StateCompleted || attempt) && r.ExpiresAt.Before(r.ForgetAt) {
 		return r.ExpiresAt
 	}
 	return r.ForgetAt
 }
 
-// ExpiryKey is the key of a record in the expiry index: its SweepAt as
+// ExpiryKey is the key of a record in the expiry index: its IndexAt as
 // big-endian nanoseconds (so the index sorts by time), then its scope key.
 func ExpiryKey(expires time.Time, scope []byte) []byte {
 	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(scope)), uint64(expires.UnixNano()))
