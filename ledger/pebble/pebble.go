@@ -178,14 +178,13 @@ type Store struct {
 	closed bool
 
 	fs     vfs.FS
-	logs   *logFS    // Pebble's file system
-	path   string    // the store's directory
-	opened time.Time // Open's time, for the monotonic clock
-	disk   atomic.Pointer[diskReading]
-	damage *damage    // what Pebble reported damaged, for Ping
-	fail   *failure   // what broke Pebble, if anything did
-	stalls *stalls    // Pebble's write stalls
-	mark   *watermark // the last acknowledged write
+	logs   *logFS                      // Pebble's file system
+	path   string                      // the store's directory
+	disk   atomic.Pointer[diskReading] // the last reading of the free space
+	damage *damage                     // what Pebble reported damaged, for Ping
+	fail   *failure                    // what broke Pebble, if anything did
+	stalls *stalls                     // Pebble's write stalls
+	mark   *watermark                  // the last acknowledged write
 }
 
 var _ ledger.Store = (*Store)(nil)

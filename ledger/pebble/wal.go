@@ -120,7 +120,7 @@ func (l *logFS) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, spare := range l.spares {
-		_ = l.FS.Remove(spare)
+		_ = l.Remove(spare)
 	}
 	l.spares = nil
 	_ = l.lock.Close()
