@@ -69,6 +69,7 @@ type config struct {
 	outcomeSizes                                                   []int
 	batchInFlight                                                  []int
 	interceptor, durable, redis                                    bool
+	redisFsync                                                     string
 	batching                                                       string
 }
 
@@ -102,7 +103,8 @@ func main() {
 	outcomeSizes := flag.String("outcome-size", strconv.Itoa(bench.DefaultOutcomeSize), "bytes of the response each fresh pair stores, for every target; a list measures the fresh workload at each size, the first as fresh and the others as fresh@size, in one run")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
 	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
-	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded store, measure in turns with it a durable Redis (appendfsync always; SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
+	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded or the memory store, measure in turns with it a Redis (SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
+	flag.StringVar(&cfg.redisFsync, "redis-appendfsync", "always", "the Redis peer's appendfsync: always (durable, the embedded store's peer) or no (without its disk: beside the memory store, the two transports' floors)")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
 	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
@@ -144,6 +146,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.apis = append(cfg.apis, strings.TrimSpace(a))
+	}
+	if cfg.redisFsync != "always" && cfg.redisFsync != "no" {
+		fmt.Fprintf(os.Stderr, "ledgerbench: bad -redis-appendfsync %q\n", cfg.redisFsync)
+		os.Exit(2)
 	}
 	if cfg.ledgerdProcs > 0 && cfg.addr != "" {
 		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
@@ -397,8 +403,8 @@ func run(ctx context.Context, cfg config) error {
 				targets = append(targets, sql)
 			}
 		}
-		if name == "embedded" && cfg.redis {
-			peer, stop, err := redisTarget(ctx, prefix, replays, outs, emit)
+		if (name == "embedded" || name == "memory") && cfg.redis {
+			peer, stop, err := redisTarget(ctx, prefix+name, cfg.redisFsync, replays, outs, emit)
 			if err != nil {
 				return err
 			}
@@ -423,7 +429,16 @@ func run(ctx context.Context, cfg config) error {
 
 func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
-	fmt.Print(bench.Ratios(results, "ledgerd/embedded", redisName))
+	var peers []string // Redis, one target an appendfsync setting
+	for _, r := range results {
+		if strings.HasPrefix(r.Target, redisPrefix) && !slices.Contains(peers, r.Target) {
+			peers = append(peers, r.Target)
+		}
+	}
+	for _, peer := range peers {
+		fmt.Print(bench.Ratios(results, "ledgerd/embedded", peer))
+		fmt.Print(bench.Ratios(results, "ledgerd/memory", peer))
+	}
 	fmt.Print(bench.Ratios(results, "ledgerd/embedded", floorName))
 	var sqls []string // direct SQL, one target a durability setting
 	for _, r := range results {
@@ -475,17 +490,18 @@ func addSizes(work map[string]bench.Op, outs []*bench.Outcome, at func(*bench.Ou
 	}
 }
 
-// redisName names the Redis peer; floorName the fsync floor's result.
+// redisPrefix names the Redis peer, followed by its appendfsync; floorName
+// names the fsync floor's result.
 const (
-	redisName = "redis appendfsync=always"
-	floorName = "floor: 2 fdatasyncs a pair"
+	redisPrefix = "redis appendfsync="
+	floorName   = "floor: 2 fdatasyncs a pair"
 )
 
-// redisTarget starts a durable Redis on the disk the embedded store uses
-// and returns it as a target, after emitting that disk's fsync floor as a
+// redisTarget starts a Redis of that appendfsync on the disk the embedded
+// store uses and returns it as a target, after emitting that disk's fsync floor as a
 // result of its own. Without redis-server it says so and returns no
 // target.
-func redisTarget(ctx context.Context, prefix string, replays bool, outs []*bench.Outcome, emit func(bench.Result)) (target, func(), error) {
+func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, outs []*bench.Outcome, emit func(bench.Result)) (target, func(), error) {
 	dir, err := os.MkdirTemp("", "ledgerbench-redis-")
 	if err != nil {
 		return target{}, nil, err
@@ -499,7 +515,7 @@ func redisTarget(ctx context.Context, prefix string, replays bool, outs []*bench
 	pair := 2 * floor
 	emit(bench.Result{Target: floorName, Workload: "fresh", Clients: 1, Ops: samples, PerSecond: float64(time.Second) / float64(pair),
 		P50ms: float64(pair.Microseconds()) / 1000})
-	addr, stop, err := bench.StartRedis(ctx, dir)
+	addr, stop, err := bench.StartRedis(ctx, dir, appendfsync)
 	if errors.Is(err, exec.ErrNotFound) {
 		fmt.Fprintln(os.Stderr, "ledgerbench: redis-server is not on the PATH: the embedded store is measured without its Redis peer")
 		return target{}, func() { _ = os.RemoveAll(dir) }, nil
@@ -519,7 +535,7 @@ func redisTarget(ctx context.Context, prefix string, replays bool, outs []*bench
 	}
 	work := map[string]bench.Op{"fresh": r.Fresh(), "replay": r.Replay(), "hot": r.Hot()}
 	addSizes(work, outs, func(o *bench.Outcome) bench.Op { r := *r; r.Outcome = o; return r.Fresh() })
-	return target{name: redisName, workloads: work}, closeAll, nil
+	return target{name: redisPrefix + appendfsync, workloads: work}, closeAll, nil
 }
 
 // dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when

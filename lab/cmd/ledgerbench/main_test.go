@@ -91,19 +91,30 @@ func TestDBTag(t *testing.T) {
 	}
 }
 
-// TestEmbeddedBesideRedis: the embedded store's ledgerd and a durable
-// Redis run in turns, and the disk's fsync floor is reported beside them
+// TestBesideRedis: the embedded store's ledgerd and a durable Redis run
+// in turns, and so do the memory store's and a Redis without its disk
+// (the transports' floors); the disk's fsync floor is reported beside them
 // (skipped without redis-server, failed under CI=true).
-func TestEmbeddedBesideRedis(t *testing.T) {
+func TestBesideRedis(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("redis-server is not installed")
 		}
 		t.Skip("redis-server is not installed")
 	}
-	got, _ := runBench(t, config{stores: "embedded", workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
-		duration: 300 * time.Millisecond, rounds: 2, redis: true})
-	for _, target := range []string{"ledgerd/embedded (stream)", redisName, floorName} {
+	for _, tc := range []struct{ store, appendfsync string }{{"embedded", "always"}, {"memory", "no"}} {
+		t.Run(tc.store, func(t *testing.T) {
+			besideRedis(t, tc.store, tc.appendfsync)
+		})
+	}
+}
+
+// besideRedis runs the store beside a Redis of that appendfsync.
+func besideRedis(t *testing.T, store, appendfsync string) {
+	t.Helper()
+	got, _ := runBench(t, config{stores: store, workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
+		duration: 300 * time.Millisecond, rounds: 2, redis: true, redisFsync: appendfsync})
+	for _, target := range []string{"ledgerd/" + store + " (stream)", redisPrefix + appendfsync, floorName} {
 		if _, ok := got[target]; !ok {
 			t.Fatalf("no result for %q; got %v", target, got)
 		}
