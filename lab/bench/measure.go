@@ -269,8 +269,8 @@ func Markdown(rs []Result) string {
 // Ratios writes, for each result of a target named with prefix, its
 // throughput over base's at the same point, and the CPU it took an
 // operation, this process's and the other processes' together (the
-// database's or Redis's), over base's: a table, empty when base has no
-// result.
+// database's or Redis's), over base's: a table, empty when no target of
+// prefix has a result at one of base's points.
 func Ratios(rs []Result, prefix, base string) string {
 	type point struct {
 		workload string
@@ -286,7 +286,6 @@ func Ratios(rs []Result, prefix, base string) string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n| target | workload | clients | ops/s ÷ %s | CPU/op ÷ %s's |\n|---|---|---:|---:|---:|\n", base, base)
 	for _, r := range rs {
 		if d, ok := bases[point{r.Workload, r.Clients}]; ok && strings.HasPrefix(r.Target, prefix) {
 			cpu := "–"
@@ -296,5 +295,8 @@ func Ratios(rs []Result, prefix, base string) string {
 			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %s |\n", r.Target, r.Workload, r.Clients, r.PerSecond/d.PerSecond, cpu)
 		}
 	}
-	return b.String()
+	if b.Len() == 0 {
+		return "" // no target of prefix at base's points
+	}
+	return fmt.Sprintf("\n| target | workload | clients | ops/s ÷ %s | CPU/op ÷ %s's |\n|---|---|---:|---:|---:|\n", base, base) + b.String()
 }
