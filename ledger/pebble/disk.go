@@ -40,9 +40,9 @@ func diskFull(free, reserve uint64) error {
 // diskFresh is how long a reading of the disk's free space serves the
 // writes that follow it: at 20,000 writes a second, one reading in twenty
 // instead of one a write (a statfs a write was 7% of ledgerd's CPU at 128
-// clients). A disk
-// that falls below the reserve is seen by the first write a millisecond
-// later at most; the reserve is there for the writes of that millisecond.
+// clients). A disk that falls below the reserve is seen by the first write
+// a millisecond later at most; the reserve is there for the writes of that
+// millisecond.
 const diskFresh = time.Millisecond
 
 // diskReading is a reading of the store's disk, and when it was taken by
