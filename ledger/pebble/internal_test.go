@@ -736,3 +736,73 @@ func TestCompleteWritesTheRecordAlone(t *testing.T) {
 		t.Fatalf("%d records; want 1", n)
 	}
 }
+
+// TestSweepResumesWhereItStopped: after a full batch the next sweep lists
+// from the entry after the last it handled, not from the front of the
+// index, and a sweep that ends the backlog sends the next one to the front
+// again, where it finds an entry that came due behind the last batch.
+func TestSweepResumesWhereItStopped(t *testing.T) {
+	clock := ledgertest.NewClock(ledgertest.Start)
+	s, err := Open(t.TempDir(), Config{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	sc := func(k string) ledger.Scope { return ledger.Scope{Namespace: "ns", Tenant: "t", Key: k} }
+	for _, k := range []string{"k1", "k2", "k3"} {
+		res, err := s.Claim(ctx, ledger.ClaimParams{Scope: sc(k), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method,
+			Lease: time.Minute, Retention: time.Hour, TombstoneRetention: 24 * time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, ledger.CompleteParams{Scope: sc(k), Token: res.Record.Token, Outcome: ledgertest.Response(k)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Hour)
+	sweep := func(want int) {
+		t.Helper()
+		if n, err := s.Sweep(ctx, 2); err != nil || n != want {
+			t.Fatalf("Sweep = %d, %v; want %d handled", n, err, want)
+		}
+	}
+	stored := func(k string) *ledger.Record {
+		t.Helper()
+		rec, err := getRecord(s.db, sc(k), recordKey(sc(k)))
+		if err != nil || rec == nil {
+			t.Fatalf("%s: %v, %v", k, rec, err)
+		}
+		return rec
+	}
+	shrunk := func(k string, want bool) {
+		t.Helper()
+		rec := stored(k)
+		if got := rec.Outcome == nil; got != want {
+			t.Fatalf("%s: shrunk to a tombstone = %v, want %v", k, got, want)
+		}
+	}
+	sweep(2) // k1 and k2: a full batch
+	// k0 comes due before k1 did, behind where the batch stopped.
+	k0 := stored("k3")
+	k0.Scope, k0.ExpiresAt = sc("k0"), ledgertest.Start.Add(30*time.Minute)
+	if err := s.with(func(db *pebbledb.DB) error {
+		b := db.NewBatch()
+		defer b.Close()
+		if err := put(b, recordKey(k0.Scope), nil, k0); err != nil {
+			return err
+		}
+		return s.commit(b, pebbledb.Sync)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sweep(1) // k3 alone, from where the batch stopped: the backlog ends
+	shrunk("k3", true)
+	shrunk("k0", false)
+	sweep(1) // from the front: k0
+	shrunk("k0", true)
+	sweep(0)
+	if n := s.count(t, "ns"); n != 4 {
+		t.Fatalf("%d records; want 4 tombstones", n)
+	}
+}

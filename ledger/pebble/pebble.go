@@ -185,6 +185,11 @@ type Store struct {
 	fail   *failure                    // what broke Pebble, if anything did
 	stalls *stalls                     // Pebble's write stalls
 	mark   *watermark                  // the last acknowledged write
+
+	// sweeping holds one Sweep at a time and where the next one's listing
+	// starts (Sweep).
+	sweeping  sync.Mutex
+	sweepFrom []byte
 }
 
 var _ ledger.Store = (*Store)(nil)

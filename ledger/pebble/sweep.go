@@ -23,15 +23,32 @@ import (
 // Each record is handled under its scope's lock in a batch of its own,
 // committed without an fsync (a sweep lost in a crash is done again), so
 // writers wait for one record at a time, never for the whole sweep.
+//
+// A sweep that handles a full batch leaves the next one to start after
+// the last entry it handled. The index is a queue: its front is the
+// entries the sweeps deleted, and until compaction drops them a listing
+// from the front walks every one of them again (after a backlog of a
+// million records, tens of milliseconds a batch). A sweep that handles
+// less than a full batch ended the backlog, and the next one starts at
+// the front again: it finds an entry that came due behind where the last
+// batch stopped (a record restored with its times, a clock step).
+// Sweeps run one at a time.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, s.classify("sweep", err)
 	}
+	s.sweeping.Lock()
+	defer s.sweeping.Unlock()
+	from := s.sweepFrom
+	if from == nil {
+		from = expiryPrefix
+	}
+	s.sweepFrom = nil // unless this one handles a full batch
 	now := s.cfg.Now()
 	var due [][]byte
 	err := s.with(func(db *pebbledb.DB) error {
 		upper := binary.BigEndian.AppendUint64(bytes.Clone(expiryPrefix), uint64(now.UnixNano())+1)
-		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: expiryPrefix, UpperBound: upper})
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: from, UpperBound: upper})
 		if err != nil {
 			return err
 		}
@@ -52,6 +69,9 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 			return n, s.classify("sweep", err)
 		}
 		n++
+	}
+	if n == limit && n > 0 {
+		s.sweepFrom = append(due[n-1], 0) // the first key after it
 	}
 	return n, nil
 }
