@@ -12,9 +12,12 @@
 // due, whether or not the one before has finished, and its latency counts
 // from then. At a rate the store keeps up with, growth and the sweep show
 // in the latency and in whether the rate is kept, apart from each other.
+// -rate r offers r pairs a second instead, the same load in runs whose
+// empty stores measured differently (two builds, two GOMAXPROCS).
 //
 //	go run ./lab/cmd/growbench -records 500000
 //	go run ./lab/cmd/growbench -records 500000 -paced 0.5
+//	go run ./lab/cmd/growbench -records 4000000 -rate 3000
 package main
 
 import (
@@ -46,7 +49,7 @@ type config struct {
 	fillers          int
 	outcome          int
 	measure          time.Duration
-	paced            float64
+	paced, rate      float64
 }
 
 func main() {
@@ -56,10 +59,11 @@ func main() {
 	flag.IntVar(&cfg.fillers, "fillers", 64, "concurrent writers that fill the store")
 	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
 	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
+	flag.Float64Var(&cfg.rate, "rate", 0, "offer this many pairs a second in every measurement after the first, as -paced does; runs compared at one rate offer the same load whatever the empty store measured")
 	flag.Float64Var(&cfg.paced, "paced", 0, "offer this fraction of the empty store's throughput in every measurement after the first, pairs started when due (0.5: half); 0 runs the writers flat out")
 	flag.Parse()
-	if cfg.paced < 0 {
-		fmt.Fprintln(os.Stderr, "growbench: -paced is a fraction of the empty store's throughput, 0 or more")
+	if cfg.paced < 0 || cfg.rate < 0 {
+		fmt.Fprintln(os.Stderr, "growbench: -paced (a fraction of the empty store's throughput) and -rate are 0 or more")
 		os.Exit(2)
 	}
 	if err := run(context.Background(), cfg, os.Stdout); err != nil {
@@ -145,8 +149,11 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	empty := measured("empty", 0, "m0")
 	rate := cfg.paced * empty.perSecond // 0: flat out
+	if cfg.rate > 0 {
+		rate = cfg.rate
+	}
 	if rate > 0 {
-		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | |\n", rate, cfg.paced)
+		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | |\n", rate, rate/empty.perSecond)
 		measured("empty, paced", rate, "m0p")
 	}
 	half := int64(cfg.records / 2)
