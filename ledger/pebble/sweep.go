@@ -71,7 +71,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		n++
 	}
 	if n == limit && n > 0 {
-		s.sweepFrom = append(due[n-1], 0) // the first key after it
+		s.sweepFrom = append(bytes.Clone(due[n-1]), 0) // the first key after it
 	}
 	return n, nil
 }
