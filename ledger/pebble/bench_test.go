@@ -29,7 +29,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 }
 
 // BenchmarkSweep sweeps a backlog of b.N completed records past their
-// tombstone window, 500 at a time as Run does: an op is a record deleted.
+// tombstone window, 500 at a time: an op is a record deleted.
 // The listing of each batch starts where the last one stopped; from the
 // front of the index it would walk what the earlier batches deleted, so
 // compare runs of one size (-benchtime 500000x).

@@ -169,3 +169,6 @@ func (s *Store) keepWatermark(ctx context.Context, onError func(error)) {
 
 // SweepShare is the share of the time Run spends sweeping a backlog.
 func (s *Store) SweepShare() float64 { return s.cfg.SweepShare }
+
+// SweepBatch is how many records Run sweeps before it rests.
+func (s *Store) SweepBatch() int { return s.cfg.SweepBatch }

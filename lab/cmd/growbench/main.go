@@ -50,6 +50,7 @@ type config struct {
 	outcome          int
 	measure          time.Duration
 	paced, rate      float64
+	sweepBatch       int
 }
 
 func main() {
@@ -60,6 +61,7 @@ func main() {
 	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
 	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
 	flag.Float64Var(&cfg.rate, "rate", 0, "offer this many pairs a second in every measurement after the first, as -paced does; runs compared at one rate offer the same load whatever the empty store measured")
+	flag.IntVar(&cfg.sweepBatch, "sweep-batch", 0, "records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default")
 	flag.Float64Var(&cfg.paced, "paced", 0, "offer this fraction of the empty store's throughput in every measurement after the first, pairs started when due (0.5: half); 0 runs the writers flat out")
 	flag.Parse()
 	if cfg.paced < 0 || cfg.rate < 0 {
@@ -80,7 +82,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	}
 	defer os.RemoveAll(dir)
 	clock := ledgertest.NewClock(ledgertest.Start)
-	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now})
+	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.sweepBatch})
 	if err != nil {
 		return err
 	}
@@ -168,16 +170,16 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	}
 	measured("second half written", rate, "m2")
 
-	// Sweep the first half away as the store's Run does (batches of 500,
+	// Sweep the first half away as the store's Run does (its batches,
 	// paced as the store paces them) while the writers run; measure the
 	// writers until the sweep ends.
-	share := s.SweepShare()
+	share, batch := s.SweepShare(), s.SweepBatch()
 	var swept int
 	sweepDone := make(chan error, 1)
 	start := time.Now()
 	go func() {
 		var failed error
-		swept = ledger.SweepBacklog(ctx, 500, share, s.Sweep, func(err error) { failed = err })
+		swept = ledger.SweepBacklog(ctx, batch, share, s.Sweep, func(err error) { failed = err })
 		sweepDone <- failed
 	}()
 	during := stalled(func() timed { return measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3")) })
@@ -187,7 +189,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	}
 	row(fmt.Sprintf("during the sweep (%d steps in %.1f s, share %.2f)", swept, took.Seconds(), share), during)
 	for { // what the sweep left, unmeasured
-		n, err := s.Sweep(ctx, 500)
+		n, err := s.Sweep(ctx, batch)
 		if err != nil {
 			return err
 		}
@@ -201,7 +203,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		return err
 	}
 	opened := time.Now()
-	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now})
+	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.sweepBatch})
 	if err != nil {
 		return err
 	}
