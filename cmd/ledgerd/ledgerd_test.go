@@ -241,6 +241,9 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 		`grpc_server_handling_seconds_bucket{`,
 		"idemledger_pebble_write_stalls_total 0",
 		"idemledger_pebble_write_stall_seconds_total 0",
+		`idemledger_pebble_wal_sync_seconds_bucket{le="0.0001"} `,
+		`idemledger_pebble_wal_sync_seconds_bucket{le="10"} `,
+		`go_sched_latencies_seconds_bucket{le=`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
@@ -248,6 +251,10 @@ func TestEndToEndSurvivesKill9(t *testing.T) {
 	}
 	if strings.Contains(m, "idemledger_sql_") {
 		t.Error("the embedded store's ledgerd exports SQL batch metrics")
+	}
+	// Three claims and a completion, each acknowledged after a sync.
+	if syncs := metricValue(t, m, "idemledger_pebble_wal_sync_seconds_count"); syncs < 4 {
+		t.Errorf("%v log syncs counted after four writes", syncs)
 	}
 
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -530,10 +537,14 @@ func TestPostgreSQLStore(t *testing.T) {
 	if got := calls() - before; got < 2 {
 		t.Errorf("batched calls grew by %v, want at least 2", got)
 	}
+	m := p.metrics(t)
 	for _, want := range []string{"idemledger_sql_batches_total ", "idemledger_sql_batch_busy_seconds_total ", "idemledger_sql_batch_limit ", "idemledger_sql_round_trip_seconds "} {
-		if !strings.Contains(p.metrics(t), want) {
+		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	if syncs := metricValue(t, m, "idemledger_pebble_wal_sync_seconds_count"); syncs != 0 {
+		t.Errorf("ledgerd on a SQL store counts %v syncs of an embedded store's log", syncs)
 	}
 
 	q := start(t, "--database-url", url)

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -159,7 +160,13 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 		return nil, err
 	}
 	d := &daemon{cfg: cfg, log: log, creds: cs, reg: prometheus.NewRegistry(), store: newLateStore(cfg, log), health: health.NewServer()}
-	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
+	// The Go collector's defaults and the scheduler's latencies
+	// (go_sched_latencies_seconds): how long goroutines ready to run
+	// waited for a CPU, which is in every call's tail when ledgerd has
+	// fewer cores than work.
+	goCollector := collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)}))
+	d.reg.MustRegister(goCollector, collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	decisions, observe := decisionCounter()
 	d.reg.MustRegister(grpcMetrics, decisions)
@@ -255,6 +262,7 @@ func (d *daemon) storeMetrics(ctx context.Context) {
 		d.reg.MustRegister(d.store.batchMetrics()...)
 	}
 	d.reg.MustRegister(d.store.stallMetrics()...)
+	d.reg.MustRegister(d.store.walSyncMetric())
 	if d.cfg.followerReads > 0 {
 		d.reg.MustRegister(d.store.followerMetrics()...)
 	}

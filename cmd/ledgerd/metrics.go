@@ -88,6 +88,35 @@ func (l *lateStore) stallMetrics() []prometheus.Collector {
 	}
 }
 
+// walSyncs is the embedded store's log syncs as the histogram
+// idemledger_pebble_wal_sync_seconds, read from the store at each
+// scrape. Empty until it is open, and for the SQL store.
+type walSyncs struct {
+	l    *lateStore
+	desc *prometheus.Desc
+}
+
+func (l *lateStore) walSyncMetric() prometheus.Collector {
+	return walSyncs{l: l, desc: prometheus.NewDesc("idemledger_pebble_wal_sync_seconds",
+		"The embedded store's log syncs: each fdatasync of its write-ahead log, which every write waits for before it is acknowledged.", nil, nil)}
+}
+
+func (w walSyncs) Describe(ch chan<- *prometheus.Desc) { ch <- w.desc }
+
+func (w walSyncs) Collect(ch chan<- prometheus.Metric) {
+	var syncs pebble.WALSyncs
+	if s, err := w.l.get(); err == nil {
+		if p, ok := s.(*pebble.Store); ok {
+			syncs = p.WALSyncs()
+		}
+	}
+	buckets := make(map[float64]uint64, len(syncs.Buckets))
+	for _, b := range syncs.Buckets {
+		buckets[b.Le.Seconds()] = b.Count
+	}
+	ch <- prometheus.MustNewConstHistogram(w.desc, syncs.Count, syncs.Sum.Seconds(), buckets)
+}
+
 // followerMetrics count the claims that read a follower first:
 // idemledger_sql_follower_reads_total{result="served"} were replays
 // answered without the leaseholder, "missed" went on to it.

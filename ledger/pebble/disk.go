@@ -9,6 +9,7 @@ import (
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -145,6 +146,60 @@ func (st *stalls) read() WriteStalls {
 
 // WriteStalls returns the write stalls since Open.
 func (s *Store) WriteStalls() WriteStalls { return s.stalls.read() }
+
+// WALSyncs is how long the store's log syncs took since Open: each is
+// one fdatasync of Pebble's write-ahead log, which every write waits for
+// before it is acknowledged (a sync serves every write queued behind
+// it). Buckets count as a Prometheus histogram's do, cumulatively:
+// Buckets[i].Count syncs took at most Buckets[i].Le. A slow disk shows
+// here; a write that waits for a CPU after its sync does not.
+type WALSyncs struct {
+	Count   uint64
+	Sum     time.Duration
+	Buckets []WALSyncBucket
+}
+
+// WALSyncBucket is one bound of WALSyncs.
+type WALSyncBucket struct {
+	Le    time.Duration
+	Count uint64
+}
+
+// walSyncBounds choose the bounds WALSyncs reports among Pebble's own
+// (100 µs apart up to 5 ms, then 50 steps of a geometric series up to
+// 10 s): for each of these, the first of Pebble's at or above it, so
+// that every count is Pebble's, exact.
+var walSyncBounds = []time.Duration{
+	100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second,
+}
+
+// WALSyncs returns the log's syncs since Open; none once the store is
+// closed or has failed.
+func (s *Store) WALSyncs() WALSyncs {
+	var m dto.Metric
+	if err := s.with(func(db *pebbledb.DB) error { return db.Metrics().LogWriter.FsyncLatency.Write(&m) }); err != nil {
+		return WALSyncs{}
+	}
+	h := m.GetHistogram()
+	w := WALSyncs{Count: h.GetSampleCount(), Sum: time.Duration(h.GetSampleSum())} // Pebble observes nanoseconds
+	next := 0
+	for _, b := range h.GetBucket() {
+		// Pebble's bounds are floats: its last, 10 s, is a hair under.
+		le := b.GetUpperBound() * (1 + 1e-9)
+		if next == len(walSyncBounds) || le < float64(walSyncBounds[next]) {
+			continue
+		}
+		w.Buckets = append(w.Buckets, WALSyncBucket{Le: time.Duration(b.GetUpperBound()).Round(time.Microsecond), Count: b.GetCumulativeCount()})
+		for next < len(walSyncBounds) && le >= float64(walSyncBounds[next]) {
+			next++
+		}
+	}
+	return w
+}
 
 // fatal is what Fatalf panics with on the commit path, for commit to
 // recover.

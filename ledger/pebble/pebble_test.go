@@ -228,6 +228,56 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 	}
 }
 
+// TestWALSyncsCountEverySync: each claim of a lone caller waits for a
+// sync of its own, and WALSyncs counts it, in seconds that fit in the
+// time the claims took, under bounds from 100 µs to 10 s; a closed
+// store reports none.
+func TestWALSyncsCountEverySync(t *testing.T) {
+	s, err := pebble.Open(t.TempDir(), pebble.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	before := s.WALSyncs()
+	const claims = 20
+	start := time.Now()
+	for i := range claims {
+		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: scope(fmt.Sprint("k-", i)), Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	after := s.WALSyncs()
+	if n := after.Count - before.Count; n < claims {
+		t.Errorf("%d syncs counted for %d claims made one at a time; want one each at least", n, claims)
+	}
+	if d := after.Sum - before.Sum; d <= 0 || d > took {
+		t.Errorf("the syncs took %v in all, for claims that took %v", d, took)
+	}
+	wantLe := []time.Duration{100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond, 2 * time.Millisecond,
+		5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond,
+		500 * time.Millisecond, time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second}
+	if len(after.Buckets) != len(wantLe) {
+		t.Fatalf("%d buckets %v; want %d", len(after.Buckets), after.Buckets, len(wantLe))
+	}
+	for i, b := range after.Buckets {
+		// Pebble's bounds past 5 ms are a geometric series, 17% apart.
+		if b.Le < wantLe[i] || float64(b.Le) > 1.17*float64(wantLe[i]) {
+			t.Errorf("bucket %d's bound is %v; want the first at or above %v", i, b.Le, wantLe[i])
+		}
+		if i > 0 && b.Count < after.Buckets[i-1].Count {
+			t.Errorf("bucket %d counts %d, below the %d of the one under it: the counts are not cumulative", i, b.Count, after.Buckets[i-1].Count)
+		}
+	}
+	if last := after.Buckets[len(after.Buckets)-1]; last.Count != after.Count {
+		t.Errorf("%d syncs within 10 s of %d in all", last.Count, after.Count)
+	}
+	_ = s.Close()
+	if got := s.WALSyncs(); got.Count != 0 || got.Buckets != nil {
+		t.Errorf("a closed store reports syncs: %+v", got)
+	}
+}
+
 // crash is the kill -9 test on this store (ledgertest.Crash).
 var crash = ledgertest.Crash{Child: "TestCrashChild", Env: "IDEMLEDGER_PEBBLE_CRASH_DIR",
 	Open: func(dir string) (ledger.Store, func() error, error) {
