@@ -170,7 +170,13 @@ func (m *meter) result(target, workload string, clients int) Result {
 func run(ctx context.Context, clients int, d time.Duration, op Op, lat *[]time.Duration) (ops, errs int64, first string) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	end := time.Now().Add(d - time.Millisecond)
+	// A result counts if it came before the deadline's last millisecond.
+	// The end is the context's own deadline, not a second reading of the
+	// clock: a goroutine descheduled between the two would count the
+	// instant DeadlineExceeded of every call made past the deadline and
+	// before the context's timer, late on a loaded machine, ends it.
+	deadline, _ := ctx.Deadline()
+	end := deadline.Add(-time.Millisecond)
 	var mu sync.Mutex
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
