@@ -61,7 +61,8 @@ func TestMeasure(t *testing.T) {
 func TestInterleave(t *testing.T) {
 	var mu sync.Mutex
 	var turns []string // the subject of each operation, run-length encoded
-	var batches, calls atomic.Uint64
+	var batches, calls, syncs atomic.Uint64
+	var synced atomic.Int64                                  // nanoseconds
 	procs := map[string]map[int]bool{"fast": {}, "slow": {}} // GOMAXPROCS seen in each subject's turns
 	op := func(name string, sleep time.Duration, batch bool) bench.Op {
 		return func(ctx context.Context, c int, n int64) error {
@@ -74,16 +75,19 @@ func TestInterleave(t *testing.T) {
 			if batch {
 				batches.Add(1)
 				calls.Add(3)
+				syncs.Add(2) // two syncs of half a millisecond each
+				synced.Add(int64(time.Millisecond))
 			}
 			time.Sleep(sleep) // a target of known latency: what the harness must report
 			return nil
 		}
 	}
 	stats := func() crdb.BatchStats { return crdb.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
+	logSyncs := func() (uint64, time.Duration) { return syncs.Load(), time.Duration(synced.Load()) }
 	before := runtime.GOMAXPROCS(0)
 	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
-		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false)},
-		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, Procs: before + 1})
+		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false), LogSyncs: logSyncs},
+		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, LogSyncs: logSyncs, Procs: before + 1})
 	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
 		t.Fatalf("turns %v, want %v", turns, want)
 	}
@@ -108,6 +112,30 @@ func TestInterleave(t *testing.T) {
 	}
 	if fast.BatchCalls != 0 || slow.BatchCalls != 3 {
 		t.Fatalf("batch sizes fast %.1f slow %.1f, want 0 and 3", fast.BatchCalls, slow.BatchCalls)
+	}
+	// Only the slow subject's operations sync, twice each, for 1 ms in
+	// all: 2 syncs an operation (a little more, from the operations a
+	// turn's end cut off), of 0.5 ms each; its 2 clients each spend 1 ms
+	// of every 4 ms syncing, so the log syncs for about half the time.
+	if fast.LogSyncs != 0 || fast.LogBusy != 0 || slow.LogSyncs < 2 || slow.LogSyncs > 2.2 ||
+		slow.LogSyncMs != 0.5 || slow.LogBusy < 0.35 || slow.LogBusy > 0.55 {
+		t.Fatalf("log syncs: fast %.2f/op, %.0f%% busy; slow %.2f/op of %.3f ms, %.0f%% busy; want none, and 2 of 0.5 ms for about half the time",
+			fast.LogSyncs, 100*fast.LogBusy, slow.LogSyncs, slow.LogSyncMs, 100*slow.LogBusy)
+	}
+}
+
+// TestLogs: the table of the results whose store's log was read.
+func TestLogs(t *testing.T) {
+	rs := []bench.Result{
+		{Target: "ledgerd/embedded", Workload: "fresh", Clients: 8, LogSyncs: 0.75, LogSyncMs: 0.31, LogBusy: 0.97},
+		{Target: "redis", Workload: "fresh", Clients: 8},
+	}
+	md := bench.Logs(rs)
+	if strings.Count(md, "\n") != 4 || !strings.Contains(md, "| ledgerd/embedded | fresh | 8 | 0.75 | 0.310 | 97% |") || strings.Contains(md, "redis") {
+		t.Fatalf("logs:\n%s", md)
+	}
+	if md := bench.Logs(rs[1:]); md != "" {
+		t.Fatalf("logs with no log read:\n%s", md)
 	}
 }
 

@@ -55,6 +55,15 @@ type Result struct {
 	// The round trip to the database the store measured last, when it
 	// sets its batches in flight from it.
 	RoundTripMs float64 `json:"round_trip_ms,omitempty"`
+
+	// On the embedded store, over the measured turns: its write-ahead
+	// log's syncs an operation, the mean time of a sync, and the share of
+	// the turns' time the log spent syncing. The log syncs once at a time,
+	// for every write waiting then: at a share near 1 each write waits for
+	// the sync in progress and then its own.
+	LogSyncs  float64 `json:"log_syncs_per_op,omitempty"`
+	LogSyncMs float64 `json:"log_sync_ms,omitempty"`
+	LogBusy   float64 `json:"log_busy,omitempty"`
 }
 
 // Subject is one thing Interleave measures: a target and its operation.
@@ -64,6 +73,10 @@ type Subject struct {
 	// Batches, when not nil, reads the batch counters of the store behind
 	// the target, for Result.BatchCalls and BatchBusy.
 	Batches func() crdb.BatchStats
+	// LogSyncs, when not nil, reads the syncs of the write-ahead log of
+	// the store behind the target since it opened, and the time they took,
+	// for Result.LogSyncs, LogSyncMs and LogBusy.
+	LogSyncs func() (syncs uint64, took time.Duration)
 	// Procs, when above 0, is GOMAXPROCS during the target's turns: the
 	// cores of a service sized to fewer than the machine has (the clients
 	// of an in-process service run under the same limit).
@@ -95,7 +108,18 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 			}
 			start := time.Now()
 			run(ctx, clients, turn/5, sub.Op, nil)
+			var syncs0 uint64
+			var took0 time.Duration
+			if sub.LogSyncs != nil {
+				syncs0, took0 = sub.LogSyncs()
+			}
 			ms[i].turn(ctx, clients, turn, sub.Op)
+			if sub.LogSyncs != nil {
+				syncs, took := sub.LogSyncs()
+				ms[i].syncs += syncs - syncs0
+				ms[i].syncTime += took - took0
+				ms[i].logged = true
+			}
 			if sub.Batches != nil {
 				after := sub.Batches()
 				ms[i].batches += after.Batches - before.Batches
@@ -124,6 +148,9 @@ type meter struct {
 	batches, calls  uint64
 	busy, batchTime time.Duration // batchTime: the turns' time, warm-ups included
 	roundTrip       time.Duration
+	logged          bool // the store's log syncs were read
+	syncs           uint64
+	syncTime        time.Duration
 }
 
 // turn measures op for d.
@@ -156,6 +183,13 @@ func (m *meter) result(target, workload string, clients int) Result {
 		r.DBCPUus = float64(m.other.Microseconds()) / float64(m.ops)
 		r.AllocKB = float64(m.alloc) / 1024 / float64(m.ops)
 		r.GCs = float64(m.gcs) * 1000 / float64(m.ops)
+	}
+	if m.logged && m.ops > 0 && m.secs > 0 {
+		r.LogSyncs = float64(m.syncs) / float64(m.ops)
+		r.LogBusy = m.syncTime.Seconds() / m.secs
+		if m.syncs > 0 {
+			r.LogSyncMs = ms(m.syncTime / time.Duration(m.syncs))
+		}
 	}
 	if m.batches > 0 {
 		r.BatchCalls = float64(m.calls) / float64(m.batches)
@@ -270,6 +304,22 @@ func Markdown(rs []Result) string {
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, r.Errors)
 	}
 	return b.String()
+}
+
+// Logs writes, for each result with its store's log syncs read, the
+// syncs an operation, the mean time of a sync and the share of the time
+// the log spent syncing: a table, empty when there is none.
+func Logs(rs []Result) string {
+	var b strings.Builder
+	for _, r := range rs {
+		if r.LogSyncs > 0 {
+			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.3f | %.0f%% |\n", r.Target, r.Workload, r.Clients, r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "\n| target | workload | clients | log syncs/op | ms a sync | time syncing |\n|---|---|---:|---:|---:|---:|\n" + b.String()
 }
 
 // Ratios writes, for each result of a target named with prefix, its

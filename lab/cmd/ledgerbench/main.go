@@ -74,12 +74,13 @@ type config struct {
 }
 
 // target is a target's workloads; batches, when not nil, reads the batch
-// counters of the store behind it; procs, when above 0, is GOMAXPROCS
-// during its turns.
+// counters of the store behind it, and logSyncs its log's syncs; procs,
+// when above 0, is GOMAXPROCS during its turns.
 type target struct {
 	name      string
 	workloads map[string]bench.Op
 	batches   func() crdb.BatchStats
+	logSyncs  func() (uint64, time.Duration)
 	procs     int
 }
 
@@ -213,6 +214,9 @@ func run(ctx context.Context, cfg config) error {
 				batches += fmt.Sprintf(", round trip %.2f ms", r.RoundTripMs)
 			}
 		}
+		if r.LogSyncs > 0 {
+			batches = fmt.Sprintf("  log %.2f syncs/op of %.3f ms, syncing %.0f%%", r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
+		}
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, batches, r.Errors, r.FirstError)
 	}
@@ -249,7 +253,7 @@ func run(ctx context.Context, cfg config) error {
 				var subjects []bench.Subject
 				for _, t := range targets {
 					if op, ok := t.workloads[w]; ok {
-						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, Procs: t.procs})
+						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, LogSyncs: t.logSyncs, Procs: t.procs})
 					}
 				}
 				if len(subjects) == 0 {
@@ -392,7 +396,14 @@ func run(ctx context.Context, cfg config) error {
 				if s, ok := st.(*crdb.Store); ok && v.batching {
 					batches = s.BatchStats
 				}
-				targets = append(targets, target{name: t, workloads: work, batches: batches, procs: cfg.ledgerdProcs})
+				var logSyncs func() (uint64, time.Duration)
+				if s, ok := st.(*pebble.Store); ok {
+					logSyncs = func() (uint64, time.Duration) {
+						w := s.WALSyncs()
+						return w.Count, w.Sum
+					}
+				}
+				targets = append(targets, target{name: t, workloads: work, batches: batches, logSyncs: logSyncs, procs: cfg.ledgerdProcs})
 			}
 			// Direct SQL runs in turns with the variants, once.
 			if pool != nil && v == variants[len(variants)-1] {
@@ -429,6 +440,7 @@ func run(ctx context.Context, cfg config) error {
 
 func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
+	fmt.Print(bench.Logs(results))
 	var peers []string // Redis, one target an appendfsync setting
 	for _, r := range results {
 		if strings.HasPrefix(r.Target, redisPrefix) && !slices.Contains(peers, r.Target) {
