@@ -152,7 +152,8 @@ func (s *Store) WriteStalls() WriteStalls { return s.stalls.read() }
 // before it is acknowledged (a sync serves every write queued behind
 // it). Buckets count as a Prometheus histogram's do, cumulatively:
 // Buckets[i].Count syncs took at most Buckets[i].Le. A slow disk shows
-// here; a write that waits for a CPU after its sync does not.
+// here; a write that waits for a CPU after its sync does not. A sync is
+// counted a moment after the writes it made durable are acknowledged.
 type WALSyncs struct {
 	Count   uint64
 	Sum     time.Duration
