@@ -207,18 +207,18 @@ func run(ctx context.Context, cfg config) error {
 	var results []bench.Result
 	emit := func(r bench.Result) {
 		results = append(results, r)
-		batches := ""
+		store := "" // what the store behind the target says of its writes
 		if r.BatchCalls > 0 {
-			batches = fmt.Sprintf("  batches of %.1f calls, %.1f in flight", r.BatchCalls, r.BatchBusy)
+			store = fmt.Sprintf("  batches of %.1f calls, %.1f in flight", r.BatchCalls, r.BatchBusy)
 			if r.RoundTripMs > 0 {
-				batches += fmt.Sprintf(", round trip %.2f ms", r.RoundTripMs)
+				store += fmt.Sprintf(", round trip %.2f ms", r.RoundTripMs)
 			}
 		}
 		if r.LogSyncs > 0 {
-			batches = fmt.Sprintf("  log %.2f syncs/op of %.3f ms, syncing %.0f%%", r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
+			store = fmt.Sprintf("  log %.2f syncs/op of %.3f ms, syncing %.0f%%", r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
 		}
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
-			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, batches, r.Errors, r.FirstError)
+			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, store, r.Errors, r.FirstError)
 	}
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	if len(cfg.batchInFlight) == 0 {
