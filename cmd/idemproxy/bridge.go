@@ -33,6 +33,9 @@ type bridge struct {
 	max   int           // the most sessions at once
 	idle  time.Duration // a session idle this long is closed
 	log   *slog.Logger
+	// afterFunc starts a session's idle timer: time.AfterFunc, or a
+	// test's clock.
+	afterFunc func(time.Duration, func()) idleTimer
 
 	mu       sync.Mutex
 	sessions map[string]*bridgeSession
@@ -55,7 +58,15 @@ func newBridge(argv []string, limit int64, maxSessions int, idle time.Duration, 
 	if idle <= 0 {
 		idle = defaultSessionIdle
 	}
-	return &bridge{argv: argv, limit: limit, max: maxSessions, idle: idle, log: log, sessions: map[string]*bridgeSession{}}
+	return &bridge{argv: argv, limit: limit, max: maxSessions, idle: idle, log: log, sessions: map[string]*bridgeSession{},
+		afterFunc: func(d time.Duration, f func()) idleTimer { return time.AfterFunc(d, f) }}
+}
+
+// idleTimer is a session's idle timer, as time.AfterFunc's: Stop and
+// Reset.
+type idleTimer interface {
+	Stop() bool
+	Reset(time.Duration) bool
 }
 
 // bridgeSession is one client's child process.
@@ -64,7 +75,7 @@ type bridgeSession struct {
 	id    string
 	stdin io.WriteCloser
 	out   io.Closer
-	idle  *time.Timer
+	idle  idleTimer // running while no request waits (touch)
 
 	wmu sync.Mutex // one message at a time to the child
 
@@ -96,7 +107,9 @@ func (b *bridge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "no such session: initialize again", http.StatusNotFound)
 			return
 		}
-		s.idle.Reset(b.idle)
+		s.mu.Lock()
+		s.touch()
+		s.mu.Unlock()
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -219,7 +232,7 @@ func (b *bridge) open() (*bridgeSession, error) {
 	}
 	out := &child{Reader: &boundedLines{in: bufio.NewReader(stdout), limit: b.limit}, cmd: cmd, stdin: stdin}
 	s := &bridgeSession{b: b, id: rand.Text(), stdin: stdin, out: out, progress: map[string]*waiter{}, done: make(chan struct{})}
-	s.idle = time.AfterFunc(b.idle, s.close)
+	s.idle = b.afterFunc(b.idle, s.close)
 	b.mu.Lock()
 	b.sessions[s.id] = s
 	b.mu.Unlock()
@@ -250,7 +263,22 @@ func (s *bridgeSession) wait(wt *waiter, token string) bool {
 	if token != "" {
 		s.progress[token] = wt
 	}
+	s.touch()
 	return true
+}
+
+// touch starts the session's idle time over, or stops it while a request
+// of its client waits for its answer: a session is idle only while none
+// does, so a call that runs longer than session_idle keeps its session.
+// Called with s.mu held.
+func (s *bridgeSession) touch() {
+	switch {
+	case s.closed:
+	case len(s.waiting) > 0:
+		s.idle.Stop()
+	default:
+		s.idle.Reset(s.b.idle)
+	}
 }
 
 // forget drops wt, answered or abandoned by its client.
@@ -266,6 +294,7 @@ func (s *bridgeSession) forget(wt *waiter) {
 	if s.listen == wt {
 		s.listen = nil
 	}
+	s.touch()
 }
 
 // read routes the child's messages until it exits, then closes the
@@ -302,6 +331,7 @@ func (s *bridgeSession) route(msg []byte) {
 		deliver(to, msg)
 		close(to.msgs)
 		s.waiting = slices.DeleteFunc(s.waiting, func(o *waiter) bool { return o == to })
+		s.touch()
 		return
 	case e.Method == "notifications/progress":
 		to = s.progress[progressTokenOf(e.Params)]

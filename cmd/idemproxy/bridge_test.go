@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,14 +21,98 @@ func bridgeTo(t *testing.T, maxSessions int, idle time.Duration) (*bridge, strin
 	t.Setenv("IDEMPROXY_TEST_STDIO_UPSTREAM", "1")
 	b := newBridge([]string{os.Args[0], "-test.run=^$"}, defaultMaxResultBytes, maxSessions, idle, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(b)
-	t.Cleanup(func() { srv.Close(); b.closeAll() })
+	t.Cleanup(func() { b.closeAll(); srv.Close() }) // a session's listening stream ends when it closes
 	return b, srv.URL
 }
 
 func dial(t *testing.T, endpoint string) (*mcp.ClientSession, error) {
 	t.Helper()
-	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	return dialWith(t, endpoint, nil)
+}
+
+func dialWith(t *testing.T, endpoint string, opts *mcp.ClientOptions) (*mcp.ClientSession, error) {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, opts)
 	return c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1}, nil)
+}
+
+// onlySession is the bridge's one session.
+func onlySession(t *testing.T, b *bridge) *bridgeSession {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.sessions) != 1 {
+		t.Fatalf("%d sessions, want 1", len(b.sessions))
+	}
+	for _, s := range b.sessions {
+		return s
+	}
+	return nil
+}
+
+// fakeTimer is a session's idle timer that runs on the test's word:
+// elapse does what the end of the idle time would.
+type fakeTimer struct {
+	mu      sync.Mutex
+	f       func()
+	running bool
+	changed chan struct{} // a value after a Stop or Reset, for a test waiting on one
+}
+
+func (t *fakeTimer) set(running bool) bool {
+	t.mu.Lock()
+	was := t.running
+	t.running = running
+	t.mu.Unlock()
+	select {
+	case t.changed <- struct{}{}:
+	default:
+	}
+	return was
+}
+
+func (t *fakeTimer) Stop() bool               { return t.set(false) }
+func (t *fakeTimer) Reset(time.Duration) bool { return t.set(true) }
+
+func (t *fakeTimer) isRunning() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.running
+}
+
+// elapse ends the idle time: it runs the timer's function if the timer
+// was running, and reports whether it was.
+func (t *fakeTimer) elapse() bool {
+	if !t.set(false) {
+		return false
+	}
+	t.f()
+	return true
+}
+
+// waitRunning waits for the timer to run, or to stop, as running says.
+func (t *fakeTimer) waitRunning(running bool) {
+	for t.isRunning() != running {
+		<-t.changed
+	}
+}
+
+// fakeIdle gives the bridge's next sessions fake idle timers, and returns
+// the latest one made.
+func (b *bridge) fakeIdle() func() *fakeTimer {
+	var mu sync.Mutex
+	var last *fakeTimer
+	b.afterFunc = func(_ time.Duration, f func()) idleTimer {
+		mu.Lock()
+		defer mu.Unlock()
+		last = &fakeTimer{f: f, running: true, changed: make(chan struct{}, 1)}
+		return last
+	}
+	return func() *fakeTimer {
+		mu.Lock()
+		defer mu.Unlock()
+		return last
+	}
 }
 
 // TestBridgeBoundsSessions: each session of a stdio upstream is a child
@@ -65,18 +151,15 @@ func TestBridgeBoundsSessions(t *testing.T) {
 // without a DELETE) is closed, its child ended; its id is then unknown,
 // so that a client that comes back initializes again.
 func TestBridgeClosesIdleSessions(t *testing.T) {
-	b, endpoint := bridgeTo(t, 1, 200*time.Millisecond)
+	b, endpoint := bridgeTo(t, 1, time.Minute)
+	idle := b.fakeIdle()
 	cs, err := dial(t, endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.mu.Lock()
-	var s *bridgeSession
-	for _, s = range b.sessions {
-	}
-	b.mu.Unlock()
-	if s == nil {
-		t.Fatal("no session")
+	s := onlySession(t, b)
+	if !idle().elapse() {
+		t.Fatal("the idle session's timer was not running")
 	}
 	<-s.done // closed by its idle timer, once the child has exited
 	if s.out.(*child).cmd.ProcessState == nil {
@@ -88,6 +171,53 @@ func TestBridgeClosesIdleSessions(t *testing.T) {
 	if _, err := dial(t, endpoint); err != nil {
 		t.Fatalf("a new session after the idle one closed: %v", err)
 	}
+}
+
+// TestBridgeKeepsASessionWhileACallWaits: a session is idle only while no
+// request of its client waits for its answer. Its idle time stops while a
+// call runs (a call longer than session_idle keeps its child), and starts
+// over once the call is answered or its client leaves it.
+func TestBridgeKeepsASessionWhileACallWaits(t *testing.T) {
+	b, endpoint := bridgeTo(t, 1, time.Minute)
+	idle := b.fakeIdle()
+	running := make(chan struct{}, 1)
+	cs, err := dialWith(t, endpoint, &mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+		running <- struct{}{}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := onlySession(t, b)
+	ctx, cancel := context.WithCancel(t.Context())
+	called := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "wait_for_cancel", Arguments: map[string]any{}, Meta: mcp.Meta{"progressToken": "p"}})
+		called <- err
+	}()
+	<-running // the child runs the call, which waits for its answer
+	if idle().elapse() {
+		t.Fatal("the idle timer ran while a call waited for its answer")
+	}
+	select {
+	case <-s.done:
+		t.Fatal("the session closed while a call waited for its answer")
+	default:
+	}
+	cancel()
+	if err := <-called; err == nil {
+		t.Fatal("the cancelled call was answered")
+	}
+	idle().waitRunning(true) // the bridge let go of the call the client left
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil {
+		t.Fatalf("a call after the long one: %v", err)
+	}
+	if !idle().isRunning() {
+		t.Fatal("the idle timer is not running once every call is answered")
+	}
+	if !idle().elapse() {
+		t.Fatal("the idle timer did not end the idle session")
+	}
+	<-s.done
 }
 
 // TestProxyRefusesALargeMessage: a message from the client over the

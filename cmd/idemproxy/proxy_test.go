@@ -99,7 +99,7 @@ func byCommand(argv ...string) func(*mcpConfig) {
 
 // goUpstream is an MCP server with no guard of its own: create_invoice
 // writes a row each time it runs (with the claim it was forwarded), echo
-// is not guarded by the proxy.
+// is not guarded by the proxy, wait_for_cancel runs until it is cancelled.
 type goUpstream struct {
 	mu     sync.Mutex
 	rows   []uint64 // the claim token of each write
@@ -147,6 +147,13 @@ func (u *goUpstream) server() *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "big_report"}, func(_ context.Context, _ *mcp.CallToolRequest, a size) (*mcp.CallToolResult, any, error) {
 		u.reports.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("r", a.Bytes)}}}, nil, nil
+	})
+	// wait_for_cancel reports progress once it runs, then waits until its
+	// caller cancels it: a call that runs as long as a test needs.
+	mcp.AddTool(s, &mcp.Tool{Name: "wait_for_cancel"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
+		_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+		<-ctx.Done()
+		return nil, nil, ctx.Err()
 	})
 	return s
 }
@@ -230,7 +237,7 @@ func TestProxyGuardsTheNamedTools(t *testing.T) {
 	}
 	// Everything else passes through: tools/list, an unguarded tool.
 	list, err := cs.ListTools(t.Context(), nil)
-	if err != nil || len(list.Tools) != 3 { // create_invoice, echo, big_report
+	if err != nil || len(list.Tools) != 4 { // create_invoice, echo, big_report, wait_for_cancel
 		t.Fatalf("tools/list through the proxy: %v, %v", list, err)
 	}
 	for range 2 {
