@@ -328,10 +328,12 @@ func (s *bridgeSession) route(msg []byte) {
 		if to == nil {
 			return // its client left
 		}
-		deliver(to, msg)
-		close(to.msgs)
+		// The idle time starts over before the answer can reach the
+		// client (its stream reads to.msgs without s.mu).
 		s.waiting = slices.DeleteFunc(s.waiting, func(o *waiter) bool { return o == to })
 		s.touch()
+		deliver(to, msg)
+		close(to.msgs)
 		return
 	case e.Method == "notifications/progress":
 		to = s.progress[progressTokenOf(e.Params)]
