@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -547,6 +548,96 @@ func failTheStore(t *testing.T, dir string, acked int, scope func(string) ledger
 	case <-time.After(10 * time.Second):
 		t.Error("Close of a failed store hangs")
 	}
+}
+
+// TestNoAnswerFromAnUnsyncedWrite: Pebble shows a batch to readers once
+// it is applied, before the log's sync that makes it durable ends. A
+// replay (Claim) and a Lookup (Get, GetMany) of a record whose Complete
+// is still syncing wait for that sync instead of answering the outcome:
+// here the sync fails, in a child process, and neither may have answered
+// an outcome the store never acknowledged.
+func TestNoAnswerFromAnUnsyncedWrite(t *testing.T) {
+	if dir := os.Getenv("PEBBLE_UNSYNCED_DIR"); dir != "" {
+		answerDuringASync(t, dir)
+		if t.Failed() {
+			os.Exit(1)
+		}
+		os.Exit(0) // a failed store is not closed
+	}
+	child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestNoAnswerFromAnUnsyncedWrite$", "-test.v")
+	child.Env = append(os.Environ(), "PEBBLE_UNSYNCED_DIR="+t.TempDir())
+	if out, err := child.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("the sync failed")) {
+		t.Fatalf("the child: %v\n%s", err, out)
+	}
+}
+
+// answerDuringASync is the child of TestNoAnswerFromAnUnsyncedWrite.
+func answerDuringASync(t *testing.T, dir string) {
+	var hold atomic.Bool
+	syncing, fail := make(chan struct{}), make(chan struct{})
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		isSync := op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo
+		if !isSync || !strings.HasSuffix(op.Path, ".log") || !hold.CompareAndSwap(true, false) {
+			return nil
+		}
+		close(syncing)
+		<-fail
+		return syscall.EIO
+	}))
+	s, err := Open(dir, Config{fs: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "k"}
+	claim := ledger.ClaimParams{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour}
+	res, err := s.Claim(t.Context(), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold.Store(true)
+	applied := visibleSeq(s.db) + 1
+	completed := make(chan error, 1)
+	go func() {
+		_, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: ledgertest.Response("inv_1")})
+		completed <- err
+	}()
+	<-syncing
+	for visibleSeq(s.db) < applied {
+		runtime.Gosched() // the Complete is applied, and readers see it, while its sync waits
+	}
+	type answer struct {
+		call  string
+		state ledger.State
+		err   error
+	}
+	answers := make(chan answer, 3)
+	go func() {
+		r, err := s.Claim(t.Context(), claim)
+		answers <- answer{"a replay", r.Record.State, err}
+	}()
+	go func() {
+		r, err := s.Get(t.Context(), sc)
+		answers <- answer{"a Lookup", r.State, err}
+	}()
+	go func() {
+		recs, err := s.GetMany(t.Context(), []ledger.Scope{sc})
+		var st ledger.State
+		if err == nil {
+			st = recs[0].State
+		}
+		answers <- answer{"a Lookup of many", st, err}
+	}()
+	close(fail)
+	if err := <-completed; errcode.Of(err) != errcode.Unavailable {
+		t.Fatalf("the Complete whose sync failed = %v; want UNAVAILABLE", err)
+	}
+	for range cap(answers) {
+		a := <-answers
+		if a.err == nil && a.state != ledger.StateInProgress {
+			t.Errorf("%s during the Complete's sync answered %v, which the store never acknowledged", a.call, a.state)
+		}
+	}
+	t.Log("the sync failed")
 }
 
 // TestPebbleErrorLinesAreRateLimited: a flush failing in a loop (a full

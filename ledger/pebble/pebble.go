@@ -62,10 +62,31 @@ const maxHeld = 64
 // holds, and a claim whose lock-free read began after the last write
 // counted has read what Pebble holds: a fresh pair reads Pebble once,
 // in its claim's first read, not three times.
+//
+// Pebble shows a batch to readers once it is applied, before the log's
+// sync that makes it durable has ended; a write holds its stripe's lock
+// until then. A read without the lock is answered from only when no write
+// of its stripe was syncing while it read (settled); otherwise it is done
+// again under the lock, so that no call is answered with a record the
+// store may never acknowledge.
 type stripe struct {
 	sync.Mutex
-	writes atomic.Uint64
-	held   map[string]ledger.Record // by record key: records in progress only
+	writes  atomic.Uint64
+	syncing atomic.Int32             // writes from their commit until they are counted
+	held    map[string]ledger.Record // by record key: records in progress only
+}
+
+// begin starts a read of the stripe without its lock, before the read
+// can see anything.
+func (st *stripe) begin() seen {
+	writes := st.writes.Load()
+	return seen{writes: writes, quiet: st.syncing.Load() == 0}
+}
+
+// settled reports whether the read r may be answered from: no write of the
+// stripe was syncing, or failed, while it read.
+func (st *stripe) settled(r seen) bool {
+	return r.quiet && st.syncing.Load() == 0 && st.writes.Load() == r.writes
 }
 
 // stripe is the stripe of a record key.
@@ -97,6 +118,24 @@ func (st *stripe) read(db reader, scope ledger.Scope, key []byte) (*ledger.Recor
 		return &rec, nil
 	}
 	return getRecord(db, scope, key)
+}
+
+// readLocked reads key's record under its stripe's lock: the read again
+// of one that met a write still syncing. It returns at ctx's end while
+// that write's sync stalls.
+func (s *Store) readLocked(ctx context.Context, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	var rec *ledger.Record
+	err := waitFor(ctx, func() error {
+		st := s.stripe(key)
+		st.Lock()
+		defer st.Unlock()
+		return s.with(func(db *pebbledb.DB) error {
+			var err error
+			rec, err = st.read(db, scope, key)
+			return err
+		})
+	})
+	return rec, err
 }
 
 // Config configures a Store. The zero value works.
@@ -400,7 +439,8 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	var res ledger.ClaimResult
 	var readOnly bool
 	key := recordKey(p.Scope)
-	read := seen{writes: s.stripe(key).writes.Load()}
+	st := s.stripe(key)
+	read := st.begin()
 	err := s.with(func(db *pebbledb.DB) error {
 		var err error
 		if read.rec, err = getRecord(db, p.Scope, key); err != nil {
@@ -414,9 +454,11 @@ func (s *Store) Claim(ctx context.Context, p ledger.ClaimParams) (ledger.ClaimRe
 	if err != nil {
 		return ledger.ClaimResult{}, s.classify("claim", err)
 	}
-	if readOnly {
+	if readOnly && st.settled(read) {
 		return res, nil
 	}
+	// A claim that writes, or whose read met a write still syncing,
+	// decides again under the lock.
 	err = s.update(ctx, "claim", p.Scope, &read, func(cur *ledger.Record, now time.Time) (*ledger.Record, error) {
 		next, claimed := ledger.NextClaim(cur, p, now)
 		res = ledger.ClaimResult{Record: next, Claimed: claimed, Now: now}
@@ -488,16 +530,21 @@ func (s *Store) Get(ctx context.Context, scope ledger.Scope) (ledger.Record, err
 	if err := ctx.Err(); err != nil {
 		return ledger.Record{}, s.classify("get", err)
 	}
-	var rec *ledger.Record
+	key := recordKey(scope)
+	st := s.stripe(key)
+	read := st.begin()
 	err := s.with(func(db *pebbledb.DB) error {
 		var err error
-		rec, err = getRecord(db, scope, recordKey(scope))
+		read.rec, err = getRecord(db, scope, key)
 		return err
 	})
+	if err == nil && !st.settled(read) {
+		read.rec, err = s.readLocked(ctx, scope, key)
+	}
 	if err != nil {
 		return ledger.Record{}, s.classify("get", err)
 	}
-	view, ok := rec.AsOf(s.cfg.Now())
+	view, ok := read.rec.AsOf(s.cfg.Now())
 	if !ok {
 		return ledger.Record{}, errcode.Errorf(errcode.NotFound, "no record for this key")
 	}
@@ -509,24 +556,37 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 	if err := ctx.Err(); err != nil {
 		return nil, s.classify("get", err)
 	}
-	recs := make([]ledger.Record, len(scopes))
+	keys := make([][]byte, len(scopes))
+	reads := make([]seen, len(scopes))
+	for i, sc := range scopes {
+		keys[i] = recordKey(sc)
+		reads[i] = s.stripe(keys[i]).begin()
+	}
 	err := s.with(func(db *pebbledb.DB) error {
 		snap := db.NewSnapshot()
 		defer snap.Close()
-		now := s.cfg.Now()
 		for i, sc := range scopes {
-			rec, err := getRecord(snap, sc, recordKey(sc))
-			if err != nil {
+			var err error
+			if reads[i].rec, err = getRecord(snap, sc, keys[i]); err != nil {
 				return err
-			}
-			if view, ok := rec.AsOf(now); ok {
-				recs[i] = view
 			}
 		}
 		return nil
 	})
+	for i, sc := range scopes {
+		if err == nil && !s.stripe(keys[i]).settled(reads[i]) {
+			reads[i].rec, err = s.readLocked(ctx, sc, keys[i])
+		}
+	}
 	if err != nil {
 		return nil, s.classify("get", err)
+	}
+	recs := make([]ledger.Record, len(scopes))
+	now := s.cfg.Now()
+	for i, r := range reads {
+		if view, ok := r.rec.AsOf(now); ok {
+			recs[i] = view
+		}
 	}
 	return recs, nil
 }
@@ -536,10 +596,11 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 // which also stores nothing.
 type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
 
-// seen is a record read without the lock, and the count of its stripe's
-// writes before the read began.
+// seen is a record read without the lock, the count of its stripe's
+// writes before the read began, and whether none was syncing then.
 type seen struct {
 	writes uint64
+	quiet  bool
 	rec    *ledger.Record
 }
 
@@ -579,6 +640,8 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 			if err := put(b, key, cur, rec); err != nil {
 				return err
 			}
+			st.syncing.Add(1)
+			defer st.syncing.Add(-1) // after wrote, for settled
 			if err := s.commit(b, pebbledb.Sync); err != nil {
 				st.wrote(key, nil) // it may have landed: read it next time
 				return err
