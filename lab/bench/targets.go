@@ -14,6 +14,7 @@ import (
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -153,7 +154,7 @@ type SQL struct {
 func (s *SQL) claim(ctx context.Context, key string) (token int64, ours bool, err error) {
 	nonce := make([]byte, 16)
 	_, _ = rand.Read(nonce)
-	err = retry(func() error {
+	err = retry(ctx, func() error {
 		var (
 			ns, tenant, k, m, fp         string
 			state                        int16
@@ -174,7 +175,7 @@ func (s *SQL) claim(ctx context.Context, key string) (token int64, ours bool, er
 
 // cas runs a compare-and-set statement (Complete or Release).
 func (s *SQL) cas(ctx context.Context, sql string, args ...any) error {
-	return retry(func() error {
+	return retry(ctx, func() error {
 		rows, err := s.Pool.Query(ctx, sql, args...)
 		if err != nil {
 			return err
@@ -226,12 +227,25 @@ func (s *SQL) Hot() Op {
 	}
 }
 
-// retry runs fn again on serialization failures (SQLSTATE 40001).
-func retry(fn func() error) error {
-	for {
+// The backoff between direct SQL's retries: ledgerd's PostgreSQL store's
+// (crdb.Config's RetryBase and RetryCap defaults).
+const (
+	retryBase = 2 * time.Millisecond
+	retryCap  = 200 * time.Millisecond
+)
+
+// retry runs fn again on serialization failures (SQLSTATE 40001) after a
+// full-jitter backoff, as ledgerd's store does: direct SQL is the peer a
+// careful user would write, not a storm of retries at once, which under
+// SERIALIZABLE conflicts again and collapses from 32 clients.
+func retry(ctx context.Context, fn func() error) error {
+	for attempt := 1; ; attempt++ {
 		err := fn()
 		var pe *pgconn.PgError
 		if !errors.As(err, &pe) || pe.Code != "40001" {
+			return err
+		}
+		if err := backoff.Sleep(ctx, backoff.FullJitter(retryBase, retryCap, attempt+1)+time.Microsecond); err != nil {
 			return err
 		}
 	}
