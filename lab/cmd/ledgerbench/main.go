@@ -103,7 +103,7 @@ func main() {
 	flag.DurationVar(&cfg.dbRTT, "db-rtt", 0, "put the postgres store's database behind a proxy that adds this round trip (half each way): a database a region away; 0: none")
 	outcomeSizes := flag.String("outcome-size", strconv.Itoa(bench.DefaultOutcomeSize), "bytes of the response each fresh pair stores, for every target; a list measures the fresh workload at each size, the first as fresh and the others as fresh@size, in one run")
 	flag.IntVar(&cfg.maxBatchedOutcome, "max-batched-outcome", 0, "postgres store with batching: the largest outcome, in encoded bytes, a Complete sends through a batch; 0 is the store's default, -1 batches every outcome")
-	flag.IntVar(&cfg.pool, "pool", 16, "connection pool size on PostgreSQL, for the store and for direct SQL alike")
+	flag.IntVar(&cfg.pool, "pool", 0, "connection pool size on PostgreSQL, for the store and for direct SQL alike; 0 is pgx's default, the larger of 4 and the cores, as ledgerd's")
 	flag.BoolVar(&cfg.redis, "redis", true, "with the embedded or the memory store, measure in turns with it a Redis (SET NX, then SET XX) and the disk's fsync floor; needs redis-server on the PATH, and says so when it is missing")
 	flag.StringVar(&cfg.redisFsync, "redis-appendfsync", "always", "the Redis peer's appendfsync: always (durable, the embedded store's peer) or no (without its disk: beside the memory store, the two transports' floors)")
 	flag.BoolVar(&cfg.interceptor, "interceptor", true, "measure a write RPC with and without the idempotency interceptor")
@@ -635,7 +635,9 @@ func openStore(ctx context.Context, cfg config, name string, db database, v vari
 		if strings.Contains(url, "?") {
 			sep = "&"
 		}
-		url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
+		if cfg.pool > 0 {
+			url += sep + "pool_max_conns=" + strconv.Itoa(cfg.pool)
+		}
 		s, err := crdb.Open(ctx, url, crdb.Config{Batching: v.batching, BatchInFlight: v.inFlight, MaxBatchedOutcome: cfg.maxBatchedOutcome})
 		if err != nil {
 			return nil, nil, nil, err
