@@ -435,17 +435,25 @@ func TestFullDiskRefusesWrites(t *testing.T) {
 		return s.Claim(t.Context(), ledger.ClaimParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: k},
 			Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Minute, Retention: time.Hour})
 	}
-	if _, err := claim("before"); err != nil {
+	before, err := claim("before")
+	if err != nil {
 		t.Fatal(err)
 	}
 	s.cfg.DiskReserve = 1 << 62 // more than any disk has free
-	before := visibleSeq(s.db)
+	seq := visibleSeq(s.db)
 	_, err = claim("full")
 	if le := errcode.As(err); le.Code != errcode.Unavailable || !le.Retryable() || le.RetryAfter <= 0 || !strings.Contains(le.Message, "disk") {
 		t.Fatalf("a claim on a full disk = %v; want a retryable UNAVAILABLE with a hint, saying the disk is full", err)
 	}
-	if after := visibleSeq(s.db); after != before {
-		t.Fatalf("the refused claim wrote to Pebble: sequence %d, then %d", before, after)
+	if after := visibleSeq(s.db); after != seq {
+		t.Fatalf("the refused claim wrote to Pebble: sequence %d, then %d", seq, after)
+	}
+	// A call that would write nothing gets its answer: a Complete by a
+	// token that does not hold the key is LEASE_LOST, not a full disk.
+	_, err = s.Complete(t.Context(), ledger.CompleteParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: "before"},
+		Token: before.Record.Token + 1, Outcome: ledgertest.Response("inv_1")})
+	if errcode.Of(err) != errcode.LeaseLost {
+		t.Fatalf("a Complete by a stale token on a full disk = %v; want LEASE_LOST", err)
 	}
 	if _, err := s.Get(t.Context(), ledger.Scope{Namespace: "ns", Tenant: "t", Key: "before"}); err != nil {
 		t.Fatalf("a read on a full disk: %v", err)

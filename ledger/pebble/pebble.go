@@ -614,9 +614,6 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 	if err := ctx.Err(); err != nil {
 		return s.classify(op, err)
 	}
-	if err := s.room(); err != nil {
-		return err
-	}
 	key := recordKey(scope)
 	var ruleErr error
 	err := waitFor(ctx, func() error {
@@ -634,6 +631,9 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 			rec, err := next(cur, s.cfg.Now())
 			if ruleErr = err; err != nil || rec == nil {
 				return nil // a rule error is an answer, not a failed commit
+			}
+			if err := s.room(); err != nil {
+				return err // only a write is refused on a full disk
 			}
 			b := db.NewBatch()
 			defer b.Close()
