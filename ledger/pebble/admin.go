@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"slices"
 	"time"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -86,8 +87,13 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 	return page, nil
 }
 
-// Purge implements ledger.Store. Each record is erased under its
-// scope's lock; the erasures are made durable together at the end.
+// purgeBatch is how many records one batch of Purge erases.
+const purgeBatch = 128
+
+// Purge implements ledger.Store. The records are erased in batches of
+// purgeBatch, each under the locks of its records' stripes until its sync
+// has ended: no read answers that a record is gone before its erasure is
+// durable, and writers wait for one batch at a time.
 func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
 	if err := ctx.Err(); err != nil {
 		return ledger.PurgeResult{}, s.classify("purge", err)
@@ -110,53 +116,81 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	}
 	var res ledger.PurgeResult
 	now := s.cfg.Now()
-	for _, key := range keys {
-		if err := s.purgeOne(key, now, res.Purged < p.Limit, &res); err != nil {
+	for batch := range slices.Chunk(keys, purgeBatch) {
+		if err := s.purge(batch, now, p.Limit, &res); err != nil {
 			return ledger.PurgeResult{}, s.classify("purge", err)
 		}
-	}
-	if err := s.with(func(db *pebbledb.DB) error { return db.LogData(nil, pebbledb.Sync) }); err != nil {
-		return ledger.PurgeResult{}, s.classify("purge", err)
 	}
 	return res, nil
 }
 
-// purgeOne erases the record at key when it may be purged and erase is
-// set, and counts it in res.
-func (s *Store) purgeOne(key []byte, now time.Time, erase bool, res *ledger.PurgeResult) error {
-	scope, err := recordkv.DecodeScopeKey(key[len(recordPrefix):])
-	if err != nil {
-		return err
+// purge erases, in one synced batch, the records at keys that may be
+// purged while res.Purged is under limit, and counts them in res.
+func (s *Store) purge(keys [][]byte, now time.Time, limit int, res *ledger.PurgeResult) error {
+	// The stripes are locked in their order: whoever else holds a
+	// stripe's lock holds no other, or took it in the same order.
+	at := make([]uint64, len(keys))
+	for i, key := range keys {
+		at[i] = s.stripeAt(key)
 	}
-	st := s.stripe(key)
-	st.Lock()
-	defer st.Unlock()
+	var locked []*stripe
+	for _, i := range slices.Compact(slices.Sorted(slices.Values(at))) {
+		st := &s.locks[i]
+		st.Lock()
+		defer st.Unlock()
+		locked = append(locked, st)
+	}
 	return s.with(func(db *pebbledb.DB) error {
-		rec, err := getRecord(db, scope, key)
-		if err != nil || rec == nil {
-			return err
-		}
-		switch {
-		case !rec.Purgeable(now):
-			res.Skipped++
-			return nil
-		case !erase:
-			res.More = true // past the limit: only counting what is left
-			return nil
-		}
-		if rec.View(now) != ledger.StateAbsent {
-			res.Purged++
-		}
 		b := db.NewBatch()
 		defer b.Close()
-		if err := b.Delete(indexKey(rec, key), nil); err != nil {
-			return err
+		var erased []int
+		for i, key := range keys {
+			scope, err := recordkv.DecodeScopeKey(key[len(recordPrefix):])
+			if err != nil {
+				return err
+			}
+			rec, err := s.locks[at[i]].read(db, scope, key)
+			switch {
+			case err != nil:
+				return err
+			case rec == nil:
+				continue
+			case !rec.Purgeable(now):
+				res.Skipped++
+				continue
+			case res.Purged >= limit:
+				res.More = true // past the limit: only counting what is left
+				continue
+			}
+			if rec.View(now) != ledger.StateAbsent {
+				res.Purged++
+			}
+			if err := b.Delete(indexKey(rec, key), nil); err != nil {
+				return err
+			}
+			if err := b.Delete(key, nil); err != nil {
+				return err
+			}
+			erased = append(erased, i)
 		}
-		if err := b.Delete(key, nil); err != nil {
-			return err
+		if len(erased) == 0 {
+			return nil
 		}
-		err = s.commit(b, pebbledb.NoSync)
-		st.wrote(key, nil)
+		for _, st := range locked {
+			st.syncing.Add(1)
+		}
+		defer func() { // after wrote, for settled
+			for _, st := range locked {
+				st.syncing.Add(-1)
+			}
+		}()
+		err := s.commit(b, pebbledb.Sync)
+		for _, i := range erased {
+			s.locks[at[i]].wrote(keys[i], nil)
+		}
+		if err == nil {
+			s.mark.ack(b)
+		}
 		return err
 	})
 }

@@ -560,27 +560,35 @@ func failTheStore(t *testing.T, dir string, acked int, scope func(string) ledger
 
 // TestNoAnswerFromAnUnsyncedWrite: Pebble shows a batch to readers once
 // it is applied, before the log's sync that makes it durable ends. A
-// replay (Claim) and a Lookup (Get, GetMany) of a record whose Complete
-// is still syncing wait for that sync instead of answering the outcome:
-// here the sync fails, in a child process, and neither may have answered
-// an outcome the store never acknowledged.
+// replay (Claim) and a Lookup (Get, GetMany) of a record whose Complete,
+// or whose Purge, is still syncing wait for that sync instead of answering
+// from it: here the sync fails, in a child process, and none may have
+// answered with a write the store never acknowledged.
 func TestNoAnswerFromAnUnsyncedWrite(t *testing.T) {
 	if dir := os.Getenv("PEBBLE_UNSYNCED_DIR"); dir != "" {
-		answerDuringASync(t, dir)
+		answerDuringASync(t, dir, os.Getenv("PEBBLE_UNSYNCED_WRITE"))
 		if t.Failed() {
 			os.Exit(1)
 		}
 		os.Exit(0) // a failed store is not closed
 	}
-	child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestNoAnswerFromAnUnsyncedWrite$", "-test.v")
-	child.Env = append(os.Environ(), "PEBBLE_UNSYNCED_DIR="+t.TempDir())
-	if out, err := child.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("the sync failed")) {
-		t.Fatalf("the child: %v\n%s", err, out)
+	for _, write := range []string{"complete", "purge"} {
+		t.Run(write, func(t *testing.T) {
+			t.Parallel()
+			child := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestNoAnswerFromAnUnsyncedWrite$", "-test.v")
+			child.Env = append(os.Environ(), "PEBBLE_UNSYNCED_DIR="+t.TempDir(), "PEBBLE_UNSYNCED_WRITE="+write)
+			if out, err := child.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("the sync failed")) {
+				t.Fatalf("the child: %v\n%s", err, out)
+			}
+		})
 	}
 }
 
-// answerDuringASync is the child of TestNoAnswerFromAnUnsyncedWrite.
-func answerDuringASync(t *testing.T, dir string) {
+// answerDuringASync is the child of TestNoAnswerFromAnUnsyncedWrite: it
+// holds the sync of write (a "complete" of an attempt, or a "purge" of a
+// completed record), reads the record while the write is applied, and
+// fails the sync.
+func answerDuringASync(t *testing.T, dir, write string) {
 	var hold atomic.Bool
 	syncing, fail := make(chan struct{}), make(chan struct{})
 	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
@@ -602,16 +610,28 @@ func answerDuringASync(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	complete := func() error {
+		_, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: ledgertest.Response("inv_1")})
+		return err
+	}
+	acked, unsynced := ledger.StateInProgress, complete
+	if write == "purge" {
+		if err := complete(); err != nil {
+			t.Fatal(err)
+		}
+		acked = ledger.StateCompleted
+		unsynced = func() error {
+			_, err := s.Purge(t.Context(), ledger.PurgeParams{Scope: sc, Limit: 1})
+			return err
+		}
+	}
 	hold.Store(true)
 	applied := visibleSeq(s.db) + 1
-	completed := make(chan error, 1)
-	go func() {
-		_, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: sc, Token: res.Record.Token, Outcome: ledgertest.Response("inv_1")})
-		completed <- err
-	}()
+	written := make(chan error, 1)
+	go func() { written <- unsynced() }()
 	<-syncing
 	for visibleSeq(s.db) < applied {
-		runtime.Gosched() // the Complete is applied, and readers see it, while its sync waits
+		runtime.Gosched() // the write is applied, and readers see it, while its sync waits
 	}
 	type answer struct {
 		call  string
@@ -636,13 +656,13 @@ func answerDuringASync(t *testing.T, dir string) {
 		answers <- answer{"a Lookup of many", st, err}
 	}()
 	close(fail)
-	if err := <-completed; errcode.Of(err) != errcode.Unavailable {
-		t.Fatalf("the Complete whose sync failed = %v; want UNAVAILABLE", err)
+	if err := <-written; errcode.Of(err) != errcode.Unavailable {
+		t.Fatalf("the %s whose sync failed = %v; want UNAVAILABLE", write, err)
 	}
 	for range cap(answers) {
 		a := <-answers
-		if a.err == nil && a.state != ledger.StateInProgress {
-			t.Errorf("%s during the Complete's sync answered %v, which the store never acknowledged", a.call, a.state)
+		if (a.err == nil && a.state != acked) || errcode.Of(a.err) == errcode.NotFound {
+			t.Errorf("%s during the %s's sync answered %v (%v), which the store never acknowledged", a.call, write, a.state, a.err)
 		}
 	}
 	t.Log("the sync failed")
@@ -903,5 +923,54 @@ func TestSweepResumesWhereItStopped(t *testing.T) {
 	sweep(0)
 	if n := s.count(t, "ns"); n != 4 {
 		t.Fatalf("%d records; want 4 tombstones", n)
+	}
+}
+
+// TestPurgeInBatches: a tenant purge of more records than a batch holds
+// erases up to its limit across batches, counts the records it leaves,
+// and says there is more.
+func TestPurgeInBatches(t *testing.T) {
+	s, err := Open(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const done, held, limit = 2*purgeBatch + 44, 3, purgeBatch + 60
+	claim := func(key string) ledger.ClaimResult {
+		t.Helper()
+		p := ledger.ClaimParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: key}, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Lease: time.Hour, Retention: time.Hour}
+		res, err := s.Claim(t.Context(), p)
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %+v, %v", key, res, err)
+		}
+		return res
+	}
+	for i := range done {
+		res := claim(fmt.Sprintf("done-%03d", i))
+		if _, err := s.Complete(t.Context(), ledger.CompleteParams{Scope: res.Record.Scope, Token: res.Record.Token, Outcome: ledgertest.Response("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range held {
+		claim(fmt.Sprintf("held-%d", i))
+	}
+	tenant := ledger.PurgeParams{Scope: ledger.Scope{Namespace: "ns", Tenant: "t"}, Limit: limit}
+	first, err := s.Purge(t.Context(), tenant)
+	if err != nil || first != (ledger.PurgeResult{Purged: limit, Skipped: held, More: true}) {
+		t.Fatalf("a purge of %d, limit %d, %d held = %+v, %v; want %d purged, %d skipped, more", done, limit, held, first, err, limit, held)
+	}
+	second, err := s.Purge(t.Context(), tenant)
+	if err != nil || second != (ledger.PurgeResult{Purged: done - limit, Skipped: held}) {
+		t.Fatalf("the next purge = %+v, %v; want the %d left, %d skipped", second, err, done-limit, held)
+	}
+	for i := range done {
+		if _, err := s.Get(t.Context(), ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("done-%03d", i)}); errcode.Of(err) != errcode.NotFound {
+			t.Fatalf("done-%03d after the purges: %v; want NOT_FOUND", i, err)
+		}
+	}
+	for i := range held {
+		if rec, err := s.Get(t.Context(), ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprintf("held-%d", i)}); err != nil || rec.State != ledger.StateInProgress {
+			t.Fatalf("held-%d after the purges: %+v, %v", i, rec, err)
+		}
 	}
 }

@@ -90,9 +90,10 @@ func (st *stripe) settled(r seen) bool {
 }
 
 // stripe is the stripe of a record key.
-func (s *Store) stripe(key []byte) *stripe {
-	return &s.locks[maphash.Bytes(s.seed, key)%lockStripes]
-}
+func (s *Store) stripe(key []byte) *stripe { return &s.locks[s.stripeAt(key)] }
+
+// stripeAt is the index of a record key's stripe in Store.locks.
+func (s *Store) stripeAt(key []byte) uint64 { return maphash.Bytes(s.seed, key) % lockStripes }
 
 // wrote counts a write of key, whose record is now rec (nil when erased
 // or not known: a commit that failed). Under the lock.
