@@ -117,6 +117,9 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	var res ledger.PurgeResult
 	now := s.cfg.Now()
 	for batch := range slices.Chunk(keys, purgeBatch) {
+		if err := ctx.Err(); err != nil {
+			return ledger.PurgeResult{}, s.classify("purge", err) // the batches before are erased
+		}
 		if err := s.purge(batch, now, p.Limit, &res); err != nil {
 			return ledger.PurgeResult{}, s.classify("purge", err)
 		}
