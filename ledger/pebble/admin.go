@@ -90,41 +90,58 @@ func (s *Store) List(ctx context.Context, p ledger.ListParams) (ledger.ListPage,
 // purgeBatch is how many records one batch of Purge erases.
 const purgeBatch = 128
 
-// Purge implements ledger.Store. The records are erased in batches of
-// purgeBatch, each under the locks of its records' stripes until its sync
-// has ended: no read answers that a record is gone before its erasure is
-// durable, and writers wait for one batch at a time.
+// Purge implements ledger.Store. It walks the key's record, or the
+// tenant's, purgeBatch records at a time, and erases each batch in one
+// synced batch under the locks of its records' stripes until its sync has
+// ended: no read answers that a record is gone before its erasure is
+// durable, writers wait for one batch at a time, and a tenant's purge
+// holds one batch of keys in memory, however many records the tenant has.
 func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeResult, error) {
-	if err := ctx.Err(); err != nil {
-		return ledger.PurgeResult{}, s.classify("purge", err)
-	}
-	var keys [][]byte
-	if p.Scope.Key != "" {
-		keys = [][]byte{recordKey(p.Scope)}
-	} else if err := s.with(func(db *pebbledb.DB) error {
-		pre := prefix(p.Scope.Namespace, p.Scope.Tenant)
-		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: pre, UpperBound: upperBound(pre)})
-		if err != nil {
-			return err
-		}
-		for valid := it.First(); valid; valid = it.Next() {
-			keys = append(keys, bytes.Clone(it.Key()))
-		}
-		return it.Close()
-	}); err != nil {
-		return ledger.PurgeResult{}, s.classify("purge", err)
-	}
 	var res ledger.PurgeResult
 	now := s.cfg.Now()
-	for batch := range slices.Chunk(keys, purgeBatch) {
+	if p.Scope.Key != "" {
+		if err := ctx.Err(); err != nil {
+			return ledger.PurgeResult{}, s.classify("purge", err)
+		}
+		if err := s.purge([][]byte{recordKey(p.Scope)}, now, p.Limit, &res); err != nil {
+			return ledger.PurgeResult{}, s.classify("purge", err)
+		}
+		return res, nil
+	}
+	pre := prefix(p.Scope.Namespace, p.Scope.Tenant)
+	for from, end := pre, upperBound(pre); from != nil; {
 		if err := ctx.Err(); err != nil {
 			return ledger.PurgeResult{}, s.classify("purge", err) // the batches before are erased
 		}
-		if err := s.purge(batch, now, p.Limit, &res); err != nil {
+		keys, next, err := s.keys(from, end, purgeBatch)
+		if err == nil {
+			err = s.purge(keys, now, p.Limit, &res)
+		}
+		if err != nil {
 			return ledger.PurgeResult{}, s.classify("purge", err)
 		}
+		from = next
 	}
 	return res, nil
+}
+
+// keys lists up to n record keys from from (inclusive) to end, and where
+// the next listing starts: nil after the last.
+func (s *Store) keys(from, end []byte, n int) (keys [][]byte, next []byte, err error) {
+	err = s.with(func(db *pebbledb.DB) error {
+		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: from, UpperBound: end})
+		if err != nil {
+			return err
+		}
+		for valid := it.First(); valid && len(keys) < n; valid = it.Next() {
+			keys = append(keys, bytes.Clone(it.Key()))
+		}
+		return it.Close()
+	})
+	if len(keys) == n {
+		next = append(bytes.Clone(keys[n-1]), 0) // the first key after the last
+	}
+	return keys, next, err
 }
 
 // purge erases, in one synced batch, the records at keys that may be
