@@ -688,11 +688,17 @@ func get(r reader, key []byte) ([]byte, error) {
 	return bytes.Clone(v), nil
 }
 
+// getRecord returns key's record, nil when absent. It decodes Pebble's
+// value in place: Decode copies what it keeps.
 func getRecord(r reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
-	v, err := get(r, key)
-	if err != nil || v == nil {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebbledb.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
 		return nil, err
 	}
+	defer closer.Close()
 	rec, err := recordkv.Decode(scope, v)
 	if err != nil {
 		return nil, err

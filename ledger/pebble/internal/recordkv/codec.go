@@ -108,7 +108,7 @@ func Encode(r *ledger.Record) ([]byte, error) {
 }
 
 // Decode reads what Encode wrote. It never panics: anything it
-// cannot read is ErrCorrupt.
+// cannot read is ErrCorrupt. The record shares no memory with b.
 func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	version := byte(0)
 	if len(b) >= 2 {
@@ -135,12 +135,15 @@ func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 		}
 		*t, b = fromUnixNano(n), b[k:]
 	}
-	var outcome string
+	var outcome []byte
 	var err error
-	for _, s := range []*string{&r.Method, &r.Fingerprint, &outcome} {
+	for _, s := range []*string{&r.Method, &r.Fingerprint} {
 		if *s, b, err = readString(b); err != nil {
 			return ledger.Record{}, err
 		}
+	}
+	if outcome, b, err = readBytes(b); err != nil {
+		return ledger.Record{}, err
 	}
 	if version >= 2 {
 		n, k := binary.Varint(b)
@@ -154,9 +157,9 @@ func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	if len(b) != 0 {
 		return ledger.Record{}, ErrCorrupt
 	}
-	if outcome != "" {
+	if len(outcome) > 0 {
 		r.Outcome = new(ledger.Outcome)
-		if err := r.Outcome.UnmarshalBinary([]byte(outcome)); err != nil {
+		if err := r.Outcome.UnmarshalBinary(outcome); err != nil { // protobuf copies what it keeps
 			return ledger.Record{}, errors.Join(ErrCorrupt, err)
 		}
 		if err := r.Outcome.Validate(); err != nil {
@@ -175,11 +178,17 @@ func uvarint(b []byte) (uint64, []byte, bool) {
 }
 
 func readString(b []byte) (string, []byte, error) {
+	s, rest, err := readBytes(b)
+	return string(s), rest, err
+}
+
+// readBytes reads a length and as many bytes, in place.
+func readBytes(b []byte) ([]byte, []byte, error) {
 	n, rest, ok := uvarint(b)
 	if !ok || n > uint64(len(rest)) {
-		return "", nil, ErrCorrupt
+		return nil, nil, ErrCorrupt
 	}
-	return string(rest[:n]), rest[n:], nil
+	return rest[:n], rest[n:], nil
 }
 
 // unixNano stores the zero time as 0, which no real record time is.
