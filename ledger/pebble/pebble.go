@@ -59,10 +59,10 @@ const maxHeld = 64
 // stripe is one of the locks the scopes share. Every write of a record
 // key takes its stripe's lock (a purge's batch takes several, in the
 // stripes' order; every other holder holds one), and after it counts the
-// write and keeps held in step. So, under the lock, a record in held is the record Pebble
-// holds, and a claim whose lock-free read began after the last write
-// counted has read what Pebble holds: a fresh pair reads Pebble once,
-// in its claim's first read, not three times.
+// write and keeps held in step. So, under the lock, a record in held is
+// the record Pebble holds, and a claim whose lock-free read began after
+// the last write counted has read what Pebble holds: a fresh pair reads
+// Pebble once, in its claim's first read, not three times.
 //
 // Pebble shows a batch to readers once it is applied, before the log's
 // sync that makes it durable has ended; a write holds its stripe's lock
