@@ -97,7 +97,11 @@ func newWorld(t *testing.T, objs map[string]any) *world {
 }
 
 // addr is where a rendered listening address moved: the same port always
-// moves to the same free loopback port.
+// moves to the same free loopback port, and two ports never to one. A
+// port is free once its probe listener closes, so the next probe may be
+// given it again while nothing listens there yet (a CI run met two of
+// ledgerd's listeners moved to one port): a port already given is passed
+// over while its probe is still held.
 func (w *world) addr(rendered string) string {
 	_, port, err := net.SplitHostPort(rendered)
 	if err != nil {
@@ -106,14 +110,21 @@ func (w *world) addr(rendered string) string {
 	if a, ok := w.ports[port]; ok {
 		return a
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		w.t.Fatal(err)
+	given := map[string]bool{}
+	for _, a := range w.ports {
+		given[a] = true
 	}
-	a := l.Addr().String()
-	_ = l.Close()
-	w.ports[port] = a
-	return a
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		defer l.Close()
+		if a := l.Addr().String(); !given[a] {
+			w.ports[port] = a
+			return a
+		}
+	}
 }
 
 // mount writes a volume's files into a directory of their own.
