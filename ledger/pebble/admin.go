@@ -125,8 +125,8 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 	return res, nil
 }
 
-// keys lists up to n record keys from from (inclusive) to end, and where
-// the next listing starts: nil after the last.
+// keys lists up to n keys from from (inclusive) to end, and where the next
+// listing starts: nil unless it listed n.
 func (s *Store) keys(from, end []byte, n int) (keys [][]byte, next []byte, err error) {
 	err = s.with(func(db *pebbledb.DB) error {
 		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: from, UpperBound: end})
@@ -138,7 +138,7 @@ func (s *Store) keys(from, end []byte, n int) (keys [][]byte, next []byte, err e
 		}
 		return it.Close()
 	})
-	if len(keys) == n {
+	if n > 0 && len(keys) == n {
 		next = append(bytes.Clone(keys[n-1]), 0) // the first key after the last
 	}
 	return keys, next, err

@@ -45,18 +45,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.sweepFrom = nil // unless this one handles a full batch
 	now := s.cfg.Now()
-	var due [][]byte
-	err := s.with(func(db *pebbledb.DB) error {
-		upper := binary.BigEndian.AppendUint64(bytes.Clone(expiryPrefix), uint64(now.UnixNano())+1)
-		it, err := db.NewIter(&pebbledb.IterOptions{LowerBound: from, UpperBound: upper})
-		if err != nil {
-			return err
-		}
-		for it.First(); it.Valid() && len(due) < limit; it.Next() {
-			due = append(due, bytes.Clone(it.Key()))
-		}
-		return it.Close()
-	})
+	upper := binary.BigEndian.AppendUint64(bytes.Clone(expiryPrefix), uint64(now.UnixNano())+1)
+	due, next, err := s.keys(from, upper, limit)
 	if err != nil {
 		return 0, s.classify("sweep", err)
 	}
@@ -70,9 +60,7 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 		}
 		n++
 	}
-	if n == limit && n > 0 {
-		s.sweepFrom = append(bytes.Clone(due[n-1]), 0) // the first key after it
-	}
+	s.sweepFrom = next // after a full batch, the first key after its last
 	return n, nil
 }
 
