@@ -6,6 +6,11 @@
 //
 // The store lives in a temporary directory; every write is durable.
 //
+// Each step also gives the 99th percentile and the largest of the log's
+// syncs and of goroutines' waits for a CPU (the runtime's
+// /sched/latencies) while it ran: a stall of the writers shows which of
+// the two it was, the disk or the cores.
+//
 // By default the measured writers run flat out, so a slower step shows as
 // fewer pairs a second. With -paced f they offer f times the empty store's
 // throughput instead (its first row, flat out): a pair starts when it is
@@ -28,8 +33,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,13 +116,16 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		return n
 	}
-	// stalled runs m, and returns its result with the write stalls Pebble
-	// had meanwhile.
-	stalled := func(m func() timed) timed {
-		before := s.WriteStalls()
+	// observed runs m, and returns its result with what the store and the
+	// scheduler did meanwhile: Pebble's write stalls, its log's syncs, and
+	// how long goroutines waited for a CPU.
+	observed := func(m func() timed) timed {
+		stalls, syncs, sched := s.WriteStalls(), s.WALSyncs(), schedLatencies()
 		r := m()
 		after := s.WriteStalls()
-		r.stalls = pebble.WriteStalls{Count: after.Count - before.Count, Waited: after.Waited - before.Waited}
+		r.stalls = pebble.WriteStalls{Count: after.Count - stalls.Count, Waited: after.Waited - stalls.Waited}
+		r.sync = syncTail(syncs, s.WALSyncs())
+		r.sched = schedTail(sched, schedLatencies())
 		return r
 	}
 	row := func(step string, r timed) {
@@ -125,8 +135,8 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		if live > 0 {
 			perRecord = strconv.FormatInt(size/live, 10)
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d, %.2f s | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99,
-			r.stalls.Count, r.stalls.Waited.Seconds(), size, perRecord, rssMiB())
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d, %.2f s | %s | %s | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99,
+			r.stalls.Count, r.stalls.Waited.Seconds(), r.sync, r.sched, size, perRecord, rssMiB())
 	}
 	pair := func(prefix string) op {
 		return func(ctx context.Context, w int, n int64) error {
@@ -142,20 +152,20 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 
 	// measured measures a step and writes its row.
 	measured := func(step string, rate float64, prefix string) timed {
-		r := stalled(func() timed { return measure(ctx, cfg.writers, cfg.measure, rate, pair(prefix)) })
+		r := observed(func() timed { return measure(ctx, cfg.writers, cfg.measure, rate, pair(prefix)) })
 		row(step, r)
 		return r
 	}
 
-	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | write stalls | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | write stalls | log sync p99, max ms | wait for a CPU p99, max ms | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	empty := measured("empty", 0, "m0")
 	rate := cfg.paced * empty.perSecond // 0: flat out
 	if cfg.rate > 0 {
 		rate = cfg.rate
 	}
 	if rate > 0 {
-		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | |\n", rate, rate/empty.perSecond)
+		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | | | |\n", rate, rate/empty.perSecond)
 		measured("empty, paced", rate, "m0p")
 	}
 	half := int64(cfg.records / 2)
@@ -182,7 +192,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		swept = ledger.SweepBacklog(ctx, batch, share, s.Sweep, func(err error) { failed = err })
 		sweepDone <- failed
 	}()
-	during := stalled(func() timed { return measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3")) })
+	during := observed(func() timed { return measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3")) })
 	took := time.Since(start)
 	if during.err != nil {
 		return during.err
@@ -207,7 +217,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "| reopened in %.3f s | | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
+	fmt.Fprintf(w, "| reopened in %.3f s | | | | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
 	return nil
 }
 
@@ -255,12 +265,14 @@ func measure(ctx context.Context, writers int, d time.Duration, rate float64, o 
 	return r
 }
 
-// timed is a measurement: its result, the write stalls during it, or the
-// error that ended it.
+// timed is a measurement: its result, the write stalls during it, the
+// tails of the log's syncs and of goroutines' waits for a CPU during it,
+// or the error that ended it.
 type timed struct {
 	result
-	stalls pebble.WriteStalls
-	err    error
+	stalls      pebble.WriteStalls
+	sync, sched tail
+	err         error
 }
 
 // measureUntil runs o from writers goroutines until stop says so, and
@@ -348,4 +360,89 @@ func rssMiB() int64 {
 		}
 	}
 	return 0
+}
+
+// schedLatency is the runtime's histogram of how long goroutines waited,
+// runnable, for a CPU.
+const schedLatency = "/sched/latencies:seconds"
+
+// schedLatencies reads the runtime's histogram of waits for a CPU since
+// the process started.
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: schedLatency}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// tail is the 99th percentile and the largest of a histogram's
+// observations between two readings, each the upper bound of its bucket
+// (the lower bound of an unbounded last one); "–" without observations.
+type tail struct{ p99, max time.Duration }
+
+func (t tail) String() string {
+	if t.max == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f, %.2f", t.p99.Seconds()*1000, t.max.Seconds()*1000)
+}
+
+// tailOf is the tail of the observations counts[i] with the upper bounds
+// bound(i).
+func tailOf(counts []uint64, bound func(i int) time.Duration) tail {
+	var total uint64
+	for _, c := range counts {
+		total += c
+	}
+	var t tail
+	var seen uint64
+	for i, c := range counts {
+		seen += c
+		if t.p99 == 0 && seen > 0 && seen*100 >= total*99 {
+			t.p99 = bound(i)
+		}
+		if c > 0 {
+			t.max = bound(i)
+		}
+	}
+	return t
+}
+
+// schedTail is the tail of the waits for a CPU between two readings.
+func schedTail(before, after *metrics.Float64Histogram) tail {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return tail{}
+	}
+	counts := make([]uint64, len(after.Counts))
+	for i := range counts {
+		counts[i] = after.Counts[i] - before.Counts[i]
+	}
+	return tailOf(counts, func(i int) time.Duration {
+		b := after.Buckets[i+1]
+		if math.IsInf(b, 1) {
+			b = after.Buckets[i]
+		}
+		return time.Duration(b * float64(time.Second))
+	})
+}
+
+// syncTail is the tail of the log's syncs between two readings (its
+// buckets are cumulative).
+func syncTail(before, after pebble.WALSyncs) tail {
+	if len(before.Buckets) != len(after.Buckets) {
+		return tail{}
+	}
+	counts := make([]uint64, len(after.Buckets)+1)
+	var below uint64
+	for i, b := range after.Buckets {
+		n := b.Count - before.Buckets[i].Count
+		counts[i] = n - below
+		below = n
+	}
+	counts[len(after.Buckets)] = (after.Count - before.Count) - below // beyond the last bound
+	return tailOf(counts, func(i int) time.Duration {
+		return after.Buckets[min(i, len(after.Buckets)-1)].Le
+	})
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"math"
 	"regexp"
+	"runtime/metrics"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
 // TestGrowthSteps: a small run writes every step's row, the sweep handles
@@ -21,6 +25,19 @@ func TestGrowthSteps(t *testing.T) {
 	for _, step := range []string{"empty", "first half written", "second half written", "during the sweep", "after the sweep", "reopened in"} {
 		if !strings.Contains(rows, "| "+step) {
 			t.Errorf("no %q row:\n%s", step, rows)
+		}
+	}
+	// Every measured step has syncs of the log and waits for a CPU: both
+	// tails are there.
+	for _, line := range strings.Split(rows, "\n") {
+		cells := strings.Split(line, " | ")
+		if !strings.HasPrefix(line, "| ") || len(cells) != 11 || strings.HasPrefix(line, "| step") || strings.HasPrefix(line, "|---") || strings.HasPrefix(line, "| reopened") {
+			continue
+		}
+		for _, c := range cells[6:8] {
+			if !regexp.MustCompile(`^\d+\.\d\d, \d+\.\d\d$`).MatchString(c) {
+				t.Errorf("a step without its tails (%q): %s", c, line)
+			}
 		}
 	}
 	// Each of the first half's 1,000 records is shrunk, then deleted: at
@@ -65,5 +82,36 @@ func TestPacedWritersKeepTheSchedule(t *testing.T) {
 	}
 	if ops.Load() == 0 || r.p50 < 0 {
 		t.Fatalf("%d pairs, p50 %v ms", ops.Load(), r.p50)
+	}
+}
+
+// TestTails: the 99th percentile and the largest observation are the
+// bounds of their buckets, from both kinds of histogram.
+func TestTails(t *testing.T) {
+	bounds := []time.Duration{time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond}
+	// 990 syncs under 1 ms, 9 under 5, 1 over 10 ms (beyond the last bound).
+	syncs := func(counts ...uint64) pebble.WALSyncs {
+		w := pebble.WALSyncs{Count: counts[len(counts)-1]}
+		for i, le := range bounds {
+			w.Buckets = append(w.Buckets, pebble.WALSyncBucket{Le: le, Count: counts[i]})
+		}
+		return w
+	}
+	before, after := syncs(5, 5, 5, 5, 5), syncs(995, 995, 1004, 1004, 1005)
+	if got, want := syncTail(before, after), (tail{p99: time.Millisecond, max: 10 * time.Millisecond}); got != want {
+		t.Errorf("syncTail = %+v, want %+v", got, want)
+	}
+	if got := syncTail(after, after).String(); got != "–" {
+		t.Errorf("no syncs: %q", got)
+	}
+	h := func(counts ...uint64) *metrics.Float64Histogram {
+		return &metrics.Float64Histogram{Counts: counts, Buckets: []float64{0, 0.001, 0.002, math.Inf(1)}}
+	}
+	// 98 waits under 1 ms, 1 under 2 ms, 1 over 2 ms.
+	if got, want := schedTail(h(1, 1, 1), h(99, 2, 2)), (tail{p99: 2 * time.Millisecond, max: 2 * time.Millisecond}); got != want {
+		t.Errorf("schedTail = %+v, want %+v", got, want)
+	}
+	if got, want := (tail{p99: 1500 * time.Microsecond, max: 20 * time.Millisecond}).String(), "1.50, 20.00"; got != want {
+		t.Errorf("String = %q, want %q", got, want)
 	}
 }
