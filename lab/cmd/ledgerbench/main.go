@@ -6,7 +6,9 @@
 // pgx, so the service's cost shows as a ratio. It also measures a write RPC
 // with and without the idempotency interceptor. The targets compared at a
 // point (a workload and a number of clients) run in turns, so that the
-// machine's drift during the run slows them alike (-rounds).
+// machine's drift during the run slows them alike (-rounds). It ends with
+// the performance goals the run measured (docs/performance.md): each
+// one's value at each of its points, its bound, and whether it was kept.
 //
 // By default it starts ledgerd's service in process, on loopback gRPC, and a
 // throwaway PostgreSQL with PostgreSQL's durability settings, as a ledger's
@@ -461,6 +463,7 @@ func output(cfg config, results []bench.Result) error {
 	for _, sql := range sqls {
 		fmt.Print(bench.Ratios(results, "ledgerd/postgres", sql))
 	}
+	fmt.Print(goalsTable(results))
 	if cfg.jsonPath != "" {
 		b, err := json.MarshalIndent(results, "", "  ")
 		if err != nil {

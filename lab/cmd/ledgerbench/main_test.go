@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,5 +135,46 @@ func besideRedis(t *testing.T, store, appendfsync string) {
 	}
 	if len(got) != 3 {
 		t.Fatalf("%d targets, want 3: %v", len(got), got)
+	}
+}
+
+// TestGoals: each goal is read at its points against its base, and says
+// whether its bound was kept; points, workloads and targets it does not
+// hold for are left out.
+func TestGoals(t *testing.T) {
+	rs := []bench.Result{
+		{Target: "ledgerd/embedded (stream)", Workload: "fresh", Clients: 32, PerSecond: 900, P50ms: 2, P99ms: 7, CPUus: 150, DBCPUus: 10},
+		{Target: durableRedis, Workload: "fresh", Clients: 32, PerSecond: 1000, P50ms: 1, P99ms: 2, CPUus: 40, DBCPUus: 40},
+		{Target: "ledgerd/embedded (stream)", Workload: "fresh", Clients: 2, PerSecond: 900}, // no goal at 2 clients
+		{Target: durableRedis, Workload: "fresh", Clients: 2, PerSecond: 100},
+		{Target: "ledgerd/postgres (stream)", Workload: "fresh", Clients: 8, PerSecond: 1200, P50ms: 1, P99ms: 2},
+		{Target: "sql/postgres (pgx)", Workload: "fresh", Clients: 8, PerSecond: 1000},
+		{Target: "ledgerd/postgres (stream)", Workload: largeOutcome, Clients: 32, PerSecond: 85},
+		{Target: "sql/postgres (pgx)", Workload: largeOutcome, Clients: 32, PerSecond: 100},
+		{Target: "rpc/unprotected", Workload: "write", Clients: 1, P50ms: 0.05},
+		{Target: "rpc/protected (embedded ledger, stream)", Workload: "write", Clients: 1, P50ms: 0.95},
+	}
+	md := goalsTable(rs)
+	for _, want := range []string{
+		"| pairs/s ≥ durable Redis's | ledgerd/embedded (stream) | redis appendfsync=always | fresh | 32 | 0.90 | ≥ 1.00 | no |",
+		"| CPU a pair ≤ 2× Redis's client and server | ledgerd/embedded (stream) | redis appendfsync=always | fresh | 32 | 2.00 | ≤ 2.00 | yes |",
+		"| pairs/s over direct SQL's | ledgerd/postgres (stream) | sql/postgres (pgx) | fresh | 8 | 1.20 | ≥ 1.00 | yes |",
+		"| 256 KiB outcomes: pairs/s over direct SQL's | ledgerd/postgres (stream) | sql/postgres (pgx) | fresh@262144 | 32 | 0.85 | ≥ 0.90 | no |",
+		"| a protected write's p50 over an unprotected one's, ms | rpc/protected (embedded ledger, stream) | rpc/unprotected | write | 1 | +0.90 | ≤ +1.00 | yes |",
+		"| p99 ÷ p50 | ledgerd/embedded (stream) | – | fresh | 32 | 3.50 | ≤ 3.00 | no |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("no row %q in:\n%s", want, md)
+		}
+	}
+	if rows := strings.Count(md, "\n| ") - 1; rows != 6 {
+		t.Errorf("%d goal rows, want 6:\n%s", rows, md)
+	}
+	// Only the protected write's goal has its target and its base here.
+	if md := goalsTable(rs[8:]); strings.Count(md, "\n| ")-1 != 1 || !strings.Contains(md, "rpc/protected") {
+		t.Errorf("goals of the interceptor's results alone:\n%s", md)
+	}
+	if md := goalsTable(rs[2:4]); md != "" {
+		t.Errorf("goals at a point none holds at:\n%s", md)
 	}
 }
