@@ -41,7 +41,7 @@ func throughput(r, base bench.Result) (float64, bool) {
 // goals are the targets ledgerbench can measure; growth's and the Lookup
 // waiters' have benchmarks of their own (growbench, LookupWaitersRSS).
 var goals = []goal{
-	{what: "pairs/s ≥ durable Redis's", target: prefixed("ledgerd/embedded"), base: named(durableRedis), workload: "fresh",
+	{what: "pairs/s over durable Redis's", target: prefixed("ledgerd/embedded"), base: named(durableRedis), workload: "fresh",
 		clients: map[int]float64{1: 1, 8: 1, 32: 1, 128: 1}, value: throughput, format: "%.2f"},
 	{what: "CPU a pair ≤ 2× Redis's client and server", target: prefixed("ledgerd/embedded"), base: named(durableRedis), workload: "fresh",
 		clients: map[int]float64{32: 2, 128: 2}, atMost: true, format: "%.2f",
