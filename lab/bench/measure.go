@@ -64,6 +64,10 @@ type Result struct {
 	LogSyncs  float64 `json:"log_syncs_per_op,omitempty"`
 	LogSyncMs float64 `json:"log_sync_ms,omitempty"`
 	LogBusy   float64 `json:"log_busy,omitempty"`
+
+	// Of Waiters: what the Lookups waiting added to ledgerd's resident
+	// memory, in MiB.
+	RSSAboveIdleMB float64 `json:"rss_above_idle_mb,omitempty"`
 }
 
 // Subject is one thing Interleave measures: a target and its operation.
@@ -320,6 +324,22 @@ func Logs(rs []Result) string {
 		return ""
 	}
 	return "\n| target | workload | clients | log syncs/op | ms a sync | time syncing |\n|---|---|---:|---:|---:|---:|\n" + b.String()
+}
+
+// WaitersTable writes, for each result of Waiters, what the waiters added
+// to ledgerd's resident memory, in all and a waiter: a table, empty when
+// there is none.
+func WaitersTable(rs []Result) string {
+	var b strings.Builder
+	for _, r := range rs {
+		if r.Workload == WaitersWorkload && r.Clients > 0 {
+			fmt.Fprintf(&b, "| %s | %d | %.1f | %.0f |\n", r.Target, r.Clients, r.RSSAboveIdleMB, r.RSSAboveIdleMB*(1<<20)/float64(r.Clients))
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "\n| target | waiters | MiB above idle | bytes a waiter |\n|---|---:|---:|---:|\n" + b.String()
 }
 
 // Ratios writes, for each result of a target named with prefix, its

@@ -4,7 +4,10 @@
 // keys; contention on a few hot keys), on each store. On PostgreSQL it does
 // the same work in the same run with the store's SQL sent straight through
 // pgx, so the service's cost shows as a ratio. It also measures a write RPC
-// with and without the idempotency interceptor. The targets compared at a
+// with and without the idempotency interceptor. After the stores it can
+// measure the embedded store as its data grows and is swept
+// (-growth-records, lab/growth) and the memory that Lookups waiting add to
+// a ledgerd process (-waiters). The targets compared at a
 // point (a workload and a number of clients) run in turns, so that the
 // machine's drift during the run slows them alike (-rounds). It ends with
 // the performance goals the run measured (docs/performance.md): each
@@ -30,6 +33,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -52,6 +56,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/faultproxy"
+	"github.com/idemledger/idemledger/lab/growth"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
@@ -67,7 +72,11 @@ type config struct {
 	clients                                                        []int
 	apis                                                           []string
 	duration, dbRTT                                                time.Duration
-	pool, rounds, ledgerdProcs, maxBatchedOutcome                  int
+	pool, rounds, maxBatchedOutcome                                int
+	ledgerdProcs                                                   map[string]int // by store; "": every store
+	growth                                                         growth.Config  // Records 0: no growth run
+	waiters                                                        int
+	ledgerdBin                                                     string
 	outcomeSizes                                                   []int
 	batchInFlight                                                  []int
 	interceptor, durable, redis                                    bool
@@ -91,12 +100,12 @@ func main() {
 	otel.SetTracerProvider(noop.NewTracerProvider())
 	var cfg config
 	var clients, apis string
-	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres")
+	flag.StringVar(&cfg.stores, "stores", "memory,embedded,postgres", "stores to measure, in process: memory, embedded, postgres; empty: none (a run of -growth-records or -waiters alone)")
 	flag.StringVar(&cfg.workloads, "workloads", "fresh,replay,hot", "workloads: fresh, replay, hot")
 	flag.StringVar(&clients, "clients", "1,8,32,128", "numbers of concurrent clients")
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measurement time of each target at each point (plus a fifth to warm up)")
 	flag.IntVar(&cfg.rounds, "rounds", 5, "the targets of a point run in turns, this many each, so that the machine's drift slows them alike")
-	flag.IntVar(&cfg.ledgerdProcs, "ledgerd-procs", 0, "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets; 0 leaves every core")
+	procs := flag.String("ledgerd-procs", "", "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets: a number for every store, or store=n pairs (postgres=1); empty or 0 leaves every core")
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
@@ -112,6 +121,14 @@ func main() {
 	flag.StringVar(&apis, "api", "unary,stream", "how the clients call ledgerd: unary calls, calls on a Stream (ledger/ledgerclient), or both")
 	flag.StringVar(&cfg.batching, "batching", "both", "postgres store: without statement batching (off), with it (only), or both")
 	inFlight := flag.String("batch-inflight", "0", "batches in flight at once, a list: each is a batching variant, measured in turns with the others; 0 is the store's default (set from the round trip)")
+	flag.IntVar(&cfg.growth.Records, "growth-records", 0, "after the stores, measure the embedded store growing to this many records, the first half swept away as it expires (lab/growth); its outcome is -outcome-size's first, each step runs -duration; 0: no growth run")
+	flag.Float64Var(&cfg.growth.Rate, "growth-rate", 0, "growth: offer this many pairs a second in every step after the first; 0: flat out, or -growth-paced")
+	flag.Float64Var(&cfg.growth.Paced, "growth-paced", 0, "growth: offer this fraction of the empty store's throughput in every step after the first (0.5: half); 0: flat out")
+	flag.IntVar(&cfg.growth.Writers, "growth-writers", 8, "growth: concurrent writers whose throughput is measured")
+	flag.IntVar(&cfg.growth.Fillers, "growth-fillers", 64, "growth: concurrent writers that fill the store")
+	flag.IntVar(&cfg.growth.SweepBatch, "growth-sweep-batch", 0, "growth: records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default")
+	flag.IntVar(&cfg.waiters, "waiters", 0, "after the stores, hold this many Lookups waiting on one ledgerd process on its embedded store, over each -api, and read what they add to its resident memory; 0: none")
+	flag.StringVar(&cfg.ledgerdBin, "ledgerd", "", "-waiters: the ledgerd binary; empty builds ./cmd/ledgerd (run from the repository's root)")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -154,8 +171,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "ledgerbench: bad -redis-appendfsync %q\n", cfg.redisFsync)
 		os.Exit(2)
 	}
-	if cfg.ledgerdProcs > 0 && cfg.addr != "" {
+	var err error
+	if cfg.ledgerdProcs, err = parseProcs(*procs); err != nil {
+		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
+		os.Exit(2)
+	}
+	if len(cfg.ledgerdProcs) > 0 && cfg.addr != "" {
 		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
+		os.Exit(2)
+	}
+	if (cfg.growth.Records > 0 || cfg.waiters > 0) && cfg.addr != "" {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -growth-records and -waiters measure a store and a ledgerd of their own; they do not go with -addr")
 		os.Exit(2)
 	}
 	if cfg.dbCPUs != "" && (cfg.databaseURL != "" || cfg.addr != "") {
@@ -189,7 +215,7 @@ func main() {
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, cfg)
+	err = run(ctx, cfg)
 	stop()
 	pprof.StopCPUProfile()
 	trace.Stop()
@@ -335,7 +361,9 @@ func run(ctx context.Context, cfg config) error {
 
 	var stores []string
 	for _, s := range strings.Split(cfg.stores, ",") {
-		stores = append(stores, strings.TrimSpace(s))
+		if s = strings.TrimSpace(s); s != "" {
+			stores = append(stores, s)
+		}
 	}
 	for _, name := range stores {
 		// The variants of a store run in turns, on one database.
@@ -373,8 +401,9 @@ func run(ctx context.Context, cfg config) error {
 			if pool != nil {
 				ledgerd += cfg.dbTag()
 			}
-			if cfg.ledgerdProcs > 0 {
-				ledgerd += fmt.Sprintf(" GOMAXPROCS=%d", cfg.ledgerdProcs)
+			procs := cfg.procs(name)
+			if procs > 0 {
+				ledgerd += fmt.Sprintf(" GOMAXPROCS=%d", procs)
 			}
 			client, stopServer, err := serveLedger(st)
 			if err != nil {
@@ -405,7 +434,7 @@ func run(ctx context.Context, cfg config) error {
 						return w.Count, w.Sum
 					}
 				}
-				targets = append(targets, target{name: t, workloads: work, batches: batches, logSyncs: logSyncs, procs: cfg.ledgerdProcs})
+				targets = append(targets, target{name: t, workloads: work, batches: batches, logSyncs: logSyncs, procs: procs})
 			}
 			// Direct SQL runs in turns with the variants, once.
 			if pool != nil && v == variants[len(variants)-1] {
@@ -437,12 +466,88 @@ func run(ctx context.Context, cfg config) error {
 		}
 		db.stop()
 	}
+	if cfg.waiters > 0 {
+		bin, cleanup, err := ledgerdBinary(cfg.ledgerdBin)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		for _, api := range cfg.apis {
+			r, err := bench.Waiters(ctx, bin, cfg.waiters, api)
+			if err != nil {
+				return fmt.Errorf("waiters over %s: %w", api, err)
+			}
+			fmt.Fprintf(os.Stderr, "%s: %d waiters, %.1f MiB above idle\n", r.Target, r.Clients, r.RSSAboveIdleMB)
+			results = append(results, r)
+		}
+	}
+	if cfg.growth.Records > 0 {
+		g := cfg.growth
+		g.Outcome, g.Measure = cfg.outcomeSizes[0], cfg.duration
+		fmt.Printf("\n%s, %d-byte outcomes:\n\n", growth.Target(g), g.Outcome)
+		rs, err := growth.Run(ctx, g, os.Stdout)
+		if err != nil {
+			return fmt.Errorf("growth: %w", err)
+		}
+		results = append(results, rs...)
+	}
 	return output(cfg, results)
+}
+
+// procs is GOMAXPROCS for the in-process ledgerd of a store; 0: every
+// core.
+func (cfg config) procs(store string) int {
+	if n, ok := cfg.ledgerdProcs[store]; ok {
+		return n
+	}
+	return cfg.ledgerdProcs[""]
+}
+
+// parseProcs reads -ledgerd-procs: a number for every store, or store=n
+// pairs.
+func parseProcs(s string) (map[string]int, error) {
+	procs := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		store, n, ok := strings.Cut(part, "=")
+		if !ok {
+			store, n = "", part
+		}
+		v, err := strconv.Atoi(n)
+		if err != nil || v < 0 || !slices.Contains([]string{"", "memory", "embedded", "postgres"}, store) {
+			return nil, fmt.Errorf("bad -ledgerd-procs %q: a number, or store=number pairs of memory, embedded and postgres", s)
+		}
+		if v > 0 {
+			procs[store] = v
+		}
+	}
+	return procs, nil
+}
+
+// ledgerdBinary is bin, or ledgerd built from ./cmd/ledgerd when bin is
+// empty, and what removes the build.
+func ledgerdBinary(bin string) (string, func(), error) {
+	if bin != "" {
+		return bin, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "ledgerbench-ledgerd-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, "ledgerd")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/ledgerd").CombinedOutput(); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build ledgerd (run from the repository's root, or pass -ledgerd): %w\n%s", err, out)
+	}
+	return bin, func() { _ = os.RemoveAll(dir) }, nil
 }
 
 func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
 	fmt.Print(bench.Logs(results))
+	fmt.Print(bench.WaitersTable(results))
 	var peers []string // Redis, one target an appendfsync setting
 	for _, r := range results {
 		if strings.HasPrefix(r.Target, redisPrefix) && !slices.Contains(peers, r.Target) {

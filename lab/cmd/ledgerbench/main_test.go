@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemledger/idemledger/lab/bench"
+	"github.com/idemledger/idemledger/lab/growth"
 	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 )
 
@@ -47,7 +49,7 @@ func runBench(t *testing.T, cfg config) (map[string]bench.Result, []bench.Result
 func TestTurnsOnPostgres(t *testing.T) {
 	pg := crdbtest.NewCluster(t)
 	got, rs := runBench(t, config{stores: "postgres", databaseURL: pg.URL, workloads: "fresh", clients: []int{4}, apis: []string{"unary", "stream"},
-		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: 1, outcomeSizes: []int{80, 4096}})
+		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: map[string]int{"": 1}, outcomeSizes: []int{80, 4096}})
 	for _, target := range []string{"ledgerd/postgres+batching GOMAXPROCS=1", "ledgerd/postgres+batching GOMAXPROCS=1 (stream)", "sql/postgres (pgx)"} {
 		r, ok := got[target]
 		if !ok {
@@ -153,6 +155,13 @@ func TestGoals(t *testing.T) {
 		{Target: "sql/postgres (pgx)", Workload: largeOutcome, Clients: 32, PerSecond: 100},
 		{Target: "rpc/unprotected", Workload: "write", Clients: 1, P50ms: 0.05},
 		{Target: "rpc/protected (embedded ledger, stream)", Workload: "write", Clients: 1, P50ms: 0.95},
+		{Target: bench.WaitersTarget("stream"), Workload: bench.WaitersWorkload, Clients: 10000, Ops: 10000, RSSAboveIdleMB: 18.6},
+		{Target: bench.WaitersTarget("unary"), Workload: bench.WaitersWorkload, Clients: 10000, Ops: 10000, RSSAboveIdleMB: 230}, // no goal over unary calls
+		{Target: "growth/embedded 400 records, 3000 pairs/s offered", Workload: growth.Empty, Clients: 8, PerSecond: 1000, P99ms: 4},
+		{Target: "growth/embedded 400 records, 3000 pairs/s offered", Workload: growth.FirstHalf, Clients: 8, PerSecond: 900, P99ms: 5},
+		{Target: "growth/embedded 400 records, 3000 pairs/s offered", Workload: growth.SecondHalf, Clients: 8, PerSecond: 700, P99ms: 5},
+		{Target: "growth/embedded 400 records, 3000 pairs/s offered", Workload: growth.Sweeping, Clients: 8, PerSecond: 630, P99ms: 12},
+		{Target: "growth/embedded 400 records, 3000 pairs/s offered", Workload: growth.AfterSweep, Clients: 8, PerSecond: 1100, P99ms: 3},
 	}
 	md := goalsTable(rs)
 	for _, want := range []string{
@@ -162,19 +171,88 @@ func TestGoals(t *testing.T) {
 		"| 256 KiB outcomes: pairs/s over direct SQL's | ledgerd/postgres (stream) | sql/postgres (pgx) | fresh@262144 | 32 | 0.85 | ≥ 0.90 | no |",
 		"| a protected write's p50 over an unprotected one's, ms | rpc/protected (embedded ledger, stream) | rpc/unprotected | write | 1 | +0.90 | ≤ +1.00 | yes |",
 		"| p99 ÷ p50 | ledgerd/embedded (stream) | – | fresh | 32 | 3.50 | ≤ 3.00 | no |",
+		"| 10,000 Lookup waiters on a Stream: MiB above idle | ledgerd/embedded waiters (stream) | – | lookup-wait | 10000 | 18.6 | ≤ 50.0 | yes |",
+		"| growth: pairs/s over the empty store's, at the same load | growth/embedded 400 records, 3000 pairs/s offered | its empty step | first half written | 8 | 0.90 | ≥ 0.80 | yes |",
+		"| growth: pairs/s over the empty store's, at the same load | growth/embedded 400 records, 3000 pairs/s offered | its empty step | second half written | 8 | 0.70 | ≥ 0.80 | no |",
+		"| growth: pairs/s over the empty store's, at the same load | growth/embedded 400 records, 3000 pairs/s offered | its empty step | after the sweep | 8 | 1.10 | ≥ 0.80 | yes |",
+		"| during the sweep: pairs/s over the step before's | growth/embedded 400 records, 3000 pairs/s offered | its second half written step | during the sweep | 8 | 0.90 | ≥ 0.80 | yes |",
+		"| during the sweep: p99 over the step before's | growth/embedded 400 records, 3000 pairs/s offered | its second half written step | during the sweep | 8 | 2.40 | ≤ 2.00 | no |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("no row %q in:\n%s", want, md)
 		}
 	}
-	if rows := strings.Count(md, "\n| ") - 1; rows != 6 {
-		t.Errorf("%d goal rows, want 6:\n%s", rows, md)
+	if rows := strings.Count(md, "\n| ") - 1; rows != 12 {
+		t.Errorf("%d goal rows, want 12:\n%s", rows, md)
 	}
 	// Only the protected write's goal has its target and its base here.
-	if md := goalsTable(rs[8:]); strings.Count(md, "\n| ")-1 != 1 || !strings.Contains(md, "rpc/protected") {
+	if md := goalsTable(rs[8:10]); strings.Count(md, "\n| ")-1 != 1 || !strings.Contains(md, "rpc/protected") {
 		t.Errorf("goals of the interceptor's results alone:\n%s", md)
 	}
 	if md := goalsTable(rs[2:4]); md != "" {
 		t.Errorf("goals at a point none holds at:\n%s", md)
+	}
+}
+
+// TestProcsByStore: -ledgerd-procs takes a number for every store or a
+// number a store, and refuses anything else.
+func TestProcsByStore(t *testing.T) {
+	for _, tc := range []struct {
+		flag               string
+		embedded, postgres int
+	}{
+		{"", 0, 0}, {"0", 0, 0}, {"2", 2, 2}, {"postgres=1", 0, 1}, {"4, postgres=1", 4, 1}, {"embedded=4,postgres=1", 4, 1},
+	} {
+		procs, err := parseProcs(tc.flag)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.flag, err)
+		}
+		cfg := config{ledgerdProcs: procs}
+		if cfg.procs("embedded") != tc.embedded || cfg.procs("postgres") != tc.postgres {
+			t.Errorf("%q: embedded %d, postgres %d; want %d, %d", tc.flag, cfg.procs("embedded"), cfg.procs("postgres"), tc.embedded, tc.postgres)
+		}
+	}
+	for _, bad := range []string{"x", "-1", "redis=1", "postgres=", "postgres=one"} {
+		if _, err := parseProcs(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// TestGrowthAndWaiters: with no store, a run measures growth and the
+// Lookup waiters of a ledgerd process alone, and its goals table holds
+// both against their bounds.
+func TestGrowthAndWaiters(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "ledgerd")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemledger/idemledger/cmd/ledgerd").CombinedOutput(); err != nil {
+		t.Fatalf("build ledgerd: %v\n%s", err, out)
+	}
+	cfg := config{apis: []string{"stream", "unary"}, duration: 100 * time.Millisecond, outcomeSizes: []int{100},
+		growth: growth.Config{Records: 600, Writers: 2, Fillers: 4}, waiters: 2000, ledgerdBin: bin}
+	_, rs := runBench(t, cfg)
+	var workloads []string
+	for _, r := range rs {
+		workloads = append(workloads, r.Workload)
+		if r.Workload == bench.WaitersWorkload && (r.Clients != 2000 || r.Seconds <= 0) {
+			t.Errorf("waiters: %+v", r)
+		}
+		// A unary call waiting holds a goroutine and its stack in ledgerd
+		// (tens of KB): 2,000 of them show above the garbage collector's
+		// noise, where a Stream's waiters may not.
+		if r.Target == bench.WaitersTarget("unary") && r.RSSAboveIdleMB < 5 {
+			t.Errorf("2,000 unary waiters added %.1f MiB", r.RSSAboveIdleMB)
+		}
+	}
+	want := []string{bench.WaitersWorkload, bench.WaitersWorkload, growth.Empty, growth.FirstHalf, growth.SecondHalf, growth.Sweeping, growth.AfterSweep}
+	if !slices.Equal(workloads, want) {
+		t.Fatalf("results of %q, want %q", workloads, want)
+	}
+	md := goalsTable(rs)
+	if n := strings.Count(md, "| growth/embedded 600 records |"); n != 5 {
+		t.Errorf("%d growth goal rows, want 5:\n%s", n, md)
+	}
+	// 2,000 waiters are no point of the 10,000 waiters' goal.
+	if strings.Contains(md, "waiters") {
+		t.Errorf("a waiters' goal at 2,000 waiters:\n%s", md)
 	}
 }

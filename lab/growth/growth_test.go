@@ -1,10 +1,12 @@
-package main
+package growth
 
 import (
 	"context"
+	"io"
 	"math"
 	"regexp"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,8 +19,9 @@ import (
 // the first half's records, and the store reopens.
 func TestGrowthSteps(t *testing.T) {
 	var out strings.Builder
-	cfg := config{records: 2000, writers: 2, fillers: 8, outcome: 100, measure: 100 * time.Millisecond}
-	if err := run(t.Context(), cfg, &out); err != nil {
+	cfg := Config{Records: 2000, Writers: 2, Fillers: 8, Outcome: 100, Measure: 100 * time.Millisecond}
+	results, err := Run(t.Context(), cfg, &out)
+	if err != nil {
 		t.Fatal(err)
 	}
 	rows := out.String()
@@ -26,6 +29,17 @@ func TestGrowthSteps(t *testing.T) {
 		if !strings.Contains(rows, "| "+step) {
 			t.Errorf("no %q row:\n%s", step, rows)
 		}
+	}
+	// A result a measured step, each with its pairs.
+	var steps []string
+	for _, r := range results {
+		steps = append(steps, r.Workload)
+		if r.Target != "growth/embedded 2000 records" || r.Clients != 2 || r.Ops == 0 || r.PerSecond <= 0 || r.P99ms < r.P50ms {
+			t.Errorf("a step's result: %+v", r)
+		}
+	}
+	if want := []string{Empty, FirstHalf, SecondHalf, Sweeping, AfterSweep}; !slices.Equal(steps, want) {
+		t.Errorf("results of %q, want %q", steps, want)
 	}
 	// Every measured step has syncs of the log and waits for a CPU: both
 	// tails are there.
@@ -48,18 +62,41 @@ func TestGrowthSteps(t *testing.T) {
 	}
 }
 
-// TestPacedRun: with -paced, a run says what it offers after the empty
-// store's row, measures the empty store again at that rate (the paced
-// rows' baseline), and goes through every step.
+// TestPacedRun: paced, a run says what it offers after the empty store's
+// row flat out, measures the empty store again at that rate (the paced
+// steps' baseline, Empty), and goes through every step.
 func TestPacedRun(t *testing.T) {
 	var out strings.Builder
-	cfg := config{records: 1000, writers: 2, fillers: 4, outcome: 100, measure: 100 * time.Millisecond, paced: 0.5}
-	if err := run(t.Context(), cfg, &out); err != nil {
+	cfg := Config{Records: 1000, Writers: 2, Fillers: 4, Outcome: 100, Measure: 100 * time.Millisecond, Paced: 0.5}
+	results, err := Run(t.Context(), cfg, &out)
+	if err != nil {
 		t.Fatal(err)
 	}
 	rows := out.String()
-	if !strings.Contains(rows, "pairs/s offered (0.50 of empty)") || !strings.Contains(rows, "| empty, paced") || !strings.Contains(rows, "| after the sweep") {
+	if !strings.Contains(rows, "pairs/s offered (0.50 of empty)") || !strings.Contains(rows, "| empty, flat out") || !strings.Contains(rows, "| after the sweep") {
 		t.Errorf("a paced run's rows:\n%s", rows)
+	}
+	var steps []string
+	for _, r := range results {
+		steps = append(steps, r.Workload)
+	}
+	if want := []string{EmptyFlatOut, Empty, FirstHalf, SecondHalf, Sweeping, AfterSweep}; !slices.Equal(steps, want) || results[0].Target != "growth/embedded 1000 records, 0.50 of empty offered" {
+		t.Errorf("a paced run's results: %+v", results)
+	}
+}
+
+// TestBadConfig: a run with nothing to measure is refused before it
+// starts.
+func TestBadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Records: 1, Writers: 1, Fillers: 1, Measure: time.Second},
+		{Records: 100, Writers: 0, Fillers: 1, Measure: time.Second},
+		{Records: 100, Writers: 1, Fillers: 1},
+		{Records: 100, Writers: 1, Fillers: 1, Measure: time.Second, Rate: -1},
+	} {
+		if _, err := Run(t.Context(), cfg, io.Discard); err == nil {
+			t.Errorf("%+v: no error", cfg)
+		}
 	}
 }
 
@@ -113,5 +150,19 @@ func TestTails(t *testing.T) {
 	}
 	if got, want := (tail{p99: 1500 * time.Microsecond, max: 20 * time.Millisecond}).String(), "1.50, 20.00"; got != want {
 		t.Errorf("String = %q, want %q", got, want)
+	}
+}
+
+// TestEveryWriterMeasures: a measurement stopped as it starts, as a sweep
+// with little to do stops one, still runs a pair a writer, paced or not.
+func TestEveryWriterMeasures(t *testing.T) {
+	for _, rate := range []float64{0, 1000} {
+		stop := make(chan error, 1)
+		stop <- nil
+		var ops atomic.Int64
+		r := measureUntil(t.Context(), 3, stop, rate, func(context.Context, int, int64) error { ops.Add(1); return nil })
+		if r.err != nil || r.ops < 3 || r.ops != ops.Load() {
+			t.Errorf("rate %v: %d pairs measured of %d run (%v), want a writer's at least", rate, r.ops, ops.Load(), r.err)
+		}
 	}
 }

@@ -1,8 +1,10 @@
-// Command growbench measures the embedded store as its data grows and is swept, as a day of retention does to a ledger: it fills a
-// store with records, moves its clock past the first half's retention and
-// tombstone window, sweeps that half away while writers run, and reports
-// the writers' throughput and latency at each step, the bytes on disk per
+// Package growth measures the embedded store as its data grows and is
+// swept, as a day of retention does to a ledger: it fills a store with
+// records, moves its clock past the first half's retention and tombstone
+// window, sweeps that half away while writers run, and reports the
+// writers' throughput and latency at each step, the bytes on disk per
 // record, the process's memory, and how long the store takes to open.
+// ledgerbench runs it after its other targets (-growth-records).
 //
 // The store lives in a temporary directory; every write is durable.
 //
@@ -12,24 +14,20 @@
 // the two it was, the disk or the cores.
 //
 // By default the measured writers run flat out, so a slower step shows as
-// fewer pairs a second. With -paced f they offer f times the empty store's
-// throughput instead (its first row, flat out): a pair starts when it is
-// due, whether or not the one before has finished, and its latency counts
-// from then. At a rate the store keeps up with, growth and the sweep show
-// in the latency and in whether the rate is kept, apart from each other.
-// -rate r offers r pairs a second instead, the same load in runs whose
-// empty stores measured differently (two builds, two GOMAXPROCS).
-//
-//	go run ./lab/cmd/growbench -records 500000
-//	go run ./lab/cmd/growbench -records 500000 -paced 0.5
-//	go run ./lab/cmd/growbench -records 4000000 -rate 3000
-package main
+// fewer pairs a second. With Config.Paced f they offer f times the empty
+// store's throughput instead (its first measurement, flat out): a pair
+// starts when it is due, whether or not the one before has finished, and
+// its latency counts from then. At a rate the store keeps up with, growth
+// and the sweep show in the latency and in whether the rate is kept, apart
+// from each other. Config.Rate r offers r pairs a second instead, the same
+// load in runs whose empty stores measured differently (two builds, two
+// GOMAXPROCS).
+package growth
 
 import (
 	"context"
 	crand "crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -46,75 +44,75 @@ import (
 
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/pebble"
 )
 
-type config struct {
-	records, writers int
-	fillers          int
-	outcome          int
-	measure          time.Duration
-	paced, rate      float64
-	sweepBatch       int
+// Config is a run's shape.
+type Config struct {
+	Records    int           // records written in all; the first half is swept away
+	Writers    int           // concurrent writers whose throughput is measured
+	Fillers    int           // concurrent writers that fill the store
+	Outcome    int           // bytes of each record's outcome
+	Measure    time.Duration // how long each throughput measurement runs
+	Paced      float64       // offer this fraction of the empty store's throughput after the first measurement; 0: flat out
+	Rate       float64       // offer this many pairs a second after the first measurement, whatever Paced says
+	SweepBatch int           // records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default
 }
 
-func main() {
-	var cfg config
-	flag.IntVar(&cfg.records, "records", 500_000, "records written in all; the first half is swept away")
-	flag.IntVar(&cfg.writers, "writers", 8, "concurrent writers whose throughput is measured")
-	flag.IntVar(&cfg.fillers, "fillers", 64, "concurrent writers that fill the store")
-	flag.IntVar(&cfg.outcome, "outcome", 500, "bytes of each record's outcome")
-	flag.DurationVar(&cfg.measure, "measure", 3*time.Second, "how long each throughput measurement runs")
-	flag.Float64Var(&cfg.rate, "rate", 0, "offer this many pairs a second in every measurement after the first, as -paced does; runs compared at one rate offer the same load whatever the empty store measured")
-	flag.IntVar(&cfg.sweepBatch, "sweep-batch", 0, "records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default")
-	flag.Float64Var(&cfg.paced, "paced", 0, "offer this fraction of the empty store's throughput in every measurement after the first, pairs started when due (0.5: half); 0 runs the writers flat out")
-	flag.Parse()
-	if cfg.paced < 0 || cfg.rate < 0 {
-		fmt.Fprintln(os.Stderr, "growbench: -paced (a fraction of the empty store's throughput) and -rate are 0 or more")
-		os.Exit(2)
+// The steps, the workloads of Run's results. Every step after the first
+// measurement runs at the load the run offers: the empty store's row at
+// that load is Empty, and in a paced run the measurement its rate comes
+// from is EmptyFlatOut.
+const (
+	Empty        = "empty"
+	EmptyFlatOut = "empty, flat out"
+	FirstHalf    = "first half written"
+	SecondHalf   = "second half written"
+	Sweeping     = "during the sweep"
+	AfterSweep   = "after the sweep"
+)
+
+// Target names a run's results: the store, the records and the load.
+func Target(cfg Config) string {
+	name := fmt.Sprintf("growth/embedded %d records", cfg.Records)
+	switch {
+	case cfg.Rate > 0:
+		name += fmt.Sprintf(", %.0f pairs/s offered", cfg.Rate)
+	case cfg.Paced > 0:
+		name += fmt.Sprintf(", %.2f of empty offered", cfg.Paced)
 	}
-	if err := run(context.Background(), cfg, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "growbench:", err)
-		os.Exit(1)
-	}
+	return name
 }
 
-// run measures the store and writes its rows to w.
-func run(ctx context.Context, cfg config, w io.Writer) error {
-	dir, err := os.MkdirTemp("", "growbench-")
+// Run measures the store, writes a row a step to w as it goes, and
+// returns each measured step as a result: Target(cfg), the step as its
+// workload, the writers as its clients.
+func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
+	if cfg.Records < 2 || cfg.Writers < 1 || cfg.Fillers < 1 || cfg.Outcome < 0 || cfg.Measure <= 0 || cfg.Paced < 0 || cfg.Rate < 0 {
+		return nil, fmt.Errorf("growth: records (%d) of 2 or more, writers (%d) and fillers (%d) of 1 or more, a measurement time (%v), and no negative outcome, pace or rate",
+			cfg.Records, cfg.Writers, cfg.Fillers, cfg.Measure)
+	}
+	dir, err := os.MkdirTemp("", "growth-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	clock := ledgertest.NewClock(ledgertest.Start)
-	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.sweepBatch})
+	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { _ = s.Close() }()
 	l := ledger.New(s, ledger.Config{})
 	// Every outcome is random bytes of its own, which no engine can
 	// compress away, as real responses mostly are not.
 	outcome := func() *ledger.Outcome {
-		v := make([]byte, cfg.outcome)
+		v := make([]byte, cfg.Outcome)
 		_, _ = crand.Read(v)
 		return &ledger.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/bench.Invoice", Value: v}}
-	}
-	// live counts the records the store holds (tombstones included), the
-	// measurements' own among them.
-	live := func() int64 {
-		counts, err := s.CountByState(ctx)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "growbench:", err)
-			os.Exit(1)
-		}
-		var n int64
-		for _, c := range counts.ByState() {
-			n += int64(c)
-		}
-		return n
 	}
 	// observed runs m, and returns its result with what the store and the
 	// scheduler did meanwhile: Pebble's write stalls, its log's syncs, and
@@ -128,15 +126,28 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		r.sched = schedTail(sched, schedLatencies())
 		return r
 	}
-	row := func(step string, r timed) {
-		live := live()
+	var results []bench.Result
+	// row writes a step's row, live counting the records the store holds
+	// (tombstones included), the measurements' own among them.
+	row := func(step, label string, r timed) error {
+		counts, err := s.CountByState(ctx)
+		if err != nil {
+			return err
+		}
+		var live int64
+		for _, c := range counts.ByState() {
+			live += int64(c)
+		}
 		size := diskBytes(dir)
 		perRecord := "–"
 		if live > 0 {
 			perRecord = strconv.FormatInt(size/live, 10)
 		}
-		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d, %.2f s | %s | %s | %d | %s | %d |\n", step, live, r.perSecond, r.p50, r.p99,
+		fmt.Fprintf(w, "| %s | %d | %.0f | %.2f | %.2f | %d, %.2f s | %s | %s | %d | %s | %d |\n", label, live, r.perSecond, r.p50, r.p99,
 			r.stalls.Count, r.stalls.Waited.Seconds(), r.sync, r.sched, size, perRecord, rssMiB())
+		results = append(results, bench.Result{Target: Target(cfg), Workload: step, Clients: cfg.Writers,
+			Ops: r.ops, Seconds: r.seconds, PerSecond: r.perSecond, P50ms: r.p50, P99ms: r.p99})
+		return nil
 	}
 	pair := func(prefix string) op {
 		return func(ctx context.Context, w int, n int64) error {
@@ -149,36 +160,52 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 			return err
 		}
 	}
-
 	// measured measures a step and writes its row.
-	measured := func(step string, rate float64, prefix string) timed {
-		r := observed(func() timed { return measure(ctx, cfg.writers, cfg.measure, rate, pair(prefix)) })
-		row(step, r)
-		return r
+	measured := func(step string, rate float64, prefix string) (timed, error) {
+		stop := make(chan error, 1)
+		time.AfterFunc(cfg.Measure, func() { stop <- nil })
+		r := observed(func() timed { return measureUntil(ctx, cfg.Writers, stop, rate, pair(prefix)) })
+		if r.err != nil {
+			return r, r.err
+		}
+		return r, row(step, step, r)
 	}
 
-	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | write stalls | log sync p99, max ms | wait for a CPU p99, max ms | bytes on disk | bytes per record | RSS MiB |\n", cfg.writers)
+	fmt.Fprintf(w, "| step | records | pairs/s (%d writers) | p50 ms | p99 ms | write stalls | log sync p99, max ms | wait for a CPU p99, max ms | bytes on disk | bytes per record | RSS MiB |\n", cfg.Writers)
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	empty := measured("empty", 0, "m0")
-	rate := cfg.paced * empty.perSecond // 0: flat out
-	if cfg.rate > 0 {
-		rate = cfg.rate
+	first := Empty
+	if cfg.Paced > 0 || cfg.Rate > 0 {
+		first = EmptyFlatOut
+	}
+	empty, err := measured(first, 0, "m0")
+	if err != nil {
+		return nil, err
+	}
+	rate := cfg.Paced * empty.perSecond // 0: flat out
+	if cfg.Rate > 0 {
+		rate = cfg.Rate
 	}
 	if rate > 0 {
 		fmt.Fprintf(w, "| from here on, %.0f pairs/s offered (%.2f of empty), latency from when each pair was due | | | | | | | | | | |\n", rate, rate/empty.perSecond)
-		measured("empty, paced", rate, "m0p")
+		if _, err := measured(Empty, rate, "m0p"); err != nil {
+			return nil, err
+		}
 	}
-	half := int64(cfg.records / 2)
-	if err := fill(ctx, cfg.fillers, half, pair("a")); err != nil {
-		return err
+	half := int64(cfg.Records / 2)
+	if err := fill(ctx, cfg.Fillers, half, pair("a")); err != nil {
+		return nil, err
 	}
-	measured("first half written", rate, "m1")
+	if _, err := measured(FirstHalf, rate, "m1"); err != nil {
+		return nil, err
+	}
 	// The first half's retention and tombstone window run out.
 	clock.Advance(ledger.DefaultRetention + ledger.DefaultTombstoneRetention + time.Hour)
-	if err := fill(ctx, cfg.fillers, half, pair("b")); err != nil {
-		return err
+	if err := fill(ctx, cfg.Fillers, half, pair("b")); err != nil {
+		return nil, err
 	}
-	measured("second half written", rate, "m2")
+	if _, err := measured(SecondHalf, rate, "m2"); err != nil {
+		return nil, err
+	}
 
 	// Sweep the first half away as the store's Run does (its batches,
 	// paced as the store paces them) while the writers run; measure the
@@ -192,39 +219,47 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		swept = ledger.SweepBacklog(ctx, batch, share, s.Sweep, func(err error) { failed = err })
 		sweepDone <- failed
 	}()
-	during := observed(func() timed { return measureUntil(ctx, cfg.writers, sweepDone, rate, pair("m3")) })
+	during := observed(func() timed { return measureUntil(ctx, cfg.Writers, sweepDone, rate, pair("m3")) })
 	took := time.Since(start)
 	if during.err != nil {
-		return during.err
+		return nil, during.err
 	}
-	row(fmt.Sprintf("during the sweep (%d steps in %.1f s, share %.2f)", swept, took.Seconds(), share), during)
+	if err := row(Sweeping, fmt.Sprintf("%s (%d steps in %.1f s, share %.2f)", Sweeping, swept, took.Seconds(), share), during); err != nil {
+		return nil, err
+	}
 	for { // what the sweep left, unmeasured
 		n, err := s.Sweep(ctx, batch)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if n == 0 {
 			break
 		}
 	}
-	measured("after the sweep", rate, "m4")
+	if _, err := measured(AfterSweep, rate, "m4"); err != nil {
+		return nil, err
+	}
 
 	if err := s.Close(); err != nil {
-		return err
+		return nil, err
 	}
 	opened := time.Now()
-	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.sweepBatch})
+	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Fprintf(w, "| reopened in %.3f s | | | | | | | | %d | | %d |\n", time.Since(opened).Seconds(), diskBytes(dir), rssMiB())
-	return nil
+	return results, nil
 }
 
 // op is one writer's n-th operation.
 type op func(ctx context.Context, w int, n int64) error
 
+// result is a measurement's pairs, over how many seconds, their rate
+// and their latency's p50 and p99 in milliseconds.
 type result struct {
+	ops                 int64
+	seconds             float64
 	perSecond, p50, p99 float64
 }
 
@@ -250,19 +285,6 @@ func fill(ctx context.Context, writers int, n int64, o op) error {
 	}
 	wg.Wait()
 	return first
-}
-
-// measure runs o from writers goroutines for d, at rate pairs a second
-// (0: flat out).
-func measure(ctx context.Context, writers int, d time.Duration, rate float64, o op) timed {
-	stop := make(chan error, 1)
-	time.AfterFunc(d, func() { stop <- nil })
-	r := measureUntil(ctx, writers, stop, rate, o)
-	if r.err != nil {
-		fmt.Fprintln(os.Stderr, "growbench:", r.err)
-		os.Exit(1)
-	}
-	return r
 }
 
 // timed is a measurement: its result, the write stalls during it, the
@@ -294,13 +316,20 @@ func measureUntil(ctx context.Context, writers int, stop <-chan error, rate floa
 		wg.Go(func() {
 			var mine []time.Duration
 		pairs:
-			for n := int64(0); !done.Load(); n++ {
+			// Each writer runs one pair at least, so that a measurement
+			// that stop ends at once (a sweep with little to do) still
+			// measures something.
+			for n := int64(0); n == 0 || !done.Load(); n++ {
 				t := time.Now()
 				if rate > 0 {
 					t = start.Add(time.Duration(float64(due.Add(1)-1) / rate * float64(time.Second)))
+					var quitting <-chan struct{} // none for the first pair
+					if n > 0 {
+						quitting = quit
+					}
 					select {
 					case <-time.After(time.Until(t)): // the pair's start is the subject
-					case <-quit:
+					case <-quitting:
 						break pairs
 					}
 				}
@@ -324,6 +353,7 @@ func measureUntil(ctx context.Context, writers int, stop <-chan error, rate floa
 	secs := time.Since(start).Seconds()
 	slices.Sort(lat)
 	r := timed{err: errors.Join(first, err)}
+	r.ops, r.seconds = int64(len(lat)), secs
 	if len(lat) > 0 {
 		r.perSecond = float64(len(lat)) / secs
 		r.p50 = float64(lat[len(lat)/2].Microseconds()) / 1000
