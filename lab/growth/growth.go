@@ -75,9 +75,12 @@ const (
 	AfterSweep   = "after the sweep"
 )
 
+// Prefix begins the name of every run's results.
+const Prefix = "growth/"
+
 // Target names a run's results: the store, the records and the load.
 func Target(cfg Config) string {
-	name := fmt.Sprintf("growth/embedded %d records", cfg.Records)
+	name := fmt.Sprintf("%sembedded %d records", Prefix, cfg.Records)
 	switch {
 	case cfg.Rate > 0:
 		name += fmt.Sprintf(", %.0f pairs/s offered", cfg.Rate)

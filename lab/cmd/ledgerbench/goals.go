@@ -79,17 +79,14 @@ var goals = []goal{
 	{what: "10,000 Lookup waiters on a Stream: MiB above idle", target: named(bench.WaitersTarget("stream")), workloads: []string{bench.WaitersWorkload},
 		clients: map[int]float64{10000: 50}, atMost: true, format: "%.1f",
 		value: func(r, _ bench.Result) (float64, bool) { return r.RSSAboveIdleMB, r.Ops > 0 }},
-	{what: "growth: pairs/s over the empty store's, at the same load", target: prefixed(growthPrefix), workloads: growthSteps, baseWorkload: growth.Empty,
+	{what: "growth: pairs/s over the empty store's, at the same load", target: prefixed(growth.Prefix), workloads: growthSteps, baseWorkload: growth.Empty,
 		clients: map[int]float64{0: 0.8}, value: throughput, format: "%.2f"},
-	{what: "during the sweep: pairs/s over the step before's", target: prefixed(growthPrefix), workloads: []string{growth.Sweeping}, baseWorkload: growth.SecondHalf,
+	{what: "during the sweep: pairs/s over the step before's", target: prefixed(growth.Prefix), workloads: []string{growth.Sweeping}, baseWorkload: growth.SecondHalf,
 		clients: map[int]float64{0: 0.8}, value: throughput, format: "%.2f"},
-	{what: "during the sweep: p99 over the step before's", target: prefixed(growthPrefix), workloads: []string{growth.Sweeping}, baseWorkload: growth.SecondHalf,
+	{what: "during the sweep: p99 over the step before's", target: prefixed(growth.Prefix), workloads: []string{growth.Sweeping}, baseWorkload: growth.SecondHalf,
 		clients: map[int]float64{0: 2}, atMost: true, format: "%.2f",
 		value: func(r, base bench.Result) (float64, bool) { return r.P99ms / base.P99ms, base.P99ms > 0 }},
 }
-
-// growthPrefix begins the names of growth's results.
-const growthPrefix = "growth/"
 
 // goalsTable writes each goal a run's results measured, at each of its
 // points: the value, the bound and whether it was kept. Empty when the run
