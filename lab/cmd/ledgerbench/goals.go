@@ -123,7 +123,7 @@ func goalsTable(rs []bench.Result) string {
 				if g.atMost && v > bound || !g.atMost && v < bound {
 					met = "no"
 				}
-				fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | "+g.format+" | %s "+g.format+" | %s |\n",
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | "+shown(g.format, v, bound)+" | %s "+g.format+" | %s |\n",
 					g.what, r.Target, against, r.Workload, r.Clients, v, op, bound, met)
 			}
 		}
@@ -132,4 +132,17 @@ func goalsTable(rs []bench.Result) string {
 		return ""
 	}
 	return "\n| goal | target | against | workload | clients | value | bound | met |\n|---|---|---|---|---:|---:|---:|---|\n" + b.String()
+}
+
+// shown is the format that shows v beside bound: format, or with a digit
+// more where format would show a value that missed its bound as the bound.
+func shown(format string, v, bound float64) string {
+	if v == bound || fmt.Sprintf(format, v) != fmt.Sprintf(format, bound) {
+		return format
+	}
+	i := strings.LastIndex(format, ".")
+	if i < 0 || i+2 >= len(format) || format[i+1] < '0' || format[i+1] > '8' {
+		return format
+	}
+	return format[:i+1] + string(format[i+1]+1) + format[i+2:]
 }
