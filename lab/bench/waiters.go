@@ -239,9 +239,10 @@ func (p *ledgerdProc) stop() {
 	<-p.exited
 }
 
-// rss is ledgerd's resident memory in bytes.
-func (p *ledgerdProc) rss() (int64, error) {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+// RSS is the resident memory (VmRSS) of process pid ("self": this one),
+// in bytes.
+func RSS(pid string) (int64, error) {
+	status, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0, err
 	}
@@ -251,8 +252,11 @@ func (p *ledgerdProc) rss() (int64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, errors.New("bench: no VmRSS in ledgerd's status")
+	return 0, fmt.Errorf("bench: no VmRSS in /proc/%s/status", pid)
 }
+
+// rss is ledgerd's resident memory in bytes.
+func (p *ledgerdProc) rss() (int64, error) { return RSS(strconv.Itoa(p.cmd.Process.Pid)) }
 
 // metric is the value of a metric without labels that ledgerd exports.
 func (p *ledgerdProc) metric(name string) (float64, error) {

@@ -37,7 +37,6 @@ import (
 	"runtime/metrics"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -382,17 +381,8 @@ func diskBytes(dir string) int64 {
 // rssMiB is the process's resident memory (VmRSS), in MiB; 0 where
 // /proc is not there.
 func rssMiB() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb >> 10
-		}
-	}
-	return 0
+	n, _ := bench.RSS("self")
+	return n >> 20
 }
 
 // schedLatency is the runtime's histogram of how long goroutines waited,
