@@ -176,7 +176,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "ledgerbench:", err)
 		os.Exit(2)
 	}
-	if len(cfg.ledgerdProcs) > 0 && cfg.addr != "" {
+	if slices.ContainsFunc(slices.Collect(maps.Values(cfg.ledgerdProcs)), func(n int) bool { return n > 0 }) && cfg.addr != "" {
 		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
 		os.Exit(2)
 	}
@@ -519,9 +519,7 @@ func parseProcs(s string) (map[string]int, error) {
 		if err != nil || v < 0 || !slices.Contains([]string{"", "memory", "embedded", "postgres"}, store) {
 			return nil, fmt.Errorf("bad -ledgerd-procs %q: a number, or store=number pairs of memory, embedded and postgres", s)
 		}
-		if v > 0 {
-			procs[store] = v
-		}
+		procs[store] = v
 	}
 	return procs, nil
 }

@@ -206,7 +206,7 @@ func TestProcsByStore(t *testing.T) {
 		flag               string
 		embedded, postgres int
 	}{
-		{"", 0, 0}, {"0", 0, 0}, {"2", 2, 2}, {"postgres=1", 0, 1}, {"4, postgres=1", 4, 1}, {"embedded=4,postgres=1", 4, 1},
+		{"", 0, 0}, {"0", 0, 0}, {"2", 2, 2}, {"postgres=1", 0, 1}, {"4, postgres=1", 4, 1}, {"embedded=4,postgres=1", 4, 1}, {"4,postgres=0", 4, 0},
 	} {
 		procs, err := parseProcs(tc.flag)
 		if err != nil {
