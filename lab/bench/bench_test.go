@@ -139,6 +139,25 @@ func TestLogs(t *testing.T) {
 	}
 }
 
+// TestWaitersTable: the waiters' results have a table of their own, and
+// the results' table leaves them out.
+func TestWaitersTable(t *testing.T) {
+	rs := []bench.Result{
+		{Target: bench.WaitersTarget("stream"), Workload: bench.WaitersWorkload, Clients: 10000, Ops: 10000, RSSAboveIdleMB: 18.6},
+		{Target: "ledgerd/embedded", Workload: "fresh", Clients: 8, PerSecond: 700},
+	}
+	md := bench.WaitersTable(rs)
+	if strings.Count(md, "\n") != 4 || !strings.Contains(md, "| ledgerd/embedded waiters (stream) | 10000 | 18.6 | 1950 |") {
+		t.Fatalf("waiters:\n%s", md)
+	}
+	if md := bench.Markdown(rs); strings.Contains(md, "waiters") || !strings.Contains(md, "| ledgerd/embedded | fresh | 8 | 700 |") {
+		t.Fatalf("results:\n%s", md)
+	}
+	if md := bench.WaitersTable(rs[1:]); md != "" {
+		t.Fatalf("waiters with none measured:\n%s", md)
+	}
+}
+
 func TestMarkdownAndPlot(t *testing.T) {
 	rs := []bench.Result{
 		{Target: "a", Workload: "fresh", Clients: 1, PerSecond: 100},

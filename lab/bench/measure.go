@@ -298,12 +298,16 @@ func machineCPUTime() time.Duration {
 	return time.Duration(ticks) * (time.Second / 100) // USER_HZ
 }
 
-// Markdown writes results as a table.
+// Markdown writes results as a table; Waiters' results, which time no
+// operation, are WaitersTable's.
 func Markdown(rs []Result) string {
 	var b strings.Builder
 	b.WriteString("| target | workload | clients | ops/s | p50 ms | p99 ms | p99.9 ms | CPU µs/op | DB CPU µs/op | alloc KiB/op | GCs/kop | errors |\n")
 	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {
+		if r.Workload == WaitersWorkload {
+			continue
+		}
 		fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.1f | %d |\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, r.Errors)
 	}
