@@ -59,6 +59,7 @@ type Config struct {
 	Paced      float64       // offer this fraction of the empty store's throughput after the first measurement; 0: flat out
 	Rate       float64       // offer this many pairs a second after the first measurement, whatever Paced says
 	SweepBatch int           // records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default
+	SweepShare float64       // the share of the time the store sweeps while a backlog lasts (pebble.Config.SweepShare); 0: the store's default
 }
 
 // The steps, the workloads of Run's results. Every step after the first
@@ -93,8 +94,8 @@ func Target(cfg Config) string {
 // returns each measured step as a result: Target(cfg), the step as its
 // workload, the writers as its clients.
 func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
-	if cfg.Records < 2 || cfg.Writers < 1 || cfg.Fillers < 1 || cfg.Outcome < 0 || cfg.Measure <= 0 || cfg.Paced < 0 || cfg.Rate < 0 {
-		return nil, fmt.Errorf("growth: records (%d) of 2 or more, writers (%d) and fillers (%d) of 1 or more, a measurement time (%v), and no negative outcome, pace or rate",
+	if cfg.Records < 2 || cfg.Writers < 1 || cfg.Fillers < 1 || cfg.Outcome < 0 || cfg.Measure <= 0 || cfg.Paced < 0 || cfg.Rate < 0 || cfg.SweepShare < 0 || cfg.SweepShare > 1 {
+		return nil, fmt.Errorf("growth: records (%d) of 2 or more, writers (%d) and fillers (%d) of 1 or more, a measurement time (%v), no negative outcome, pace or rate, and a sweep share of at most 1",
 			cfg.Records, cfg.Writers, cfg.Fillers, cfg.Measure)
 	}
 	dir, err := os.MkdirTemp("", "growth-")
@@ -103,7 +104,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
 	}
 	defer os.RemoveAll(dir)
 	clock := ledgertest.NewClock(ledgertest.Start)
-	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch})
+	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch, SweepShare: cfg.SweepShare})
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +247,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
 		return nil, err
 	}
 	opened := time.Now()
-	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch})
+	s, err = pebble.Open(dir, pebble.Config{Now: clock.Now, SweepBatch: cfg.SweepBatch, SweepShare: cfg.SweepShare})
 	if err != nil {
 		return nil, err
 	}

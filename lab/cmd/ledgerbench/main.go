@@ -127,6 +127,7 @@ func main() {
 	flag.IntVar(&cfg.growth.Writers, "growth-writers", 8, "growth: concurrent writers whose throughput is measured")
 	flag.IntVar(&cfg.growth.Fillers, "growth-fillers", 64, "growth: concurrent writers that fill the store")
 	flag.IntVar(&cfg.growth.SweepBatch, "growth-sweep-batch", 0, "growth: records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default")
+	flag.Float64Var(&cfg.growth.SweepShare, "growth-sweep-share", 0, "growth: the share of the time the store sweeps while a backlog lasts (pebble.Config.SweepShare); 0: the store's default")
 	flag.IntVar(&cfg.waiters, "waiters", 0, "after the stores, hold this many Lookups waiting on one ledgerd process on its embedded store, over each -api, and read what they add to its resident memory; 0: none")
 	flag.StringVar(&cfg.ledgerdBin, "ledgerd", "", "-waiters: the ledgerd binary; empty builds ./cmd/ledgerd (run from the repository's root)")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
