@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -74,13 +75,16 @@ func Waiters(ctx context.Context, bin string, n int, api string) (Result, error)
 	wait, stopWaiting := context.WithCancel(ctx)
 	var calls sync.WaitGroup
 	defer func() { stopWaiting(); calls.Wait() }()
-	var failed sync.Once
-	var failure error // the first Lookup's error before the waits end
+	failed := make(chan error, 1) // the first Lookup that ended before the waits were ended
 	lookup := func(client ledgerv1.LedgerServiceClient, i int) {
 		calls.Go(func() {
 			_, err := client.Lookup(wait, &ledgerv1.LookupRequest{Tenant: "acme", Key: heldKey(i), Wait: durationpb.New(time.Minute)})
-			if err != nil && wait.Err() == nil {
-				failed.Do(func() { failure = err })
+			if wait.Err() == nil {
+				err = cmp.Or(err, errors.New("it answered without waiting"))
+				select {
+				case failed <- fmt.Errorf("bench: a Lookup of %s ended while its key was held: %w", heldKey(i), err):
+				default:
+				}
 			}
 		})
 	}
@@ -122,16 +126,12 @@ func Waiters(ctx context.Context, bin string, n int, api string) (Result, error)
 			break
 		}
 		if time.Now().After(deadline) {
-			stopWaiting()
-			calls.Wait()
-			err := fmt.Errorf("bench: %v of %d waiters registered within a minute", v, n)
-			if failure != nil {
-				err = fmt.Errorf("%w (a Lookup's error: %w)", err, failure)
-			}
-			return Result{}, err
+			return Result{}, fmt.Errorf("bench: %v of %d waiters registered within a minute", v, n)
 		}
 		select {
 		case <-tick.C:
+		case err := <-failed:
+			return Result{}, err
 		case <-ctx.Done():
 			return Result{}, ctx.Err()
 		}
