@@ -54,6 +54,7 @@ type config struct {
 	drainTimeout   time.Duration
 	streamMaxAge   time.Duration
 	sweepInterval  time.Duration
+	sweepShare     float64
 	logLevel       string
 	logFormat      string
 	version        bool
@@ -104,6 +105,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.streamMaxAge, "stream-max-age", 5*time.Minute, "age at which a Stream is drained, so that its client moves to a new one (and, after GOAWAY, to a new connection)")
 	fs.DurationVar(&c.censusInterval, "census-interval", 5*time.Minute, "how often idemledger_records{state} counts the records (a read of every record); 0 turns it off")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
+	fs.Float64Var(&c.sweepShare, "sweep-share", 0.25, "embedded store: the share of the time sweeps may take while a backlog of expired records lasts, above 0 and at most 1; lower keeps writes' tail shorter during a large sweep, which then takes longer")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
@@ -189,6 +191,8 @@ func (c config) check() error {
 		return errors.New("--stream-max-age must be positive")
 	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0, c.censusInterval < 0:
 		return errors.New("--rate-limit, --drain-timeout, --census-interval and --sweep-interval must not be negative")
+	case c.sweepShare <= 0 || c.sweepShare > 1:
+		return errors.New("--sweep-share must be above 0 and at most 1")
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")
 	}

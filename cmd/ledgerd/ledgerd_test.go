@@ -424,6 +424,8 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"DevModeHealthOpen":   {"--health-listen", ":0"},
 		"NegativeTombstones":  {"--tombstone-retention", "-1h"},
 		"TombstonesOverMax":   {"--tombstone-retention", "100h", "--max-tombstone-retention", "10h"},
+		"SweepShareZero":      {"--sweep-share", "0"},
+		"SweepShareOverOne":   {"--sweep-share", "1.5"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
@@ -479,6 +481,22 @@ func TestTombstoneRetentionFlag(t *testing.T) {
 			}
 			ledgertest.WantStatus(t, err, tt.want)
 		})
+	}
+}
+
+// TestSweepShareFlag: the embedded store sweeps at the share --sweep-share
+// gives, 0.25 without it, and says so as it opens.
+func TestSweepShareFlag(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{{nil, `"sweep_share":0.25`}, {[]string{"--sweep-share", "0.05"}, `"sweep_share":0.05`}} {
+		p := start(t, append([]string{"--data-dir", t.TempDir()}, tt.args...)...)
+		p.waitServing(t, p.dial(t))
+		if logs := p.logs(); !strings.Contains(logs, "created a new embedded ledger") || !strings.Contains(logs, tt.want) {
+			t.Errorf("with %q, no %s as the store opened:\n%s", tt.args, tt.want, logs)
+		}
 	}
 }
 

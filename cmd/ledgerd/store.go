@@ -233,16 +233,16 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, OnClockStep: onClockStep})
+		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare, OnClockStep: onClockStep})
 		if err != nil {
 			return nil, nil, err
 		}
 		if s.Created() {
 			// Loud, so that a data directory on a volume that was not
 			// mounted is seen: it starts empty as a new ledger would.
-			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
+			log.WarnContext(ctx, "created a new embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity(), "sweep_share", s.SweepShare())
 		} else {
-			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity())
+			log.InfoContext(ctx, "opened the embedded ledger", "data_dir", cfg.dataDir, "identity", s.Identity(), "sweep_share", s.SweepShare())
 		}
 		return s, func() {
 			if err := s.Close(); err != nil {
