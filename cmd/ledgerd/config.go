@@ -116,8 +116,14 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	reflectionSet := false
-	fs.Visit(func(f *flag.Flag) { reflectionSet = reflectionSet || f.Name == "reflection" })
+	reflectionSet, sweepShareSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		reflectionSet = reflectionSet || f.Name == "reflection"
+		sweepShareSet = sweepShareSet || f.Name == "sweep-share"
+	})
+	if sweepShareSet && c.databaseURL != "" {
+		return c, errors.New("--sweep-share paces the embedded store's sweeps; a SQL store sweeps in its own batches, so it does not go with --database-url")
+	}
 	if !reflectionSet {
 		c.reflection = c.devMode()
 	}
@@ -191,7 +197,7 @@ func (c config) check() error {
 		return errors.New("--stream-max-age must be positive")
 	case c.rateLimit < 0, c.drainTimeout < 0, c.sweepInterval <= 0, c.censusInterval < 0:
 		return errors.New("--rate-limit, --drain-timeout, --census-interval and --sweep-interval must not be negative")
-	case c.sweepShare <= 0 || c.sweepShare > 1:
+	case !(c.sweepShare > 0 && c.sweepShare <= 1): // NaN too
 		return errors.New("--sweep-share must be above 0 and at most 1")
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")

@@ -426,6 +426,8 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"TombstonesOverMax":   {"--tombstone-retention", "100h", "--max-tombstone-retention", "10h"},
 		"SweepShareZero":      {"--sweep-share", "0"},
 		"SweepShareOverOne":   {"--sweep-share", "1.5"},
+		"SweepShareNaN":       {"--sweep-share", "NaN"},
+		"SweepShareWithSQL":   {"--sweep-share", "0.1", "--database-url", "postgres://ledger@127.0.0.1:1/ledger"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)

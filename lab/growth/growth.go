@@ -94,7 +94,7 @@ func Target(cfg Config) string {
 // returns each measured step as a result: Target(cfg), the step as its
 // workload, the writers as its clients.
 func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
-	if cfg.Records < 2 || cfg.Writers < 1 || cfg.Fillers < 1 || cfg.Outcome < 0 || cfg.Measure <= 0 || cfg.Paced < 0 || cfg.Rate < 0 || cfg.SweepShare < 0 || cfg.SweepShare > 1 {
+	if cfg.Records < 2 || cfg.Writers < 1 || cfg.Fillers < 1 || cfg.Outcome < 0 || cfg.Measure <= 0 || !(cfg.Paced >= 0 && cfg.Rate >= 0 && cfg.SweepShare >= 0 && cfg.SweepShare <= 1) {
 		return nil, fmt.Errorf("growth: records (%d) of 2 or more, writers (%d) and fillers (%d) of 1 or more, a measurement time (%v), no negative outcome, pace or rate, and a sweep share of at most 1",
 			cfg.Records, cfg.Writers, cfg.Fillers, cfg.Measure)
 	}

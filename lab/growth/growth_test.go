@@ -94,6 +94,7 @@ func TestBadConfig(t *testing.T) {
 		{Records: 100, Writers: 1, Fillers: 1},
 		{Records: 100, Writers: 1, Fillers: 1, Measure: time.Second, Rate: -1},
 		{Records: 100, Writers: 1, Fillers: 1, Measure: time.Second, SweepShare: 2},
+		{Records: 100, Writers: 1, Fillers: 1, Measure: time.Second, SweepShare: math.NaN()},
 	} {
 		if _, err := Run(t.Context(), cfg, io.Discard); err == nil {
 			t.Errorf("%+v: no error", cfg)

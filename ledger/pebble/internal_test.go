@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -853,6 +854,16 @@ func TestCompleteWritesTheRecordAlone(t *testing.T) {
 	}
 	if n := s.count(t, "ns"); n != 1 {
 		t.Fatalf("%d records; want 1", n)
+	}
+}
+
+// TestSweepShareDefaults: a share outside (0, 1], NaN included, is the
+// default 0.25; one inside is kept.
+func TestSweepShareDefaults(t *testing.T) {
+	for _, tc := range []struct{ share, want float64 }{{0, 0.25}, {-1, 0.25}, {1.5, 0.25}, {math.NaN(), 0.25}, {0.05, 0.05}, {1, 1}} {
+		if got := (Config{SweepShare: tc.share}).withDefaults().SweepShare; got != tc.want {
+			t.Errorf("SweepShare %v: %v, want %v", tc.share, got, tc.want)
+		}
 	}
 }
 

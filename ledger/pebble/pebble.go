@@ -184,7 +184,7 @@ func (c Config) withDefaults() Config {
 	if c.SweepBatch <= 0 {
 		c.SweepBatch = 500
 	}
-	if c.SweepShare <= 0 || c.SweepShare > 1 {
+	if !(c.SweepShare > 0 && c.SweepShare <= 1) { // NaN too
 		c.SweepShare = 0.25
 	}
 	if c.CacheSize <= 0 {
