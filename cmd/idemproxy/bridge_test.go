@@ -25,6 +25,7 @@ func bridgeTo(t *testing.T, maxSessions int, idle time.Duration) (*bridge, strin
 	return b, srv.URL
 }
 
+// dial opens a session of the 2025 revisions (a child of its own).
 func dial(t *testing.T, endpoint string) (*mcp.ClientSession, error) {
 	t.Helper()
 	return dialWith(t, endpoint, nil)
@@ -33,7 +34,8 @@ func dial(t *testing.T, endpoint string) (*mcp.ClientSession, error) {
 func dialWith(t *testing.T, endpoint string, opts *mcp.ClientOptions) (*mcp.ClientSession, error) {
 	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, opts)
-	return c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1}, nil)
+	return c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: endpoint, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 }
 
 // onlySession is the bridge's one session.
@@ -158,11 +160,14 @@ func TestBridgeClosesIdleSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := onlySession(t, b)
+	s.wmu.Lock()
+	p := s.proc
+	s.wmu.Unlock()
 	if !idle().elapse() {
 		t.Fatal("the idle session's timer was not running")
 	}
 	<-s.done // closed by its idle timer, once the child has exited
-	if s.out.(*child).cmd.ProcessState == nil {
+	if p.out.cmd.ProcessState == nil {
 		t.Fatal("the session closed, its child still runs")
 	}
 	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err == nil {

@@ -15,12 +15,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -56,8 +56,8 @@ type front struct {
 	m       *metrics
 	log     *slog.Logger
 
-	chain mcp.MethodHandler // metrics, then the guard, then call
-	sep   http.Handler      // SEP-3182's parameter into _meta, then serveGuarded
+	guard *mcpguard.Guard
+	sep   http.Handler // SEP-3182's parameter into _meta, then serveGuarded
 	proxy *httputil.ReverseProxy
 
 	mu      sync.Mutex
@@ -87,12 +87,15 @@ func newFront(upstream string, limit int64, tools map[string]toolConfig, g *mcpg
 			f.keys[name] = arg
 		}
 	}
-	f.chain = m.observe(tools)(g.Middleware()(f.call))
+	f.guard = g
 	f.sep = mcpguard.Handler(http.HandlerFunc(f.serveGuarded))
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(u)
 			r.Out.URL.Path, r.Out.URL.RawPath = u.Path, u.RawPath
+			// The proxy checked the client's Origin; upstream, the
+			// proxy is the client, of no browser's origin.
+			r.Out.Header.Del("Origin")
 		},
 		FlushInterval:  -1,
 		ModifyResponse: f.relay,
@@ -143,7 +146,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		done := f.m.passthrough()
 		defer done()
-	case "initialize":
+	case "initialize", "server/discover":
 		fw.rewrite = advertiseIdempotency
 	case "tools/list":
 		fw.rewrite = f.advertiseKeys
@@ -232,8 +235,8 @@ type runningKey struct{}
 // serveGuarded answers a tools/call of a guarded tool through the guard.
 func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 	var msg struct {
-		ID     json.RawMessage       `json:"id"`
-		Params mcp.CallToolParamsRaw `json:"params"`
+		ID     json.RawMessage `json:"id"`
+		Params json.RawMessage `json:"params"`
 	}
 	body, _ := io.ReadAll(r.Body)
 	if err := json.Unmarshal(body, &msg); err != nil {
@@ -251,8 +254,10 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 		delete(f.running, key)
 		f.mu.Unlock()
 	}()
-	req := &mcp.CallToolRequest{Params: &msg.Params, Extra: &mcp.RequestExtra{Header: r.Header}}
-	res, err := f.chain(context.WithValue(r.Context(), runningKey{}, rc), "tools/call", req)
+	ctx := context.WithValue(r.Context(), runningKey{}, rc)
+	res, err := f.m.observe(toolName(msg.Params), func() (json.RawMessage, error) {
+		return f.guard.ServeJSON(ctx, mcpguard.JSONCall{Params: msg.Params, Header: r.Header}, f.call)
+	})
 	if rc.refused != nil && !rc.client.started() {
 		for k, v := range rc.refused.Header {
 			w.Header()[k] = v
@@ -279,6 +284,15 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 	rc.client.answer(b)
 }
 
+// toolName is the name a tools/call's params give.
+func toolName(params json.RawMessage) string {
+	var p struct {
+		Name string `json:"name"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.Name
+}
+
 // isRunning reports whether the call id of session is a guarded call in
 // flight.
 func (f *front) isRunning(session string, id json.RawMessage) bool {
@@ -292,17 +306,12 @@ func (f *front) isRunning(session string, id json.RawMessage) bool {
 // returns its result. What the upstream sends before it (progress, log
 // messages, requests for sampling or elicitation) goes to the client as
 // it comes. Its context is the guard's: the run outlives the client.
-func (f *front) call(ctx context.Context, _ string, r mcp.Request) (mcp.Result, error) {
+func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessage, error) {
 	rc, _ := ctx.Value(runningKey{}).(*running)
-	req, _ := r.(*mcp.CallToolRequest)
-	if rc == nil || req == nil {
+	if rc == nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idemproxy: a guarded call without its request"}
 	}
-	params := f.stripKey(req.Params)
-	if len(params.Arguments) == 0 {
-		params.Arguments = json.RawMessage("{}")
-	}
-	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rc.id, "method": "tools/call", "params": params})
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rc.id, "method": "tools/call", "params": f.stripKey(params)})
 	if err != nil {
 		return nil, err
 	}
@@ -333,36 +342,49 @@ func (f *front) call(ctx context.Context, _ string, r mcp.Request) (mcp.Result, 
 	e, _ := readEnvelope(msg)
 	switch {
 	case e.Error != nil && e.Error.Code == codeTooLarge:
-		return tooLargeResult(f.limit), nil // the tool ran; its answer is not relayed, and says so
+		return tooLargeResult(f.limit, params) // the tool ran; its answer is not relayed, and says so
 	case e.Error != nil && e.Error.Code == codeUpstreamLost:
 		return nil, fmt.Errorf("%w: %s", guard.ErrOutcomeUnknown, e.Error.Message)
 	case e.Error != nil:
 		return nil, &jsonrpc.Error{Code: e.Error.Code, Message: e.Error.Message, Data: e.Error.Data}
+	case len(e.Result) == 0:
+		return nil, fmt.Errorf("%w: the upstream answered neither a result nor an error", guard.ErrOutcomeUnknown)
 	}
-	var out mcp.CallToolResult
-	if err := json.Unmarshal(e.Result, &out); err != nil {
-		return nil, fmt.Errorf("%w: the upstream's result is not a tool result: %w", guard.ErrOutcomeUnknown, err)
-	}
-	return &out, nil
+	return e.Result, nil
 }
 
 // errUpstreamDown is the error of a call the proxy could not send.
 var errUpstreamDown = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "the upstream MCP server cannot be reached"}
 
-// post sends one message upstream with the client's headers.
+// post sends one message upstream with the client's headers: every one
+// the revision binds to the message (MCP-Protocol-Version, Mcp-Method,
+// Mcp-Name, Mcp-Param-*), the session's, authorization, the trace's, and
+// any other end-to-end header, but the Origin the proxy checked.
 func (f *front) post(ctx context.Context, header http.Header, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.upstream.String(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
-	for _, h := range []string{"Authorization", "Mcp-Session-Id", "Mcp-Protocol-Version", "Traceparent", "Tracestate"} {
-		if v := header.Values(h); len(v) > 0 {
-			req.Header[http.CanonicalHeaderKey(h)] = v
+	for k, v := range header {
+		if !notForwarded[k] {
+			req.Header[k] = slices.Clone(v)
 		}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	return f.client.Do(req)
+}
+
+// notForwarded are the headers of the client's message that the proxy does
+// not send upstream with a guarded call: the connection's own (hop by
+// hop, RFC 9110 section 7.6.1), those of the body it encodes again, the
+// Host and Origin of the client's request, and a stream position that a
+// POST does not have.
+var notForwarded = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Content-Length": true, "Content-Encoding": true, "Accept-Encoding": true, "Content-Type": true, "Accept": true,
+	"Host": true, "Origin": true, "Last-Event-Id": true,
 }
 
 // await reads the upstream's answer to the guarded call: its response,
@@ -586,23 +608,32 @@ func editResult(msg []byte, edit func(map[string]any)) []byte {
 }
 
 // stripKey is params with a guarded tool's key argument removed, so that
-// an upstream whose schema does not declare it is not sent it.
-func (f *front) stripKey(p *mcp.CallToolParamsRaw) *mcp.CallToolParamsRaw {
-	out := *p
-	arg, ok := f.keys[p.Name]
+// an upstream whose schema does not declare it is not sent it. Every
+// other member goes as it came.
+func (f *front) stripKey(params json.RawMessage) json.RawMessage {
+	arg, ok := f.keys[toolName(params)]
 	if !ok {
-		return &out
+		return params
+	}
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil || p == nil {
+		return params
 	}
 	var args map[string]json.RawMessage
-	if json.Unmarshal(p.Arguments, &args) != nil || args == nil {
-		return &out // not an object: the upstream says what it makes of it
+	if json.Unmarshal(p["arguments"], &args) != nil || args == nil {
+		return params // not an object: the upstream says what it makes of it
 	}
 	if _, sent := args[arg]; !sent {
-		return &out
+		return params
 	}
 	delete(args, arg)
-	if b, err := json.Marshal(args); err == nil {
-		out.Arguments = b
+	b, err := json.Marshal(args)
+	if err != nil {
+		return params
 	}
-	return &out
+	p["arguments"] = b
+	if out, err := json.Marshal(p); err == nil {
+		return out
+	}
+	return params
 }

@@ -1,10 +1,9 @@
 package main
 
 import (
-	"context"
+	"encoding/json"
 	"strings"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -32,27 +31,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// observe is the outermost receiving middleware: it counts each tools/call
-// by what its answer says. Tool names not configured are counted as
+// observe times and counts one tools/call of tool, which run answers, by
+// what its answer says. Tool names not configured are counted as
 // "(other)", so that a caller cannot grow the label set.
-func (m *metrics) observe(tools map[string]toolConfig) mcp.Middleware {
-	return func(next mcp.MethodHandler) mcp.MethodHandler {
-		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-			call, ok := req.(*mcp.CallToolRequest)
-			if !ok || call.Params == nil {
-				return next(ctx, method, req)
-			}
-			tool, guarded := call.Params.Name, true
-			if _, ok := tools[tool]; !ok {
-				tool, guarded = "(other)", false
-			}
-			timer := prometheus.NewTimer(m.seconds.WithLabelValues(tool, map[bool]string{true: "true", false: "false"}[guarded]))
-			res, err := next(ctx, method, req)
-			timer.ObserveDuration()
-			m.calls.WithLabelValues(tool, result(guarded, res, err)).Inc()
-			return res, err
-		}
-	}
+func (m *metrics) observe(tool string, run func() (json.RawMessage, error)) (json.RawMessage, error) {
+	timer := prometheus.NewTimer(m.seconds.WithLabelValues(tool, "true"))
+	res, err := run()
+	timer.ObserveDuration()
+	m.calls.WithLabelValues(tool, result(res, err)).Inc()
+	return res, err
 }
 
 // passthrough counts a tools/call of a tool the proxy does not guard,
@@ -63,21 +50,23 @@ func (m *metrics) passthrough() (done func()) {
 	return func() { timer.ObserveDuration() }
 }
 
-func result(guarded bool, res mcp.Result, err error) string {
-	switch {
-	case err != nil:
+// result is the label of a guarded call's answer.
+func result(res json.RawMessage, err error) string {
+	if err != nil {
 		return "jsonrpc_error"
-	case !guarded:
-		return "passthrough"
 	}
-	r, ok := res.(*mcp.CallToolResult)
-	if !ok || r == nil {
+	var r struct {
+		Meta struct {
+			Error    *mcpguard.ErrorInfo `json:"io.idemledger/error"`
+			Replayed bool                `json:"io.idemledger/replayed"`
+		} `json:"_meta"`
+	}
+	switch {
+	case json.Unmarshal(res, &r) != nil:
 		return "ran"
-	}
-	if info, ok := mcpguard.ErrorFromResult(r); ok {
-		return strings.ToLower(info.Code)
-	}
-	if r.Meta[mcpguard.ReplayedMeta] == true {
+	case r.Meta.Error != nil && r.Meta.Error.Code != "":
+		return strings.ToLower(r.Meta.Error.Code)
+	case r.Meta.Replayed:
 		return "replayed"
 	}
 	return "ran"

@@ -151,8 +151,8 @@ func TestTypeScriptGuardConformance(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
-	plain := nodetest.Conformance(t, everythingServer(t, node))
-	guarded := nodetest.Conformance(t, everythingServer(t, node, "IDEMLEDGER_GUARD="+guard,
+	plain := nodetest.Conformance(t, nodetest.Suite2025, everythingServer(t, node))
+	guarded := nodetest.Conformance(t, nodetest.Suite2025, everythingServer(t, node, "IDEMLEDGER_GUARD="+guard,
 		"LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret"))
 	for name, want := range plain {
 		if want.Failed > 0 {

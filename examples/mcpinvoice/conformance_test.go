@@ -21,7 +21,7 @@ func TestConformance(t *testing.T) {
 		"server-sse-polling": true, "server-sse-multiple-streams": true, "resources-list": true,
 		"prompts-list": true, "dns-rebinding-protection": true,
 	}
-	for name, s := range nodetest.Conformance(t, url) {
+	for name, s := range nodetest.Conformance(t, nodetest.Suite2025, url) {
 		fixture := strings.HasPrefix(name, "tools-call-") || strings.HasPrefix(name, "prompts-get-") ||
 			strings.HasPrefix(name, "elicitation-") || strings.HasPrefix(name, "resources-") && name != "resources-list" ||
 			name == "json-schema-2020-12" || name == "completion-complete"

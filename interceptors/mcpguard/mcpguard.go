@@ -228,45 +228,9 @@ func (g *Guard) Middleware() mcp.Middleware {
 // call runs one tools/call of a protected tool under the guard.
 func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next func(context.Context, *mcp.CallToolRequest) (mcp.Result, error)) (mcp.Result, error) {
 	ctx = guard.Continue(ctx, metaCarrier(req.Params.Meta))
-	method := MethodPrefix + req.Params.Name
-	c := guard.Call{Method: method, Policy: t.Policy}
-	key, err := callKey(t, req)
+	c, err := g.prepare(ctx, t, req)
 	if err != nil {
 		return errorResult(t, err), nil
-	}
-	c.Key = key
-	if key != "" {
-		tenant, err := g.opts.tenant(ctx, req)
-		if err != nil {
-			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
-				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
-			}
-			return errorResult(t, err), nil
-		}
-		var skip []string
-		if t.KeyArgument != "" {
-			skip = []string{t.KeyArgument}
-		}
-		var fp string
-		if len(t.FingerprintPointers) > 0 {
-			fp, err = fingerprint.JSONParts(method, req.Params.Arguments, t.FingerprintPointers)
-		} else {
-			fp, err = fingerprint.JSON(method, req.Params.Arguments, skip...)
-		}
-		if err != nil {
-			return errorResult(t, errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)), nil
-		}
-		c.Tenant, c.Fingerprint = tenant, fp
-	}
-	if t.Reconcile != nil {
-		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
-			res, err := t.Reconcile(ctx, req)
-			if err != nil || res == nil {
-				return nil, err
-			}
-			out, err := resultOutcome(res)
-			return &out, err
-		}
 	}
 	var live mcp.Result
 	var liveErr error
@@ -290,6 +254,54 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 	}
 	// The first answer and every replay come from the same stored bytes.
 	return fromOutcome(t, res.Outcome, res.Replayed)
+}
+
+// prepare is the guard's call for req: its key, tenant and fingerprint
+// (none of them for a call without a key, which the policy decides), and
+// its reconcile. An error is the ledger's or the guard's, for
+// errorResult.
+func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (guard.Call, error) {
+	method := MethodPrefix + req.Params.Name
+	c := guard.Call{Method: method, Policy: t.Policy}
+	key, err := callKey(t, req)
+	if err != nil {
+		return c, err
+	}
+	c.Key = key
+	if key != "" {
+		tenant, err := g.opts.tenant(ctx, req)
+		if err != nil {
+			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
+			}
+			return c, err
+		}
+		var skip []string
+		if t.KeyArgument != "" {
+			skip = []string{t.KeyArgument}
+		}
+		var fp string
+		if len(t.FingerprintPointers) > 0 {
+			fp, err = fingerprint.JSONParts(method, req.Params.Arguments, t.FingerprintPointers)
+		} else {
+			fp, err = fingerprint.JSON(method, req.Params.Arguments, skip...)
+		}
+		if err != nil {
+			return c, errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)
+		}
+		c.Tenant, c.Fingerprint = tenant, fp
+	}
+	if t.Reconcile != nil {
+		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+			res, err := t.Reconcile(ctx, req)
+			if err != nil || res == nil {
+				return nil, err
+			}
+			out, err := resultOutcome(res)
+			return &out, err
+		}
+	}
+	return c, nil
 }
 
 // callKey is the call's key, by part 3's precedence: the key argument's

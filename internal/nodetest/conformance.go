@@ -14,9 +14,24 @@ import (
 	"time"
 )
 
-// ConformanceScenarios is the number of scenarios in the server suite of
-// the conformance package pinned in examples/mcp-ts.
-const ConformanceScenarios = 32
+// Suite is a version of the official MCP conformance suite
+// (@modelcontextprotocol/conformance), installed in examples/mcp-ts: the
+// package folder under node_modules, and how many server scenarios its
+// summary lists.
+type Suite struct {
+	Package   string
+	Scenarios int
+}
+
+// The suites the tests run: 0.1.16, of the 2025 revisions, and
+// 0.2.0-alpha.12, which adds 2026-07-28's scenarios (stateless requests,
+// server/discover, the headers bound to the body, input_required rounds,
+// the tasks extension) and runs every scenario at the newest revision it
+// applies to.
+var (
+	Suite2025 = Suite{Package: "conformance-0.1", Scenarios: 32}
+	Suite2026 = Suite{Package: "@modelcontextprotocol/conformance", Scenarios: 65}
+)
 
 // Scenario is one scenario's line of the conformance suite's summary: its
 // checks passed and failed.
@@ -24,17 +39,15 @@ type Scenario struct{ Passed, Failed int }
 
 var summaryLine = regexp.MustCompile(`(?m)^([✓✗]) (\S+): (\d+) passed, (\d+) failed`)
 
-// Conformance runs the official MCP conformance suite's server scenarios
-// (@modelcontextprotocol/conformance, pinned in examples/mcp-ts) against
-// the Streamable HTTP endpoint url, and returns them by name. It skips as
-// Node does.
-func Conformance(t testing.TB, url string) map[string]Scenario {
+// Conformance runs the server scenarios of suite against the Streamable
+// HTTP endpoint url, and returns them by name. It skips as Node does.
+func Conformance(t testing.TB, suite Suite, url string) map[string]Scenario {
 	t.Helper()
-	node, dir := Node(t, mcpTS(), "@modelcontextprotocol/conformance")
+	node, dir := Node(t, mcpTS(), suite.Package)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	suite := filepath.Join(dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js")
-	cmd := exec.CommandContext(ctx, node, suite, "server", "--url", url, "--suite", "all") //nolint:gosec // the test's own
+	script := filepath.Join(dir, "node_modules", filepath.FromSlash(suite.Package), "dist", "index.js")
+	cmd := exec.CommandContext(ctx, node, script, "server", "--url", url, "--suite", "all") //nolint:gosec // the test's own
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(node)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, _ := cmd.CombinedOutput() // it exits 1 when a scenario fails: the summary says which
@@ -44,8 +57,8 @@ func Conformance(t testing.TB, url string) map[string]Scenario {
 		f, _ := strconv.Atoi(string(m[4]))
 		got[string(m[2])] = Scenario{Passed: p, Failed: f}
 	}
-	if len(got) != ConformanceScenarios {
-		t.Fatalf("the conformance suite summed up %d scenarios, want %d:\n%s", len(got), ConformanceScenarios, out)
+	if len(got) != suite.Scenarios {
+		t.Fatalf("the conformance suite %s summed up %d scenarios, want %d:\n%s", suite.Package, len(got), suite.Scenarios, out)
 	}
 	return got
 }

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// From 2026-07-28 on, Streamable HTTP mirrors parts of a request's body into
+// its headers so that what routes on headers sees what the server runs:
+// MCP-Protocol-Version (the _meta envelope's version), Mcp-Method, Mcp-Name
+// (the tool's or prompt's name, the resource's URI), and an Mcp-Param-*
+// header for each argument a tool's input schema marks with x-mcp-header.
+// A server that reads the body must refuse a request whose headers and body
+// disagree: 400 with the JSON-RPC error HeaderMismatch. An HTTP upstream
+// checks its own requests; in front of a stdio upstream, which sees no
+// headers, the bridge checks them (checkHeaders).
+
+// The _meta keys and error codes of the 2026-07-28 revision the bridge
+// reads and answers.
+const (
+	metaProtocolVersion    = "io.modelcontextprotocol/protocolVersion"
+	metaSubscriptionID     = "io.modelcontextprotocol/subscriptionId"
+	metaClientCapabilities = "io.modelcontextprotocol/clientCapabilities"
+	metaClientInfo         = "io.modelcontextprotocol/clientInfo"
+	modernRevision         = "2026-07-28"
+	codeHeaderMismatch     = -32020
+	codeMissingCapability  = -32021
+	codeUnsupportedVersion = -32022
+	codeMethodNotFound     = -32601
+)
+
+// The sentinel of a header value carried in base64 (non-ASCII, control
+// characters, surrounding blanks, or a value that looks like the sentinel).
+const (
+	base64Open  = "=?base64?"
+	base64Close = "?="
+)
+
+// paramHeader binds an argument of a tool, at a path of property names,
+// to its header Mcp-Param-<name>.
+type paramHeader struct {
+	path []string
+	name string
+}
+
+// paramHeaders are the x-mcp-header bindings of a tool's input schema.
+func paramHeaders(inputSchema json.RawMessage) []paramHeader {
+	var root schemaNode
+	if json.Unmarshal(inputSchema, &root) != nil {
+		return nil
+	}
+	return root.bindings(nil, nil)
+}
+
+// schemaNode is what a binding reads of a JSON Schema: its properties, and
+// its own header name.
+type schemaNode struct {
+	Header     json.RawMessage       `json:"x-mcp-header"`
+	Properties map[string]schemaNode `json:"properties"`
+}
+
+func (n schemaNode) bindings(path []string, out []paramHeader) []paramHeader {
+	for name, prop := range n.Properties {
+		p := slices.Concat(path, []string{name})
+		var header string
+		if json.Unmarshal(prop.Header, &header) == nil && header != "" {
+			out = append(out, paramHeader{path: p, name: header})
+		}
+		out = prop.bindings(p, out)
+	}
+	return out
+}
+
+// modernMessage reports whether a posted message claims the 2026-07-28
+// revision or a later one: by its MCP-Protocol-Version header, or by the
+// version in its _meta envelope.
+func modernMessage(h http.Header, e envelope) bool {
+	if v := h.Get("MCP-Protocol-Version"); v != "" {
+		return v >= modernRevision
+	}
+	_, ok := envelopeVersion(e.Params)
+	return ok
+}
+
+// envelopeVersion is the protocol version in params' _meta envelope.
+func envelopeVersion(params json.RawMessage) (string, bool) {
+	var p struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return "", false
+	}
+	raw, ok := p.Meta[metaProtocolVersion]
+	var v string
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return "", false
+	}
+	return v, true
+}
+
+// checkEnvelope reports what the per-request _meta envelope of a request of
+// the 2026-07-28 revision lacks, "" when nothing: a request without it
+// must not reach a stdio child, which would take it for a client of the
+// 2025 revisions falling back after its probe.
+func checkEnvelope(e envelope) string {
+	var p struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(e.Params, &p) != nil || p.Meta == nil {
+		return "the request is missing the per-request envelope (_meta)"
+	}
+	var version string
+	if json.Unmarshal(p.Meta[metaProtocolVersion], &version) != nil || version == "" {
+		return "the envelope's " + metaProtocolVersion + " is missing"
+	}
+	var caps map[string]json.RawMessage
+	if json.Unmarshal(p.Meta[metaClientCapabilities], &caps) != nil || caps == nil {
+		return "the envelope's " + metaClientCapabilities + " is missing"
+	}
+	return ""
+}
+
+// checkHeaders reports how the headers of a request of the 2026-07-28
+// revision disagree with its body e, "" when they agree. bindings is the
+// x-mcp-header bindings of the tool a tools/call names, as far as the
+// bridge knows them.
+func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
+	version := strings.TrimSpace(h.Get("MCP-Protocol-Version"))
+	if version == "" {
+		return "the MCP-Protocol-Version header is missing"
+	}
+	if body, ok := envelopeVersion(e.Params); ok && body != version {
+		return fmt.Sprintf("the MCP-Protocol-Version header says %q, the body's _meta %q", version, body)
+	}
+	method := strings.TrimSpace(h.Get("Mcp-Method"))
+	switch {
+	case method == "":
+		return fmt.Sprintf("the body names method %s but the Mcp-Method header is missing", e.Method)
+	case method != e.Method:
+		return fmt.Sprintf("the Mcp-Method header names %q, the body %q", method, e.Method)
+	}
+	named, ok := bodyName(e)
+	if !ok {
+		return ""
+	}
+	header, present := headerValue(h, "Mcp-Name")
+	switch {
+	case !present:
+		return fmt.Sprintf("the body names %q but the Mcp-Name header is missing", named)
+	case header != named:
+		return fmt.Sprintf("the Mcp-Name header names %q, the body %q", header, named)
+	}
+	if e.Method != "tools/call" || len(bindings) == 0 {
+		return ""
+	}
+	var p struct {
+		Arguments map[string]json.RawMessage `json:"arguments"`
+	}
+	_ = json.Unmarshal(e.Params, &p)
+	for _, b := range bindings {
+		if why := checkParam(h, b, p.Arguments); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// checkParam reports how the header of one x-mcp-header binding disagrees
+// with the argument it mirrors, "" when it agrees.
+func checkParam(h http.Header, b paramHeader, args map[string]json.RawMessage) string {
+	name := "Mcp-Param-" + b.name
+	header, present := headerValue(h, name)
+	arg, given := argument(args, b.path)
+	switch {
+	case header == "\x00":
+		return fmt.Sprintf("the %s header is not valid base64", name)
+	case !given && present:
+		return fmt.Sprintf("the %s header is set, but the argument %s is absent", name, strings.Join(b.path, "."))
+	case !given:
+		return ""
+	case !present:
+		return fmt.Sprintf("the argument %s is set, but the %s header is missing", strings.Join(b.path, "."), name)
+	case !sameValue(header, arg):
+		return fmt.Sprintf("the %s header says %q, which is not the argument's value", name, header)
+	}
+	return ""
+}
+
+// headerValue is a header's value with its surrounding blanks trimmed and
+// its base64 sentinel decoded; "\x00" when the sentinel does not decode.
+func headerValue(h http.Header, name string) (string, bool) {
+	values := h.Values(name)
+	if len(values) == 0 {
+		return "", false
+	}
+	v := strings.TrimSpace(values[0])
+	if inner, ok := strings.CutPrefix(v, base64Open); ok {
+		if inner, ok = strings.CutSuffix(inner, base64Close); ok {
+			b, err := base64.StdEncoding.DecodeString(inner)
+			if err != nil {
+				return "\x00", true
+			}
+			return string(b), true
+		}
+	}
+	return v, true
+}
+
+// bodyName is the name a request's Mcp-Name header must carry: a tool's or
+// a prompt's name, or a resource's URI.
+func bodyName(e envelope) (string, bool) {
+	var p struct {
+		Name string `json:"name"`
+		URI  string `json:"uri"`
+	}
+	_ = json.Unmarshal(e.Params, &p)
+	switch e.Method {
+	case "tools/call", "prompts/get":
+		return p.Name, true
+	case "resources/read":
+		return p.URI, true
+	}
+	return "", false
+}
+
+// argument is the value at path in a call's arguments; absent for JSON null.
+func argument(args map[string]json.RawMessage, path []string) (json.RawMessage, bool) {
+	cur := args
+	for i, key := range path {
+		raw, ok := cur[key]
+		if !ok || string(raw) == "null" {
+			return nil, false
+		}
+		if i == len(path)-1 {
+			return raw, true
+		}
+		cur = nil
+		if json.Unmarshal(raw, &cur) != nil {
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// sameValue reports whether a header's (decoded) value mirrors the JSON
+// argument arg: a string as it is, a boolean as true or false, an integer
+// compared as a number (42.0 is 42).
+func sameValue(header string, arg json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(arg, &v) != nil {
+		return false
+	}
+	switch v := v.(type) {
+	case string:
+		return header == v
+	case bool:
+		return header == strconv.FormatBool(v)
+	case float64:
+		n, err := strconv.ParseFloat(header, 64)
+		return err == nil && v == math.Trunc(v) && n == v
+	}
+	return false
+}
+
+// modernStatus is the HTTP status of the answer to a request of the
+// 2026-07-28 revision that failed with code: 404 for a method the server
+// does not have, 400 for the revision's errors of the request itself.
+func modernStatus(code int64) int {
+	switch code {
+	case codeMethodNotFound:
+		return http.StatusNotFound
+	case codeHeaderMismatch, codeMissingCapability, codeUnsupportedVersion:
+		return http.StatusBadRequest
+	}
+	return http.StatusOK
+}

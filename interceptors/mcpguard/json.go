@@ -1,0 +1,223 @@
+package mcpguard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+)
+
+// A guard in front of a server it does not run in process (idemproxy)
+// reads and answers tools/call as the JSON the wire carries, so that what
+// no SDK type holds passes through as it came: fields of the params it
+// does not know (a task augmentation, a round's inputResponses and
+// requestState), and every field of the result (resultType, a task the
+// call created, fields of revisions newer than the SDK).
+
+// JSONCall is one tools/call as its JSON-RPC message carries it.
+type JSONCall struct {
+	// Params are the call's params, as they came.
+	Params json.RawMessage
+	// Header is the HTTP request's header (Streamable HTTP), or nil.
+	Header http.Header
+}
+
+// JSONHandler runs a tools/call whose params are params (the call's own,
+// with the claim in _meta under WithClaimInMeta) and returns its result's
+// JSON, or an error: a *jsonrpc.Error the server answered, or one that
+// wraps guard.ErrOutcomeUnknown when nobody knows whether it ran.
+type JSONHandler func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
+
+// ProtocolVersionMeta is the _meta key that carries a request's protocol
+// revision from 2026-07-28 on (the per-request envelope).
+const ProtocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
+
+// ServeJSON answers call: through the guard when it names a protected
+// tool, by run alone otherwise. It returns the result's JSON, or the
+// JSON-RPC error to answer with. Like the middleware, it stores the first
+// answer and replays it, releases a result that asks for more input
+// (resultType "input_required") and one the tool's classifier calls
+// transient, and answers every ledger or guard error as a tool result. A
+// result that creates a task is stored as it came: a retry gets the same
+// task. It is safe for concurrent use.
+func (g *Guard) ServeJSON(ctx context.Context, call JSONCall, run JSONHandler) (json.RawMessage, error) {
+	var p mcp.CallToolParamsRaw
+	if err := json.Unmarshal(call.Params, &p); err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params are not an object: " + err.Error()}
+	}
+	t, ok := g.opts.tools[p.Name]
+	if !ok {
+		return run(ctx, call.Params)
+	}
+	modern := isModern(p.Meta)
+	req := &mcp.CallToolRequest{Params: &p, Extra: &mcp.RequestExtra{Header: call.Header}}
+	ctx = guard.Continue(ctx, metaCarrier(p.Meta))
+	c, err := g.prepare(ctx, t, req)
+	if err != nil {
+		return encodeResult(errorResult(t, err), modern)
+	}
+	var live json.RawMessage
+	var liveErr error
+	res, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
+		claim, protected := guard.ClaimFromContext(ctx)
+		params := call.Params
+		if protected && g.opts.claimInMeta {
+			params = withClaimJSON(params, claim)
+		}
+		live, liveErr = run(ctx, params)
+		if !protected {
+			return guard.Outcome{}, nil
+		}
+		return jsonOutcome(t, live, liveErr)
+	})
+	switch {
+	case err != nil:
+		return encodeResult(errorResult(t, err), modern)
+	case !res.Protected, !res.Replayed && res.Outcome.Transient:
+		return live, liveErr // unprotected, or released: nothing stored
+	}
+	return fromJSONOutcome(t, res.Outcome, res.Replayed, modern)
+}
+
+// isModern reports whether a request's _meta carries the per-request
+// envelope of 2026-07-28 and later.
+func isModern(meta mcp.Meta) bool {
+	_, ok := meta[ProtocolVersionMeta].(string)
+	return ok
+}
+
+// resultShape is what the guard reads of a result's JSON.
+type resultShape struct {
+	ResultType    string          `json:"resultType"`
+	IsError       bool            `json:"isError"`
+	InputRequests json.RawMessage `json:"inputRequests"`
+}
+
+// resultTypeInputRequired is the resultType of a round that asks for more
+// input (2026-07-28's multi-round-trip requests).
+const resultTypeInputRequired = "input_required"
+
+// jsonOutcome is a run's answer as the guard stores it.
+func jsonOutcome(t Tool, res json.RawMessage, err error) (guard.Outcome, error) {
+	if err != nil {
+		return outcome(t, nil, err)
+	}
+	var shape resultShape
+	if err := json.Unmarshal(res, &shape); err != nil {
+		return guard.Outcome{}, errors.Join(guard.ErrOutcomeUnknown, errors.New("mcpguard: the result is not a JSON object"))
+	}
+	out := guard.Outcome{Response: &anypb.Any{TypeUrl: resultTypeURL, Value: bytes.TrimSpace(res)}}
+	switch {
+	case shape.ResultType == resultTypeInputRequired || (len(shape.InputRequests) > 0 && string(shape.InputRequests) != "null"):
+		// The call asks for more input and will come back: it applied
+		// nothing yet.
+		out.Transient = true
+	case shape.IsError && t.Transient != nil:
+		var r mcp.CallToolResult
+		out.Transient = json.Unmarshal(res, &r) == nil && t.Transient(&r)
+	}
+	return out, nil
+}
+
+// fromJSONOutcome is the answer to the caller from a stored outcome: the
+// result's JSON (marked replayed when it comes from the ledger), the
+// stored JSON-RPC error, or the error result of a status the guard stored.
+func fromJSONOutcome(t Tool, out guard.Outcome, replayed, modern bool) (json.RawMessage, error) {
+	if out.Response == nil {
+		return encodeResult(errorResult(t, ledgerstatus.Decode(out.Status)), modern)
+	}
+	switch out.Response.GetTypeUrl() {
+	case resultTypeURL:
+		b := json.RawMessage(out.Response.GetValue())
+		if replayed {
+			return markReplayed(b)
+		}
+		return b, nil
+	case errorTypeURL:
+		var w jsonrpc.Error
+		if json.Unmarshal(out.Response.GetValue(), &w) != nil {
+			return encodeResult(errorResult(t, errcode.Errorf(errcode.Internal, "the stored error does not decode")), modern)
+		}
+		return nil, &w
+	}
+	return encodeResult(errorResult(t, errcode.Errorf(errcode.Internal, "the key holds an outcome of another kind (%s)", out.Response.GetTypeUrl())), modern)
+}
+
+// encodeResult is r's JSON; on a 2026-07-28 request it says
+// resultType "complete", as every result of that revision does.
+func encodeResult(r *mcp.CallToolResult, modern bool) (json.RawMessage, error) {
+	b, err := json.Marshal(r)
+	if err != nil || !modern {
+		return b, err
+	}
+	return editObject(b, func(m map[string]json.RawMessage) error {
+		m["resultType"] = json.RawMessage(`"complete"`)
+		return nil
+	})
+}
+
+// markReplayed is a stored result with _meta[ReplayedMeta] = true.
+func markReplayed(res json.RawMessage) (json.RawMessage, error) {
+	return editObject(res, func(m map[string]json.RawMessage) error {
+		return editMeta(m, func(meta map[string]json.RawMessage) { meta[ReplayedMeta] = json.RawMessage("true") })
+	})
+}
+
+// withClaimJSON is params with the claim in _meta[ClaimMeta]; params
+// itself when they are not an object (the server refuses them).
+func withClaimJSON(params json.RawMessage, c guard.Claim) json.RawMessage {
+	claim, err := json.Marshal(map[string]any{"token": c.Token, "attempt": c.Attempt})
+	if err != nil {
+		return params
+	}
+	out, err := editObject(params, func(m map[string]json.RawMessage) error {
+		return editMeta(m, func(meta map[string]json.RawMessage) { meta[ClaimMeta] = claim })
+	})
+	if err != nil {
+		return params
+	}
+	return out
+}
+
+// editObject decodes a JSON object's members, lets edit change them and
+// encodes them again. Members keep their values byte for byte; their
+// order is the encoder's.
+func editObject(b json.RawMessage, edit func(map[string]json.RawMessage) error) (json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("mcpguard: null where an object belongs")
+	}
+	if err := edit(m); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+// editMeta lets edit change the _meta object of m, made when absent.
+func editMeta(m map[string]json.RawMessage, edit func(map[string]json.RawMessage)) error {
+	meta := map[string]json.RawMessage{}
+	if raw, ok := m["_meta"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return err
+		}
+	}
+	edit(meta)
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return err
+	}
+	m["_meta"] = b
+	return nil
+}
