@@ -325,7 +325,7 @@ func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessa
 	case err != nil:
 		// The call may have reached the upstream: nobody knows whether it
 		// wrote.
-		return nil, fmt.Errorf("%w: %w", guard.ErrOutcomeUnknown, err)
+		return nil, guard.UnknownOutcome("the connection to the upstream MCP server broke after the call was sent", err)
 	}
 	if res.StatusCode != http.StatusOK {
 		rc.refused = res
@@ -335,20 +335,19 @@ func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessa
 	}
 	msg, err := f.await(ctx, rc, res)
 	if err != nil {
-		// The call may have reached the upstream: nobody knows whether it
-		// wrote.
-		return nil, fmt.Errorf("%w: %w", guard.ErrOutcomeUnknown, err)
+		// The call reached the upstream: nobody knows whether it wrote.
+		return nil, guard.UnknownOutcome("the upstream MCP server's answer broke off", err)
 	}
 	e, _ := readEnvelope(msg)
 	switch {
 	case e.Error != nil && e.Error.Code == codeTooLarge:
 		return tooLargeResult(f.limit, params) // the tool ran; its answer is not relayed, and says so
 	case e.Error != nil && e.Error.Code == codeUpstreamLost:
-		return nil, fmt.Errorf("%w: %s", guard.ErrOutcomeUnknown, e.Error.Message)
+		return nil, guard.UnknownOutcome(e.Error.Message, nil)
 	case e.Error != nil:
 		return nil, &jsonrpc.Error{Code: e.Error.Code, Message: e.Error.Message, Data: e.Error.Data}
 	case len(e.Result) == 0:
-		return nil, fmt.Errorf("%w: the upstream answered neither a result nor an error", guard.ErrOutcomeUnknown)
+		return nil, guard.UnknownOutcome("the upstream MCP server answered neither a result nor an error", nil)
 	}
 	return e.Result, nil
 }

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -12,10 +16,19 @@ import (
 )
 
 // TestMain serves goUpstream over stdio when the proxy under test starts
-// this binary as its stdio upstream.
+// this binary as its stdio upstream. There it has one tool more:
+// crash_once, whose first attempt of a claim ends the process mid-call,
+// as a SIGKILL would, and whose attempts after it answer.
 func TestMain(m *testing.M) {
 	if os.Getenv("IDEMPROXY_TEST_STDIO_UPSTREAM") != "" {
-		_ = (&goUpstream{}).server().Run(context.Background(), &mcp.StdioTransport{})
+		s := (&goUpstream{}).server()
+		mcp.AddTool(s, &mcp.Tool{Name: "crash_once"}, func(_ context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
+			if _, attempt, _ := mcpguard.ClaimFromMeta(req.Params.Meta); attempt == 1 {
+				os.Exit(3)
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
+		_ = s.Run(context.Background(), &mcp.StdioTransport{})
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -85,6 +98,43 @@ func TestProxyBoundsWhatItRelays(t *testing.T) {
 				}
 			} else if n := up.reports.Load(); n != 2 {
 				t.Fatalf("big_report ran %d times; want 2 (the large one once, the small one)", n)
+			}
+		})
+	}
+}
+
+// TestBoundedLinesFindsTheID: a line over the bound is replaced by the
+// bound's error for the id it names, wherever the id comes; an id inside
+// a nested value, or in a string, is not the message's; a line that names
+// no id is dropped; lines under the bound pass as they are.
+func TestBoundedLinesFindsTheID(t *testing.T) {
+	big := strings.Repeat("x", 100)
+	for name, c := range map[string]struct{ line, want string }{
+		"IDFirst":         {`{"jsonrpc":"2.0","id":7,"result":{"text":"` + big + `"}}`, "7"},
+		"IDLast":          {`{"result":{"text":"` + big + `","id":99},"jsonrpc":"2.0","id":"call-3"}`, `"call-3"`},
+		"IDInAString":     {`{"result":{"text":"\"id\":5,` + big + `"},"id":8}`, "8"},
+		"EscapedQuotes":   {`{"result":{"t":"\\\"}{` + big + `"} , "id" : 12 }`, "12"},
+		"NoID":            {`{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"` + big + `"}}`, ""},
+		"NestedIDOnly":    {`{"result":{"id":4,"text":"` + big + `"}}`, ""},
+		"UnderTheBound":   {`{"id":1,"result":{}}`, `{"id":1,"result":{}}`},
+		"ArrayOfMessages": {`[{"id":1,"t":"` + big + `"}]`, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := &boundedLines{in: bufio.NewReaderSize(strings.NewReader(c.line+"\n"+`{"id":2,"result":{}}`+"\n"), 16), limit: 64}
+			out, err := io.ReadAll(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+			want := []string{`{"id":2,"result":{}}`}
+			switch {
+			case strings.HasPrefix(c.want, "{"):
+				want = append([]string{c.want}, want...)
+			case c.want != "":
+				want = append([]string{string(tooLargeMessage(json.RawMessage(c.want), 64))}, want...)
+			}
+			if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+				t.Fatalf("got\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 			}
 		})
 	}

@@ -223,6 +223,25 @@ func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
 	}
 }
 
+// TestUnknownOutcomeSaysWhy: a run that says why nobody knows whether its
+// write happened (guard.UnknownOutcome) has that reason in the error its
+// caller reads, and its cause kept out of it.
+func TestUnknownOutcomeSaysWhy(t *testing.T) {
+	g, _ := clockedGuard(t)
+	c := call("unknown-why")
+	_, err := g.Do(t.Context(), c, func(context.Context) (guard.Outcome, error) {
+		return guard.Outcome{}, guard.UnknownOutcome("the upstream exited before it answered", errors.New("read |0: secret detail"))
+	})
+	le := ledgertest.WantCode(t, err, errcode.Unavailable)
+	if !strings.HasPrefix(le.Message, "the upstream exited before it answered, so nobody knows whether this call was done") ||
+		strings.Contains(le.Message, "secret") {
+		t.Fatalf("the caller reads %q", le.Message)
+	}
+	if !errors.Is(guard.UnknownOutcome("why", nil), guard.ErrOutcomeUnknown) {
+		t.Fatal("UnknownOutcome does not wrap ErrOutcomeUnknown")
+	}
+}
+
 // invoice is a typed result of Do.
 type invoice struct {
 	ID     string `json:"id"`

@@ -27,6 +27,28 @@ import (
 // gets UNAVAILABLE, retryable once the lease has run out.
 var ErrOutcomeUnknown = errors.New("the outcome of the call is unknown")
 
+// UnknownOutcome is a run's error that wraps ErrOutcomeUnknown and says,
+// in words its caller reads, why nobody knows whether the write happened:
+// "the upstream MCP server exited before it answered". cause, which may
+// be nil, stays out of what the caller reads.
+func UnknownOutcome(why string, cause error) error {
+	return &unknownOutcome{why: why, cause: cause}
+}
+
+type unknownOutcome struct {
+	why   string
+	cause error
+}
+
+func (e *unknownOutcome) Error() string {
+	if e.cause == nil {
+		return e.why
+	}
+	return e.why + ": " + e.cause.Error()
+}
+
+func (e *unknownOutcome) Unwrap() []error { return []error{ErrOutcomeUnknown, e.cause} }
+
 // errLeaseLost is the cause of a run's context canceled because another
 // attempt took over the key.
 var errLeaseLost = errors.New("guard: another attempt took over the key")
@@ -96,6 +118,10 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 	if errors.Is(err, ErrOutcomeUnknown) {
 		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)
 		msg := "the service's handler could not tell whether this call was done: retry with the same key once its lease has run out"
+		var why *unknownOutcome
+		if errors.As(err, &why) {
+			msg = why.why + ", so nobody knows whether this call was done: retry with the same key once its lease has run out"
+		}
 		if errors.Is(err, errRunTimedOut) {
 			msg = fmt.Sprintf("the service's handler did not finish within its run timeout (%s), so nobody knows whether this call was done: retry with the same key once its lease has run out", call.Policy.runTimeout())
 		}
