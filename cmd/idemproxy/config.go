@@ -37,6 +37,7 @@ import (
 //	      run_timeout: 2m
 //	      on_in_progress: wait                # or reject
 //	      on_lease_expiry: takeover           # or hold
+//	      host_call_ids: [claudecode/toolUseId] # a host's call id as the key; off when absent
 //
 // or, in HTTP mode, instead of mcp:
 //
@@ -152,6 +153,10 @@ type toolConfig struct {
 	// the parts that make the fingerprint, by JSON Pointer into the arguments.
 	KeyPointer          string   `yaml:"key_pointer"`
 	FingerprintPointers []string `yaml:"fingerprint_pointers"`
+	// HostCallIDs are mcpguard.Tool's: the _meta keys of a host's own
+	// per-call id ("claudecode/toolUseId"), taken as the key of a call
+	// that carries none of its own; off when absent.
+	HostCallIDs []string `yaml:"host_call_ids"`
 }
 
 // keyArgument is the argument the proxy advertises and strips for the
@@ -280,7 +285,12 @@ func (t toolConfig) tool(runTimeout time.Duration) (mcpguard.Tool, error) {
 	if t.KeyArgument != nil {
 		tool.KeyArgument = *t.KeyArgument
 	}
-	tool.KeyPointer, tool.FingerprintPointers = t.KeyPointer, t.FingerprintPointers
+	tool.KeyPointer, tool.FingerprintPointers, tool.HostCallIDs = t.KeyPointer, t.FingerprintPointers, t.HostCallIDs
+	for _, k := range t.HostCallIDs {
+		if k == "" || k == mcpguard.KeyMeta {
+			return tool, fmt.Errorf("host_call_ids: %q is not a host's _meta key", k)
+		}
+	}
 	return tool, nil
 }
 

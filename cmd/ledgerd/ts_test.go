@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/idemledger/idemledger/internal/nodetest"
@@ -40,13 +41,15 @@ func TestTypeScriptClient(t *testing.T) {
 	t.Logf("%s", out)
 }
 
-// TestTypeScriptPackage builds the TypeScript package (tsc), packs it
-// (npm pack), installs the tarball into a fresh project with the
-// official MCP SDK, and runs the invoice server of examples/invoice-ts
-// there against this ledgerd, driven by the SDK's client
-// (examples/mcp-ts/client.mjs): the first call writes, its retry is the
-// replay, a changed argument under the key is KEY_REUSED, and a call
-// without a key is KEY_MISSING.
+// TestTypeScriptPackage packs the TypeScript package as a user does, with
+// npm pack on a checkout that has no dist/ (its prepack builds it), checks
+// that the tarball holds the build, its README and LICENSE, installs it
+// into a fresh project beside the official MCP SDK's v2 packages alone,
+// and checks that the v1 SDK was not pulled in. Then it runs the invoice
+// server of examples/invoice-ts there against this ledgerd, driven by its
+// client on the v2 SDK: the first call writes, its retry is the replay, a
+// changed argument under the key is KEY_REUSED, a call without a key
+// KEY_MISSING, and one without an account VALIDATION_FAILED.
 func TestTypeScriptPackage(t *testing.T) {
 	t.Parallel() // its own processes, ports and directories
 	node, dir := nodetest.Node(t, "../../sdk/typescript", "typescript")
@@ -58,31 +61,41 @@ func TestTypeScriptPackage(t *testing.T) {
 		t.Helper()
 		cmd := exec.CommandContext(t.Context(), name, args...)
 		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(node)+string(os.PathListSeparator)+os.Getenv("PATH"))
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 		}
 		return out
 	}
-	build(t, node, dir)
 	packed := t.TempDir()
-	run(dir, npm, "pack", "--pack-destination", packed, "--silent")
+	run(cleanCopy(t, dir), npm, "pack", "--pack-destination", packed, "--silent")
 	tarballs, err := filepath.Glob(filepath.Join(packed, "idemledger-guard-*.tgz"))
 	if err != nil || len(tarballs) != 1 {
 		t.Fatalf("npm pack made %v (%v)", tarballs, err)
+	}
+	listing := string(run(packed, "tar", "-tzf", tarballs[0]))
+	for _, f := range []string{"package/dist/index.js", "package/dist/index.d.ts", "package/README.md", "package/LICENSE"} {
+		if !strings.Contains(listing, f+"\n") {
+			t.Errorf("the tarball lacks %s:\n%s", f, listing)
+		}
 	}
 	project := t.TempDir()
 	if err := os.WriteFile(filepath.Join(project, "package.json"), []byte(`{"name":"fresh","private":true,"type":"module"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	// --prefer-offline: the packages are in npm's cache from make npm.
-	run(project, npm, "install", "--prefer-offline", "--no-audit", "--no-fund", tarballs[0], "@modelcontextprotocol/sdk@1.32.2", "zod@4.6.7")
-	for src, dst := range map[string]string{"../../examples/invoice-ts/server.mjs": "server.mjs", "../../examples/mcp-ts/client.mjs": "client.mjs"} {
-		b, err := os.ReadFile(src)
+	run(project, npm, "install", "--prefer-offline", "--no-audit", "--no-fund", tarballs[0],
+		"@modelcontextprotocol/server@2.4.0", "@modelcontextprotocol/node@2.1.2", "@modelcontextprotocol/client@2.4.0", "zod@4.6.7")
+	if _, err := os.Stat(filepath.Join(project, "node_modules", "@modelcontextprotocol", "sdk")); err == nil {
+		t.Error("installing the package beside the v2 SDK pulled in the v1 SDK (@modelcontextprotocol/sdk)")
+	}
+	for _, f := range []string{"server.mjs", "client.mjs"} {
+		b, err := os.ReadFile(filepath.Join("../../examples/invoice-ts", f))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(project, dst), b, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(project, f), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -112,36 +125,58 @@ func TestTypeScriptPackage(t *testing.T) {
 		t.Fatalf("through the installed package: first %+v, retry %+v", first, retry)
 	}
 	code := func(r string) any { e, _ := out[r].Meta["io.idemledger/error"].(map[string]any); return e["code"] }
-	if code("changed") != "KEY_REUSED" || code("noKey") != "KEY_MISSING" {
-		t.Fatalf("a changed argument: %v, no key: %v", code("changed"), code("noKey"))
+	if code("changed") != "KEY_REUSED" || code("noKey") != "KEY_MISSING" || code("noAccount") != "VALIDATION_FAILED" {
+		t.Fatalf("a changed argument: %v, no key: %v, no account: %v", code("changed"), code("noKey"), code("noAccount"))
 	}
 }
 
-// build compiles the TypeScript package into its dist/, for npm pack.
-func build(t *testing.T, node, dir string) {
+// cleanCopy is the package's files as git tracks them (a fresh clone's:
+// no dist/), in a folder of its own beside the package, with the
+// package's node_modules (its build tools) linked in.
+func cleanCopy(t *testing.T, dir string) string {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), node, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json")
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("tsc: %v\n%s", err, out)
+	out, err := exec.CommandContext(t.Context(), "git", "-C", dir, "ls-files").Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
 	}
+	copyDir := t.TempDir()
+	for f := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(copyDir, f)), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(copyDir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(dir, "node_modules"), filepath.Join(copyDir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	return copyDir
 }
 
-// everythingServer starts examples/mcp-ts/everything.mjs with env and
+// everythingServer starts script of examples/mcp-ts (everything.mjs, on
+// the TypeScript SDK's v1, or everything-v2.mjs, on its v2) with env and
 // returns its endpoint.
-func everythingServer(t *testing.T, node string, env ...string) string {
+func everythingServer(t *testing.T, node, script string, env ...string) string {
 	t.Helper()
 	_, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/sdk")
-	cmd := exec.Command(node, filepath.Join(dir, "everything.mjs"))
+	cmd := exec.Command(node, filepath.Join(dir, script))
 	cmd.Env = append(os.Environ(), env...)
 	return nodetest.Listen(t, cmd) + "/mcp"
 }
 
 // TestTypeScriptGuardConformance runs the official MCP conformance suite
-// against the TypeScript SDK server of examples/mcp-ts/everything.mjs,
-// without the guard and with its tools that take arguments under
-// @idemledger/guard at this ledgerd: the same 32 scenarios pass, with the
-// same counts of checks.
+// against the TypeScript SDK servers of examples/mcp-ts, without the guard
+// and with their tools that take arguments under @idemledger/guard at this
+// ledgerd: 0.1.16 against everything.mjs (v1), 0.2.0 against
+// everything-v2.mjs (v2, 2026-07-28 beside the 2025 revisions). Each run
+// passes the same scenarios with the same counts of checks under the guard
+// as without it; without it, every scenario passes but the tasks
+// extension's, which v2 does not have.
 func TestTypeScriptGuardConformance(t *testing.T) {
 	t.Parallel() // its own processes, ports and directories
 	node, guard := nodetest.Guard(t)
@@ -151,13 +186,20 @@ func TestTypeScriptGuardConformance(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
-	plain := nodetest.Conformance(t, nodetest.Suite2025, everythingServer(t, node))
-	guarded := nodetest.Conformance(t, nodetest.Suite2025, everythingServer(t, node, "IDEMLEDGER_GUARD="+guard,
-		"LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret"))
-	for name, want := range plain {
-		if want.Failed > 0 {
-			t.Errorf("without the guard, %s failed %d checks", name, want.Failed)
-		}
+	for _, c := range []struct {
+		script string
+		suite  nodetest.Suite
+	}{{"everything.mjs", nodetest.Suite2025}, {"everything-v2.mjs", nodetest.Suite2026}} {
+		t.Run(c.script, func(t *testing.T) {
+			plain := nodetest.Conformance(t, c.suite, everythingServer(t, node, c.script))
+			guarded := nodetest.Conformance(t, c.suite, everythingServer(t, node, c.script, "IDEMLEDGER_GUARD="+guard,
+				"LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret"))
+			for name, want := range plain {
+				if want.Failed > 0 && !strings.HasPrefix(name, "tasks-") {
+					t.Errorf("without the guard, %s failed %d checks", name, want.Failed)
+				}
+			}
+			nodetest.SameConformance(t, plain, guarded, "under the guard")
+		})
 	}
-	nodetest.SameConformance(t, plain, guarded, "under the guard")
 }

@@ -1,6 +1,8 @@
 // Package guardcases_test runs the guard's behaviour cases
 // (testdata/guard-cases.json) against mcpguard, in a Go SDK server driven
-// by the Go SDK's client, at a real ledgerd and at a LedgerService on the
+// by the Go SDK's client, on the 2025 revisions (a session, initialize)
+// and on 2026-07-28 (the server stateless, the client's requests carrying
+// their _meta envelope), at a real ledgerd and at a LedgerService on the
 // memory store, both on loopback gRPC. The same
 // table runs against the TypeScript guard in sdk/typescript's
 // test/cases.test.ts (TestTypeScriptClient, cmd/ledgerd): a case that
@@ -15,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,16 +45,18 @@ type table struct {
 type tcase struct {
 	Name   string `json:"name"`
 	Policy struct {
-		KeyOptional   bool   `json:"key_optional"`
-		OnInProgress  string `json:"on_in_progress"`
-		MaxWaitMS     int    `json:"max_wait_ms"`
-		LeaseMS       int    `json:"lease_ms"`
-		TransientText string `json:"transient_text"`
-		OnLeaseExpiry string `json:"on_lease_expiry"`
-		ReconcileText string `json:"reconcile_text"`
-		RetentionMS   int    `json:"retention_ms"`
+		KeyOptional   bool     `json:"key_optional"`
+		OnInProgress  string   `json:"on_in_progress"`
+		MaxWaitMS     int      `json:"max_wait_ms"`
+		LeaseMS       int      `json:"lease_ms"`
+		TransientText string   `json:"transient_text"`
+		OnLeaseExpiry string   `json:"on_lease_expiry"`
+		ReconcileText string   `json:"reconcile_text"`
+		RetentionMS   int      `json:"retention_ms"`
+		HostCallIDs   []string `json:"host_call_ids"`
 	} `json:"policy"`
 	Only            string `json:"only"`
+	Needs           string `json:"needs"`
 	MaxOutcomeBytes int    `json:"max_outcome_bytes"`
 	MaxBodyBytes    int64  `json:"max_body_bytes"`
 	LedgerDown      bool   `json:"ledger_down"`
@@ -60,11 +65,12 @@ type tcase struct {
 }
 
 type step struct {
-	Key      string `json:"key"`
-	Via      string `json:"via"`
-	Args     string `json:"args"`
-	AfterMS  int    `json:"after_ms"`
-	HangUpMS int    `json:"hang_up_ms"`
+	Key      string         `json:"key"`
+	Via      string         `json:"via"`
+	Meta     map[string]any `json:"meta"`
+	Args     string         `json:"args"`
+	AfterMS  int            `json:"after_ms"`
+	HangUpMS int            `json:"hang_up_ms"`
 	// ReleaseMS lets the held run go that long after this step is sent.
 	ReleaseMS int `json:"release_ms"`
 	Tool      struct {
@@ -74,6 +80,7 @@ type step struct {
 		Hold      bool   `json:"hold"`
 		Unknown   bool   `json:"unknown"`
 		TokenText bool   `json:"token_text"`
+		Confirm   bool   `json:"confirm"`
 	} `json:"tool"`
 	Expect answer `json:"expect"`
 }
@@ -114,7 +121,13 @@ func load(t *testing.T) table {
 func TestMain(m *testing.M) { os.Exit(ledgerdtest.Main(m)) }
 
 func TestGuardCases(t *testing.T) {
-	forEachCase(t, "mcp", runCase)
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		t.Run(version, func(t *testing.T) {
+			forEachCase(t, "mcp", func(t *testing.T, c tcase, g *guard.Guard, pass func(time.Duration), keyPrefix string) {
+				runCase(t, c, g, pass, keyPrefix+"-"+version, version)
+			})
+		})
+	}
 }
 
 // forEachCase runs every case of the table for transport with run, each at a guard of
@@ -227,13 +240,16 @@ type script struct {
 	gate  gate
 }
 
-func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (s *script) handler(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	s.runs.Add(1)
 	st := s.steps[s.next.Load()]
 	if st.Tool.Hold {
 		s.gate.hold()
 	}
 	switch {
+	case st.Tool.Confirm && !confirmed(req):
+		return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{Message: "sure?",
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"confirm": map[string]any{"type": "boolean"}}}}}}, nil
 	case st.Tool.Unknown:
 		return nil, fmt.Errorf("the invoice service hung up: %w", guard.ErrOutcomeUnknown)
 	case st.Tool.ErrorText != "":
@@ -247,8 +263,21 @@ func (s *script) handler(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Call
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: st.Tool.Text}}}, ctx.Err()
 }
 
-func runCase(t *testing.T, c tcase, gd *guard.Guard, pass func(time.Duration), keyPrefix string) {
+// confirmed reports whether a round's inputResponses confirm the call.
+func confirmed(req *mcp.CallToolRequest) bool {
+	r, ok := req.Params.InputResponses["confirm"]
+	if !ok {
+		return false
+	}
+	res, ok := r.(*mcp.ElicitResult)
+	return ok && res.Action == "accept" && res.Content["confirm"] == true
+}
+
+// runCase runs one case on the protocol version: a stateless server for
+// 2026-07-28, a session's for the 2025 revisions.
+func runCase(t *testing.T, c tcase, gd *guard.Guard, pass func(time.Duration), keyPrefix, version string) {
 	tool := mcpguard.NewTool(policyOf(c))
+	tool.HostCallIDs = c.Policy.HostCallIDs
 	if text := c.Policy.ReconcileText; text != "" {
 		tool.Reconcile = func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, nil
@@ -268,16 +297,21 @@ func runCase(t *testing.T, c tcase, gd *guard.Guard, pass func(time.Duration), k
 	srv := mcp.NewServer(&mcp.Implementation{Name: "cases", Version: "v1"}, nil)
 	srv.AddTool(&mcp.Tool{Name: "create_invoice", InputSchema: map[string]any{"type": "object"}}, s.handler)
 	srv.AddReceivingMiddleware(g.Middleware())
-	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	hs := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{Stateless: version >= "2026-07-28"}))
 	t.Cleanup(hs.Close)
-	cl := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
-	cs, err := cl.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: hs.URL}, nil)
+	cl := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"confirm": true}}, nil
+		},
+	})
+	cs, err := cl.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: hs.URL}, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cs.Close() })
 
-	drive(t, c, &s.gate, pass, func(i int) { s.next.Store(int64(i)) }, func(st step) answer { return call(t, cs, keyPrefix, st) })
+	drive(t, c, &s.gate, pass, func(i int) { s.next.Store(int64(i)) }, func(st step) answer { return call(t, cs, keyPrefix, c.Policy.HostCallIDs, st) })
 	if s.runs.Load() != c.Runs {
 		t.Errorf("the tool ran %d times, want %d", s.runs.Load(), c.Runs)
 	}
@@ -351,7 +385,7 @@ func drive(t *testing.T, c tcase, g *gate, pass func(time.Duration), next func(i
 }
 
 // call sends one step and reads its answer as the table writes it.
-func call(t *testing.T, cs *mcp.ClientSession, keyPrefix string, st step) answer {
+func call(t *testing.T, cs *mcp.ClientSession, keyPrefix string, hostCallIDs []string, st step) answer {
 	args := json.RawMessage(st.Args)
 	params := &mcp.CallToolParams{Name: "create_invoice"}
 	if st.Key != "" && st.Via != "meta" {
@@ -370,6 +404,15 @@ func call(t *testing.T, cs *mcp.ClientSession, keyPrefix string, st step) answer
 			key = st.Key // an invalid key as it is
 		}
 		params.Meta = mcp.Meta{mcpguard.KeyMeta: key}
+	}
+	for k, v := range st.Meta {
+		if params.Meta == nil {
+			params.Meta = mcp.Meta{}
+		}
+		if s, ok := v.(string); ok && slices.Contains(hostCallIDs, k) {
+			v = keyPrefix + s // a host's call id, unique to the run as a key is
+		}
+		params.Meta[k] = v
 	}
 	params.Arguments = args
 	ctx := context.Background()

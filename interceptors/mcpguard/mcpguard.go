@@ -74,6 +74,11 @@ type Tool struct {
 	// ("/order/request_id"): a call whose key argument is absent takes its
 	// key from there, a string, before the parameter and _meta.
 	KeyPointer string
+	// HostCallIDs, when set, name the _meta keys of a host's own per-call
+	// id ("claudecode/toolUseId"), read in order when the call carries no
+	// key of its own: off when empty. A host's call id is stable only
+	// across that host's own re-sends of the call.
+	HostCallIDs []string
 	// FingerprintPointers, when set, name the parts of the arguments that
 	// make the call's fingerprint, the rest ignored: a retry that differs
 	// elsewhere is the same call (its replay), not KEY_REUSED.
@@ -304,9 +309,10 @@ func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (
 	return c, nil
 }
 
-// callKey is the call's key, by part 3's precedence: the key argument's
-// (or the KeyPointer's), else SEP-3182's idempotencyKey parameter (which Handler and Transport
-// put in _meta), else _meta's.
+// callKey is the call's key, by precedence: the key argument's (or the
+// KeyPointer's), else SEP-3182's idempotencyKey parameter (which Handler
+// and Transport put in _meta), else _meta's, else the host call ids the
+// tool names.
 func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
 		var args map[string]json.RawMessage
@@ -342,13 +348,18 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	default:
 		return "", errcode.Errorf(errcode.KeyInvalid, "the %s parameter is not a string", paramKey)
 	}
-	switch v := req.Params.Meta[KeyMeta].(type) {
-	case nil:
-		return "", nil
-	case string:
-		return v, nil
+	for _, k := range append([]string{KeyMeta}, t.HostCallIDs...) {
+		switch v := req.Params.Meta[k].(type) {
+		case nil:
+		case string:
+			if v != "" {
+				return v, nil
+			}
+		default:
+			return "", errcode.Errorf(errcode.KeyInvalid, "_meta[%q] is not a string", k)
+		}
 	}
-	return "", errcode.Errorf(errcode.KeyInvalid, "_meta[%q] is not a string", KeyMeta)
+	return "", nil
 }
 
 // withClaim is req with the claim in its _meta, for the handler.

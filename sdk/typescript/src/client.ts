@@ -3,10 +3,20 @@
 // mcpguard.ClientMiddleware do in Go: it waits at least the server's hint,
 // with full jitter, at most maxAttempts attempts, and stops at the
 // deadline.
-import type { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { CallToolResultSchema, McpError, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
 import { mintKey } from "./keys.js";
-import { errorFromResult, IdempotencyCapability, KeyMeta } from "./mcp.js";
+import { errorFromResult, IdempotencyCapability, KeyMeta, type CallToolResult } from "./mcp.js";
+
+/**
+ * The part of the official SDK's Client that callTool uses: v2's
+ * (@modelcontextprotocol/client, which has getProtocolEra) or v1's
+ * (@modelcontextprotocol/sdk).
+ */
+export interface ToolClient {
+  getServerCapabilities(): { experimental?: Record<string, unknown> } | undefined;
+  // v2: callTool(params, options); v1: callTool(params, resultSchema, options).
+  callTool(params: any, ...rest: any[]): Promise<unknown>;
+  getProtocolEra?: () => string | undefined;
+}
 
 export interface CallToolOptions {
   /** The intent's key: minted when absent. Reuse it to re-send the same intent later. */
@@ -29,29 +39,31 @@ const permanent = new Set([-32700, -32600, -32601, -32602]);
  * SEP-3182's idempotencyKey parameter to a server that advertises
  * tools.idempotency, else in _meta["io.idemledger/idempotency-key"].
  */
-export async function callTool(client: Client, params: { name: string; arguments?: Record<string, unknown>; _meta?: Record<string, unknown> },
+export async function callTool(client: ToolClient, params: { name: string; arguments?: Record<string, unknown>; _meta?: Record<string, unknown> },
   opts: CallToolOptions = {}): Promise<CallToolResult> {
   const key = opts.key ?? mintKey();
   const maxAttempts = opts.maxAttempts ?? 5;
   const deadline = Date.now() + (opts.deadlineMs ?? 60_000);
   const sep = client.getServerCapabilities()?.experimental?.[IdempotencyCapability] !== undefined;
-  const message = sep
-    ? { method: "tools/call" as const, params: { ...params, idempotencyKey: key } }
-    : { method: "tools/call" as const, params: { ...params, _meta: { ...(params._meta ?? {}), [KeyMeta]: key } } };
+  const sent = sep ? { ...params, idempotencyKey: key } : { ...params, _meta: { ...(params._meta ?? {}), [KeyMeta]: key } };
+  const send = (timeout: number) => typeof client.getProtocolEra === "function"
+    ? client.callTool(sent, { timeout })
+    : client.callTool(sent, undefined, { timeout });
   for (let attempt = 1; ; attempt++) {
     const left = deadline - Date.now();
     let hint = 0;
     let last: CallToolResult | undefined;
     let failure: unknown;
     try {
-      last = (await client.request(message, CallToolResultSchema, { timeout: Math.max(1, left) })) as CallToolResult;
+      last = (await send(Math.max(1, left))) as CallToolResult;
       const info = errorFromResult(last);
       if (!info?.retryable) {
         return last;
       }
       hint = info.retry_after_ms;
     } catch (err) {
-      if (err instanceof McpError && permanent.has(err.code)) {
+      const code = (err as { code?: unknown } | null)?.code;
+      if (typeof code === "number" && permanent.has(code)) {
         throw err;
       }
       failure = err; // a dropped stream, a lost response: the call may have run; the key makes the retry safe

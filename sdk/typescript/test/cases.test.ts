@@ -1,6 +1,7 @@
 // The guard's behaviour cases (testdata/guard-cases.json) against the
-// TypeScript guard, in a TypeScript SDK server driven by the SDK's client,
-// at a real ledgerd (TestTypeScriptClient, cmd/ledgerd, sets LEDGER_HTTP
+// TypeScript guard, in a server on the TypeScript SDK driven by its client,
+// each of v1 (@modelcontextprotocol/sdk, the 2025 revisions) and v2
+// (@modelcontextprotocol/server and /client, on 2026-07-28), at a real ledgerd (TestTypeScriptClient, cmd/ledgerd, sets LEDGER_HTTP
 // and LEDGER_TOKEN). examples/guardcases runs the same table against
 // mcpguard in Go.
 import { strict as assert } from "node:assert";
@@ -9,22 +10,26 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
+import { Client as ClientV2, StreamableHTTPClientTransport as TransportV2 } from "@modelcontextprotocol/client";
+import { toNodeHandler } from "@modelcontextprotocol/node";
+import { createMcpHandler, McpServer as McpServerV2 } from "@modelcontextprotocol/server";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { McpServer } from "@modelcontextprotocol/sdk/server/mcp.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
-import { CallToolResultSchema, type CallToolResult } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolRequestSchema, CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
 
-import { ClaimMeta, createLedger, DefaultKeyArgument, errorFromResult, Guard, httpGuard, KeyMeta, markOutcomeUnknown, McpGuard, OutcomeUnknownError, ReplayedMeta, type GuardedRequest, type Policy } from "../src/index.js";
+import { callInfo, ClaimMeta, createLedger, DefaultKeyArgument, errorFromResult, Guard, httpGuard, KeyMeta, markOutcomeUnknown, McpGuard, OutcomeUnknownError, ReplayedMeta, type CallToolResult, type GuardedRequest, type Policy, type ToolExtra } from "../src/index.js";
 
 interface Step {
   key?: string;
   via?: "meta";
+  meta?: Record<string, unknown>;
   args: string;
   after_ms?: number;
   hang_up_ms?: number;
   release_ms?: number;
-  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean };
+  tool: { text?: string; text_bytes?: number; error_text?: string; hold?: boolean; unknown?: boolean; token_text?: boolean; confirm?: boolean };
   expect: Answer;
 }
 interface Answer {
@@ -39,8 +44,9 @@ interface Answer {
 }
 interface Case {
   name: string;
-  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover"; reconcile_text?: string; retention_ms?: number };
+  policy?: { key_optional?: boolean; on_in_progress?: "wait" | "reject"; max_wait_ms?: number; lease_ms?: number; transient_text?: string; on_lease_expiry?: "hold" | "takeover"; reconcile_text?: string; retention_ms?: number; host_call_ids?: string[] };
   only?: "mcp" | "http";
+  needs?: "mrtr";
   max_outcome_bytes?: number;
   max_body_bytes?: number;
   ledger_down?: boolean;
@@ -66,7 +72,8 @@ function answerOf(r: CallToolResult): Answer {
   if (info) {
     return normal({ error: info.code, retryable: info.retryable });
   }
-  const text = r.content.length === 1 && r.content[0].type === "text" ? r.content[0].text : undefined;
+  const content = r.content ?? [];
+  const text = content.length === 1 && content[0].type === "text" ? content[0].text : undefined;
   const big = text !== undefined && text.length > 1024;
   return normal({ text: big ? undefined : text, text_bytes: big ? text.length : undefined, is_error: r.isError === true, replayed: r._meta?.[ReplayedMeta] === true });
 }
@@ -130,70 +137,118 @@ async function drive(c: Case, g: Gate, next: (j: number) => void, send: (st: Ste
   }
 }
 
-test("the guard's behaviour cases", async (t) => {
-  assert.ok(table.cases.length >= 20);
-  for (const [i, c] of table.cases.entries()) {
-    if (c.only && c.only !== "mcp") continue;
-    await t.test(c.name, async () => {
-      const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
-      const p = c.policy ?? {};
-      const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
-      const guard = new McpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), "acme");
-      let step = 0, runs = 0;
-      const g = gate();
-      const handler = guard.tool("create_invoice", async (_args, extra): Promise<CallToolResult> => {
-        runs++;
-        const st = c.steps[step];
-        if (st.tool.hold) await g.hold();
-        if (st.tool.unknown) throw new OutcomeUnknownError("the invoice service hung up");
-        if (st.tool.token_text) {
-          const claim = extra._meta?.[ClaimMeta] as { token: number; attempt: number };
-          return { content: [{ type: "text", text: `token ${claim.token}, attempt ${claim.attempt}` }] };
-        }
-        if (st.tool.error_text) return { isError: true, content: [{ type: "text", text: st.tool.error_text }] };
-        if (st.tool.text_bytes) return { content: [{ type: "text", text: "x".repeat(st.tool.text_bytes) }] };
-        return { content: [{ type: "text", text: st.tool.text! }] };
-      }, { policy, transient: p.transient_text ? (r) => r.content[0]?.type === "text" && r.content[0].text === p.transient_text : undefined,
-        reconcile: p.reconcile_text ? async () => ({ content: [{ type: "text" as const, text: p.reconcile_text! }] }) : undefined });
-      const httpServer = http.createServer(async (req, res) => {
-        const s = new McpServer({ name: "cases", version: "1.0.0" });
-        // Arguments as they are: the table's tool takes any object.
-        s.server.registerCapabilities({ tools: {} });
-        s.server.setRequestHandler((await import("@modelcontextprotocol/sdk/types.js")).CallToolRequestSchema, async (r, extra) =>
-          handler(r.params.arguments ?? {}, { ...extra, _meta: r.params._meta } as never));
-        const tr = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
-        res.on("close", () => { void tr.close(); void s.close(); });
-        await s.connect(tr);
-        await tr.handleRequest(req, res);
-      });
-      await new Promise<void>((r) => httpServer.listen(0, "127.0.0.1", r));
-      const client = new Client({ name: "agent", version: "1.0.0" });
-      await client.connect(new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${(httpServer.address() as AddressInfo).port}/mcp`)));
-      const prefix = `ts-${i}-${Date.now()}-`;
-      const call = async (st: Step): Promise<Answer> => {
-        let args = JSON.parse(st.args) as Record<string, unknown>;
-        let meta: Record<string, unknown> | undefined;
-        if (st.key && st.via !== "meta") args = { [DefaultKeyArgument]: prefix + st.key, ...args };
-        if (st.key && st.via === "meta") meta = { [KeyMeta]: /[^\x20-\x7e]/.test(st.key) ? st.key : prefix + st.key };
-        try {
-          const r = await client.request({ method: "tools/call", params: { name: "create_invoice", arguments: args, _meta: meta } }, CallToolResultSchema, { timeout: st.hang_up_ms ?? 30_000 });
-          return answerOf(r as CallToolResult);
-        } catch (err) {
-          if (st.hang_up_ms) return normal({ error: "HUNG_UP" });
-          throw err;
-        }
-      };
-      try {
-        await drive(c, g, (j) => { step = j; }, call);
-        assert.equal(runs, c.runs, "runs");
-      } finally {
-        await client.close();
-        httpServer.closeAllConnections();
-        httpServer.close();
-      }
-    });
+// mcpServer serves handler as create_invoice, taking any arguments, on
+// the SDK generation sdk; it returns the endpoint.
+async function mcpServer(sdk: "v1" | "v2", handler: (args: Record<string, unknown>, extra: ToolExtra) => Promise<CallToolResult>) {
+  let serve: (req: http.IncomingMessage, res: http.ServerResponse) => Promise<void>;
+  if (sdk === "v1") {
+    serve = async (req, res) => {
+      const s = new McpServer({ name: "cases", version: "1.0.0" });
+      // Arguments as they are: the table's tool takes any object.
+      s.server.registerCapabilities({ tools: {} });
+      s.server.setRequestHandler(CallToolRequestSchema, async (r, extra) =>
+        (await handler(r.params.arguments ?? {}, { ...extra, _meta: r.params._meta })) as never);
+      const tr = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+      res.on("close", () => { void tr.close(); void s.close(); });
+      await s.connect(tr);
+      await tr.handleRequest(req, res);
+    };
+  } else {
+    serve = toNodeHandler(createMcpHandler(() => {
+      const s = new McpServerV2({ name: "cases", version: "1.0.0" }, { capabilities: { tools: {} } });
+      s.server.setRequestHandler("tools/call", async (r, ctx) => (await handler(r.params.arguments ?? {}, ctx as ToolExtra)) as never);
+      return s;
+    }));
   }
-});
+  const server = http.createServer((req, res) => void serve(req, res));
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  return { url: new URL(`http://127.0.0.1:${(server.address() as AddressInfo).port}/mcp`), close: () => { server.closeAllConnections(); server.close(); } };
+}
+
+// mcpClient is the SDK generation's client of url: v1 on the 2025
+// handshake, v2 pinned to 2026-07-28 (answering a confirmation yes); it
+// returns a function that sends a tools/call.
+async function mcpClient(sdk: "v1" | "v2", url: URL) {
+  if (sdk === "v1") {
+    const client = new Client({ name: "agent", version: "1.0.0" });
+    await client.connect(new StreamableHTTPClientTransport(url));
+    return { close: () => client.close(), send: async (params: Record<string, unknown>, timeout: number) =>
+      (await client.request({ method: "tools/call", params: params as never }, CallToolResultSchema, { timeout })) as CallToolResult };
+  }
+  const client = new ClientV2({ name: "agent", version: "1.0.0" }, { capabilities: { elicitation: { form: {} } }, versionNegotiation: { mode: { pin: "2026-07-28" } } });
+  client.setRequestHandler("elicitation/create", async () => ({ action: "accept" as const, content: { confirm: true } }));
+  await client.connect(new TransportV2(url));
+  return { close: () => client.close(), send: async (params: Record<string, unknown>, timeout: number) =>
+    (await client.callTool(params as never, { timeout })) as CallToolResult };
+}
+
+// confirmed reports whether a round's inputResponses confirm the call.
+function confirmed(extra: ToolExtra): boolean {
+  const r = (extra.mcpReq as { inputResponses?: Record<string, { action?: string; content?: { confirm?: unknown } }> } | undefined)?.inputResponses?.confirm;
+  return r?.action === "accept" && r.content?.confirm === true;
+}
+
+for (const sdk of ["v1", "v2"] as const) {
+  test(`the guard's behaviour cases, the SDK's ${sdk}`, async (t) => {
+    assert.ok(table.cases.length >= 20);
+    for (const [i, c] of table.cases.entries()) {
+      if (c.only && c.only !== "mcp") continue;
+      if (c.needs === "mrtr" && sdk === "v1") continue; // v1 has no multi-round-trip requests
+      await t.test(c.name, async () => {
+        const ledger = createLedger({ baseUrl: c.ledger_down ? "http://127.0.0.1:1" : process.env.LEDGER_HTTP!, token: process.env.LEDGER_TOKEN });
+        const p = c.policy ?? {};
+        const policy: Policy = { keyOptional: p.key_optional, onInProgress: p.on_in_progress, maxWaitMs: p.max_wait_ms, leaseMs: p.lease_ms, onLeaseExpiry: p.on_lease_expiry, retentionMs: p.retention_ms };
+        const guard = new McpGuard(new Guard(ledger, { maxOutcomeBytes: c.max_outcome_bytes }), "acme");
+        let step = 0, runs = 0;
+        const g = gate();
+        const handler = guard.tool("create_invoice", async (_args: Record<string, unknown>, extra: ToolExtra): Promise<CallToolResult> => {
+          runs++;
+          const st = c.steps[step];
+          if (st.tool.hold) await g.hold();
+          if (st.tool.unknown) throw new OutcomeUnknownError("the invoice service hung up");
+          if (st.tool.confirm && !confirmed(extra)) {
+            return { content: [], resultType: "input_required", inputRequests: { confirm: { method: "elicitation/create", params: { mode: "form", message: "sure?",
+              requestedSchema: { type: "object", properties: { confirm: { type: "boolean" } }, required: ["confirm"] } } } } };
+          }
+          if (st.tool.token_text) {
+            const claim = callInfo(extra).meta[ClaimMeta] as { token: number; attempt: number };
+            return { content: [{ type: "text", text: `token ${claim.token}, attempt ${claim.attempt}` }] };
+          }
+          if (st.tool.error_text) return { isError: true, content: [{ type: "text", text: st.tool.error_text }] };
+          if (st.tool.text_bytes) return { content: [{ type: "text", text: "x".repeat(st.tool.text_bytes) }] };
+          return { content: [{ type: "text", text: st.tool.text! }] };
+        }, { policy, hostCallIds: p.host_call_ids, transient: p.transient_text ? (r) => r.content?.[0]?.type === "text" && r.content[0].text === p.transient_text : undefined,
+          reconcile: p.reconcile_text ? async () => ({ content: [{ type: "text" as const, text: p.reconcile_text! }] }) : undefined });
+        const server = await mcpServer(sdk, handler);
+        const client = await mcpClient(sdk, server.url);
+        const prefix = `ts-${sdk}-${i}-${Date.now()}-`;
+        const call = async (st: Step): Promise<Answer> => {
+          let args = JSON.parse(st.args) as Record<string, unknown>;
+          let meta: Record<string, unknown> | undefined;
+          if (st.key && st.via !== "meta") args = { [DefaultKeyArgument]: prefix + st.key, ...args };
+          if (st.key && st.via === "meta") meta = { [KeyMeta]: /[^\x20-\x7e]/.test(st.key) ? st.key : prefix + st.key };
+          for (const [k, v] of Object.entries(st.meta ?? {})) {
+            // A host's call id is unique to the run, as a key is.
+            (meta ??= {})[k] = p.host_call_ids?.includes(k) && typeof v === "string" ? prefix + v : v;
+          }
+          try {
+            return answerOf(await client.send({ name: "create_invoice", arguments: args, ...(meta ? { _meta: meta } : {}) }, st.hang_up_ms ?? 30_000));
+          } catch (err) {
+            if (st.hang_up_ms) return normal({ error: "HUNG_UP" });
+            throw err;
+          }
+        };
+        try {
+          await drive(c, g, (j) => { step = j; }, call);
+          assert.equal(runs, c.runs, "runs");
+        } finally {
+          await client.close();
+          server.close();
+        }
+      });
+    }
+  });
+}
 
 // The same table over HTTP, against httpGuard, mapped as
 // examples/guardcases/http_test.go maps it for httpguard: a step is a
