@@ -9,7 +9,7 @@
 //     more with its key in the tool's argument idempotency_key instead;
 //   - charge, which asks for a confirmation first (answered yes by the
 //     client), then its retry;
-//   - count_writes.
+//   - count_writes, where the server has it.
 // It prints what it saw as one JSON object: the era, each result, and how
 // many times it was asked to confirm.
 //
@@ -42,6 +42,7 @@ out.argKeyRetry = await call('create_invoice', { ...invoice, idempotency_key: `$
 out.charge = await call('charge', { customer: 'cus_v2', amount_cents: 990 }, `${prefix}-charge`);
 out.chargeRetry = await call('charge', { customer: 'cus_v2', amount_cents: 990 }, `${prefix}-charge`);
 out.asked = asked;
-out.count = JSON.parse((await call('count_writes', {})).content[0].text);
+const { tools } = await client.listTools();
+if (tools.some((t) => t.name === 'count_writes')) out.count = JSON.parse((await call('count_writes', {})).content[0].text);
 console.log(JSON.stringify(out));
 await client.close();

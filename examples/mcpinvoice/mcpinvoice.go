@@ -1,15 +1,21 @@
 // Package mcpinvoice is the example MCP tool server: create_invoice,
-// get_invoice and list_invoices over an invoice table of its own (invoicedb.Store),
-// with create_invoice made idempotent by the ledger's MCP adapter
-// (package mcpguard). A takeover of create_invoice is reconciled by
-// looking for the earlier attempt's row by key, so a crash between the
-// write and its Complete never writes a second invoice.
+// get_invoice and list_invoices over an invoice table of its own
+// (invoicedb.Store), and charge, which asks the user to confirm before it
+// charges, with create_invoice and charge made idempotent by the ledger's
+// MCP adapter (package mcpguard). A takeover of create_invoice is
+// reconciled by looking for the earlier attempt's row by key, so a crash
+// between the write and its Complete never writes a second invoice. It
+// serves both eras of MCP (Handler): 2026-07-28, stateless, and the 2025
+// revisions.
 package mcpinvoice
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -32,6 +38,19 @@ type InvoiceResult struct {
 	Invoice invoicedb.Invoice `json:"invoice"`
 }
 
+// ChargeArgs are charge's arguments (besides the key).
+type ChargeArgs struct {
+	Customer    string `json:"customer" jsonschema:"the customer's id"`
+	AmountCents int64  `json:"amount_cents" jsonschema:"the amount, in cents"`
+}
+
+// ChargeResult is what charge answers.
+type ChargeResult struct {
+	ID          string `json:"id"`
+	Customer    string `json:"customer"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
 // ListResult is what list_invoices answers.
 type ListResult struct {
 	Invoices []invoicedb.Invoice `json:"invoices"`
@@ -48,6 +67,9 @@ type Tools struct {
 	// BeforeWrite and AfterWrite, when set, run around create_invoice's
 	// write; the lab's demo crashes the server there.
 	BeforeWrite, AfterWrite func(ctx context.Context)
+
+	mu      sync.Mutex
+	charges []ChargeResult
 }
 
 // Policy is create_invoice's protection: a duplicate waits for the first
@@ -63,11 +85,15 @@ func (t *Tools) Policy() mcpguard.Tool {
 	return tool
 }
 
-// Guard returns the MCP adapter that protects create_invoice under g.
+// Guard returns the MCP adapter that protects create_invoice and charge
+// under g.
 func (t *Tools) Guard(g *guard.Guard, opts ...mcpguard.Option) (*mcpguard.Guard, error) {
+	charge := mcpguard.NewTool(guard.Policy{Lease: 10 * time.Second})
+	charge.StructuredOutput = true
 	return mcpguard.New(g, append([]mcpguard.Option{
 		mcpguard.WithTenant(t.Tenant),
 		mcpguard.WithTool("create_invoice", t.Policy()),
+		mcpguard.WithTool("charge", charge),
 	}, opts...)...)
 }
 
@@ -88,10 +114,36 @@ func (t *Tools) Server(g *mcpguard.Guard) (*mcp.Server, error) {
 		Description: "Create an invoice for a customer. Pass an idempotency key: the same key on every retry of one invoice, a new key for a new invoice.",
 		InputSchema: mcpguard.KeySchema(in, ""),
 	}, t.create)
+	charge, err := jsonschema.For[ChargeArgs](nil)
+	if err != nil {
+		return nil, err
+	}
+	mcp.AddTool(s, &mcp.Tool{
+		Name:        "charge",
+		Description: "Charge a customer, once the user confirms. Pass an idempotency key: the same key on every retry of one charge.",
+		InputSchema: mcpguard.KeySchema(charge, ""),
+	}, t.charge)
 	mcp.AddTool(s, &mcp.Tool{Name: "get_invoice", Description: "Get an invoice by id."}, t.get)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_invoices", Description: "List the invoices."}, t.list)
 	s.AddReceivingMiddleware(g.Middleware())
 	return s, nil
+}
+
+// Handler serves s over Streamable HTTP in both eras of MCP: a request of
+// 2026-07-28 or later (by its MCP-Protocol-Version header) statelessly, as
+// that revision is, one handler per request; a client of the 2025
+// revisions in a session of its own, opened by initialize. SEP-3182's
+// idempotencyKey parameter is read on either (mcpguard.Handler).
+func Handler(s *mcp.Server) http.Handler {
+	byRequest := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true})
+	bySession := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	return mcpguard.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("MCP-Protocol-Version") >= "2026-07-28" {
+			byRequest.ServeHTTP(w, r)
+			return
+		}
+		bySession.ServeHTTP(w, r)
+	}))
 }
 
 func (t *Tools) create(ctx context.Context, req *mcp.CallToolRequest, args CreateArgs) (*mcp.CallToolResult, InvoiceResult, error) {
@@ -118,6 +170,32 @@ func (t *Tools) create(ctx context.Context, req *mcp.CallToolRequest, args Creat
 		t.AfterWrite(ctx)
 	}
 	return nil, InvoiceResult{Invoice: inv}, nil
+}
+
+// charge asks the user to confirm (an input_required round, or an
+// elicitation the SDK pushes to a 2025 client), then charges: once per
+// key, however many rounds and retries reach it.
+func (t *Tools) charge(_ context.Context, req *mcp.CallToolRequest, args ChargeArgs) (*mcp.CallToolResult, *ChargeResult, error) {
+	answer, _ := req.Params.InputResponses["confirm"].(*mcp.ElicitResult)
+	if answer == nil || answer.Action != "accept" || answer.Content["confirm"] != true {
+		return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{
+			Message: fmt.Sprintf("Charge %s %d cents?", args.Customer, args.AmountCents),
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"confirm": map[string]any{"type": "boolean"}},
+				"required": []string{"confirm"}},
+		}}}, nil, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := ChargeResult{ID: fmt.Sprintf("ch_%06d", len(t.charges)+1), Customer: args.Customer, AmountCents: args.AmountCents}
+	t.charges = append(t.charges, c)
+	return nil, &c, nil
+}
+
+// Charges are the charges made.
+func (t *Tools) Charges() []ChargeResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.charges)
 }
 
 // Reconcile is create_invoice's reconcile function: the earlier attempt's

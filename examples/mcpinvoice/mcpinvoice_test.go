@@ -2,14 +2,11 @@ package mcpinvoice_test
 
 import (
 	"encoding/json"
-	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
@@ -43,7 +40,7 @@ func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)))
+	srv := httptest.NewServer(mcpinvoice.Handler(s))
 	t.Cleanup(srv.Close)
 	return srv.URL, tools
 }
@@ -135,5 +132,60 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 	if rows := tools.Store.Rows(); len(rows) != 1 {
 		t.Fatalf("%d invoice rows, want 1", len(rows))
+	}
+}
+
+// v2Result is a tool result as examples/mcp-ts/client-v2.mjs prints it.
+type v2Result struct {
+	IsError bool `json:"isError"`
+	Content []struct {
+		Text string `json:"text"`
+	} `json:"content"`
+	Meta struct {
+		Replayed bool                `json:"io.idemledger/replayed"`
+		Error    *mcpguard.ErrorInfo `json:"io.idemledger/error"`
+	} `json:"_meta"`
+}
+
+// TestV2Client drives the Go tool server with the official TypeScript
+// SDK's v2 client on 2026-07-28 (negotiated by server/discover, and
+// pinned) and on the 2025 handshake: a key in _meta and a key argument
+// each run once and their retries are the marked replays; the key with
+// another amount is KEY_REUSED; a charge asks its confirmation once (an
+// input_required round, or an elicitation the SDK pushes to the 2025
+// client), charges once, and its retry is the replay.
+func TestV2Client(t *testing.T) {
+	url, tools := serve(t)
+	for i, mode := range []string{"auto", "pin", "legacy"} {
+		t.Run(mode, func(t *testing.T) {
+			var out struct {
+				Era                                        string
+				First, Retry, Changed, ArgKey, ArgKeyRetry v2Result
+				Charge, ChargeRetry                        v2Result
+				Asked                                      int
+			}
+			if err := json.Unmarshal(node(t, "client-v2.mjs", url, mode, mode), &out); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[string]string{"auto": "modern", "pin": "modern", "legacy": "legacy"}[mode]; out.Era != want {
+				t.Errorf("era %q, want %q", out.Era, want)
+			}
+			for name, p := range map[string][2]v2Result{"_meta": {out.First, out.Retry}, "argument": {out.ArgKey, out.ArgKeyRetry}, "charge": {out.Charge, out.ChargeRetry}} {
+				first, again := p[0], p[1]
+				if first.IsError || first.Meta.Replayed || !again.Meta.Replayed || len(first.Content) != 1 || len(again.Content) != 1 ||
+					first.Content[0].Text != again.Content[0].Text {
+					t.Errorf("a key in %s: %+v, then %+v; want a run and its marked replay", name, first, again)
+				}
+			}
+			if e := out.Changed.Meta.Error; e == nil || e.Code != "KEY_REUSED" {
+				t.Errorf("the key with another amount: %+v", out.Changed)
+			}
+			if out.Asked != 1 {
+				t.Errorf("asked %d times to confirm the charge, want once", out.Asked)
+			}
+			if rows, charges := len(tools.Store.Rows()), len(tools.Charges()); rows != 2*(i+1) || charges != i+1 {
+				t.Errorf("%d invoices and %d charges; want %d and %d", rows, charges, 2*(i+1), i+1)
+			}
+		})
 	}
 }

@@ -230,16 +230,28 @@ func (g *Guard) Middleware() mcp.Middleware {
 	}
 }
 
-// call runs one tools/call of a protected tool under the guard.
+// call runs one tools/call of a protected tool under the guard. A result
+// it answers itself (an error, a replay) says resultType "complete" to a
+// client of 2026-07-28, as the SDK has a tool handler's result say.
 func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next func(context.Context, *mcp.CallToolRequest) (mcp.Result, error)) (mcp.Result, error) {
 	ctx = guard.Continue(ctx, metaCarrier(req.Params.Meta))
+	res, own, err := g.answer(ctx, t, req, next)
+	if r, ok := res.(*mcp.CallToolResult); ok && own && isModern(req.Params.Meta) {
+		return complete(r), err
+	}
+	return res, err
+}
+
+// answer is call's answer, and whether the guard made it (own) rather than
+// the tool's handler.
+func (g *Guard) answer(ctx context.Context, t Tool, req *mcp.CallToolRequest, next func(context.Context, *mcp.CallToolRequest) (mcp.Result, error)) (res mcp.Result, own bool, err error) {
 	c, err := g.prepare(ctx, t, req)
 	if err != nil {
-		return errorResult(t, err), nil
+		return errorResult(t, err), true, nil
 	}
 	var live mcp.Result
 	var liveErr error
-	res, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
+	out, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
 		claim, protected := guard.ClaimFromContext(ctx)
 		forwarded := req
 		if protected && g.opts.claimInMeta {
@@ -253,12 +265,33 @@ func (g *Guard) call(ctx context.Context, t Tool, req *mcp.CallToolRequest, next
 	})
 	switch {
 	case err != nil:
-		return errorResult(t, err), nil
-	case !res.Protected, !res.Replayed && res.Outcome.Transient:
-		return live, liveErr // unprotected, or released: nothing stored
+		return errorResult(t, err), true, nil
+	case !out.Protected, !out.Replayed && out.Outcome.Transient:
+		return live, false, liveErr // unprotected, or released: nothing stored
 	}
 	// The first answer and every replay come from the same stored bytes.
-	return fromOutcome(t, res.Outcome, res.Replayed)
+	res, err = fromOutcome(t, out.Outcome, out.Replayed)
+	return res, true, err
+}
+
+// complete is r saying resultType "complete". The SDK keeps a result's
+// type to itself and sets it on what a tool's handler answers; a result
+// read from its JSON keeps the type the JSON says.
+func complete(r *mcp.CallToolResult) *mcp.CallToolResult {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return r
+	}
+	b, err = editObject(b, func(m map[string]json.RawMessage) error {
+		m["resultType"] = json.RawMessage(`"complete"`)
+		return nil
+	})
+	var out mcp.CallToolResult
+	if err != nil || json.Unmarshal(b, &out) != nil {
+		return r
+	}
+	out.StructuredContent = r.StructuredContent // as it was, not as a map
+	return &out
 }
 
 // prepare is the guard's call for req: its key, tenant and fingerprint

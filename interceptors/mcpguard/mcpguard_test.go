@@ -1,10 +1,13 @@
 package mcpguard_test
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -503,5 +506,59 @@ func TestRunOutlivesItsCaller(t *testing.T) {
 	var out invoiceOut
 	if err := unmarshalStructured(res, &out); err != nil || out.Number != 1 || res.Meta[mcpguard.ReplayedMeta] != true || ts.runs.Load() != 1 {
 		t.Fatalf("the re-sent call = %+v (%v), %d runs; want the first run's result, replayed", res, err, ts.runs.Load())
+	}
+}
+
+// TestModernResultsSayComplete: on 2026-07-28 every result says its
+// resultType. The SDK sets it on what a tool's handler answers; the
+// answers the guard makes itself (an error result, a replay of a result
+// stored by a 2025 call) say "complete" too, to a client of 2026-07-28
+// only.
+func TestModernResultsSayComplete(t *testing.T) {
+	ts := &tools{}
+	s := ts.newServer(newGuard(t, ledgerClient(t)))
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	t.Cleanup(srv.Close)
+	post := func(version, key string) map[string]json.RawMessage {
+		t.Helper()
+		meta := map[string]any{mcpguard.KeyMeta: key}
+		if version != "" {
+			meta[mcpguard.ProtocolVersionMeta] = version
+			meta["io.modelcontextprotocol/clientCapabilities"] = map[string]any{}
+		}
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+			"params": map[string]any{"name": "create_invoice", "arguments": map[string]any{"customer": "c", "amount_cents": 1}, "_meta": meta}})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "create_invoice")
+		req.Header.Set("MCP-Protocol-Version", cmp.Or(version, "2025-06-18"))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if _, data, ok := bytes.Cut(b, []byte("data: ")); ok {
+			b = data
+		}
+		var msg struct {
+			Result map[string]json.RawMessage `json:"result"`
+		}
+		if err := json.Unmarshal(b, &msg); err != nil || msg.Result == nil {
+			t.Fatalf("the answer %s: %v", b, err)
+		}
+		return msg.Result
+	}
+	for _, c := range []struct{ name, version, key, want string }{
+		{"a run on 2025", "", "k1", ""},
+		{"its replay on 2026-07-28", "2026-07-28", "k1", `"complete"`},
+		{"KEY_MISSING on 2026-07-28", "2026-07-28", "", `"complete"`},
+		{"KEY_MISSING on 2025", "", "", ""},
+	} {
+		if got := string(post(c.version, c.key)["resultType"]); got != c.want {
+			t.Errorf("%s: resultType %s, want %s", c.name, got, c.want)
+		}
 	}
 }

@@ -110,7 +110,7 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 		}
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpguard.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)))
+	mux.Handle("/mcp", mcpinvoice.Handler(srv))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
