@@ -198,3 +198,50 @@ test("callTool waits out IN_PROGRESS, then gets the first attempt's answer", asy
     await s.close();
   }
 });
+
+test("a tool that runs as a task (2025-11-25): its createTask under the guard, a retry with the key gets the same task", async () => {
+  const { InMemoryTaskStore } = await import("@modelcontextprotocol/sdk/experimental/tasks/stores/in-memory.js");
+  const { CreateTaskResultSchema, GetTaskResultSchema } = await import("@modelcontextprotocol/sdk/types.js");
+  const taskStore = new InMemoryTaskStore();
+  const guard = new McpGuard(new Guard(ledger), "acme");
+  let created = 0;
+  const server = () => {
+    const s = new McpServer({ name: "ts-tasks", version: "1.0.0" }, { capabilities: { tasks: { requests: { tools: { call: {} } } } }, taskStore });
+    s.experimental.tasks.registerToolTask("start_export", {
+      description: "Export, as a task.", inputSchema: { format: z.string(), ...keyShape(z) }, execution: { taskSupport: "optional" },
+    }, {
+      createTask: guard.tool("start_export", async (_args: { format: string }, extra) => {
+        created++;
+        const task = await (extra as unknown as { taskStore: { createTask(o: object): Promise<{ taskId: string }> } }).taskStore.createTask({ ttl: 60_000 });
+        return { task } as never;
+      }) as never,
+      getTask: async (_args, extra) => (await extra.taskStore.getTask(extra.taskId))!,
+      getTaskResult: async (_args, extra) => (await extra.taskStore.getTaskResult(extra.taskId)) as never,
+    });
+    return s;
+  };
+  const httpServer = http.createServer(async (req, res) => {
+    const s = server();
+    const t = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    res.on("close", () => { void t.close(); void s.close(); });
+    await s.connect(t);
+    await t.handleRequest(req, res);
+  });
+  await new Promise<void>((r) => httpServer.listen(0, "127.0.0.1", r));
+  const client = new Client({ name: "agent", version: "1.0.0" }, { capabilities: { tasks: {} } });
+  await client.connect(new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${(httpServer.address() as AddressInfo).port}/mcp`)));
+  try {
+    const key = `ts-${randomUUID()}`;
+    const start = () => client.request({ method: "tools/call", params: { name: "start_export", arguments: { format: "csv", idempotency_key: key }, task: { ttl: 60_000 } } }, CreateTaskResultSchema);
+    const first = await start();
+    const again = await start();
+    assert.equal(again.task.taskId, first.task.taskId);
+    assert.equal(again._meta?.[ReplayedMeta], true);
+    assert.equal(created, 1);
+    const polled = await client.request({ method: "tasks/get", params: { taskId: first.task.taskId } }, GetTaskResultSchema);
+    assert.equal(polled.taskId, first.task.taskId);
+  } finally {
+    await client.close();
+    httpServer.close();
+  }
+});
