@@ -26,6 +26,9 @@ const MaxFingerprintBytes = 128
 // MaxMethodBytes is the most bytes a method name may have.
 const MaxMethodBytes = 255
 
+// MaxKeySourceBytes is the most bytes a key's source may have.
+const MaxKeySourceBytes = 128
+
 // printable reports whether s is 1 to max bytes of printable ASCII
 // (0x21 to 0x7E), and if not, why.
 func printable(s string, limit int) string {
@@ -91,6 +94,22 @@ func ValidateFingerprint(fp string) error {
 	case "v1", "j1", "b1":
 		if len(digest) != 64 || strings.Trim(digest, "0123456789abcdef") != "" {
 			return errcode.Errorf(errcode.ValidationFailed, "a %s fingerprint is 64 lowercase hex digits of SHA-256, got %d bytes", profile, len(digest))
+		}
+	}
+	return nil
+}
+
+// ValidateKeySource checks a key's source: empty, or 1 to
+// MaxKeySourceBytes of printable ASCII. The adapters name them "argument",
+// "parameter", "meta", "host:<_meta key>", "header", "pointer:<JSON
+// Pointer>" and "metadata".
+func ValidateKeySource(s string) error {
+	if len(s) > MaxKeySourceBytes {
+		return errcode.Errorf(errcode.ValidationFailed, "key_source is longer than %d bytes", MaxKeySourceBytes)
+	}
+	for i := range len(s) {
+		if c := s[i]; c < 0x20 || c > 0x7e {
+			return errcode.Errorf(errcode.ValidationFailed, "key_source has byte 0x%02x at %d; only printable ASCII is allowed", c, i)
 		}
 	}
 	return nil

@@ -135,6 +135,9 @@ type BeginRequest struct {
 	// TombstoneRetention is how long the completed record stays a
 	// tombstone after Retention: nil takes the default, 0 keeps none.
 	TombstoneRetention *time.Duration
+	// KeySource says where the caller found the key ("" says nothing);
+	// the record keeps its first claim's.
+	KeySource string
 }
 
 // Claim is held by the one attempt that may run the write.
@@ -167,6 +170,7 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (resp BeginRespons
 	p := ClaimParams{
 		Scope: req.Scope, Fingerprint: req.Fingerprint, Method: req.Method, Lease: req.Lease, Retention: req.Retention,
 		FirstAttemptAt: req.FirstAttemptAt, OnLeaseExpiry: req.OnLeaseExpiry, TombstoneRetention: l.cfg.DefaultTombstoneRetention,
+		KeySource: req.KeySource,
 	}
 	if req.TombstoneRetention != nil {
 		p.TombstoneRetention = *req.TombstoneRetention
@@ -232,6 +236,9 @@ func (l *Ledger) validateClaim(p *ClaimParams) error {
 		return err
 	}
 	if err := ValidateMethod(p.Method); err != nil {
+		return err
+	}
+	if err := ValidateKeySource(p.KeySource); err != nil {
 		return err
 	}
 	var err error

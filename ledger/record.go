@@ -93,6 +93,10 @@ type Record struct {
 	ForgetAt      time.Time
 	OnLeaseExpiry LeaseExpiry
 	Outcome       *Outcome // nil unless completed
+	// KeySource says where the first claim's caller found the key
+	// ("argument", "meta", "host:claudecode/toolUseId", "header", …); ""
+	// when it did not say.
+	KeySource string
 }
 
 // View returns the state the record is in at now, as every read and rule

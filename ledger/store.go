@@ -94,6 +94,8 @@ type ClaimParams struct {
 	// TombstoneRetention is how long a completed record stays a tombstone
 	// after Retention; 0 keeps none.
 	TombstoneRetention time.Duration
+	// KeySource says where the caller found the key, kept by a new record.
+	KeySource string
 }
 
 // ClaimResult is the answer of Store.Claim.
@@ -165,6 +167,7 @@ func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
 			ExpiresAt:      expires,
 			ForgetAt:       expires.Add(p.TombstoneRetention),
 			OnLeaseExpiry:  p.OnLeaseExpiry,
+			KeySource:      p.KeySource,
 		}, true
 	case StateInProgress:
 		if !now.Before(cur.LeaseExpiresAt) && cur.Fingerprint == p.Fingerprint {

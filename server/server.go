@@ -257,7 +257,7 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 	}
 	breq := ledger.BeginRequest{
 		Scope: sc, Fingerprint: req.GetFingerprint(), Method: req.GetMethod(),
-		Lease: lease, Retention: retention, FirstAttemptAt: first,
+		Lease: lease, Retention: retention, FirstAttemptAt: first, KeySource: req.GetKeySource(),
 	}
 	switch req.GetOnLeaseExpiry() {
 	case ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_UNSPECIFIED, ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER:
@@ -438,7 +438,7 @@ func recordToWire(r ledger.Record) *ledgerv1.Record {
 	v := &ledgerv1.Record{
 		Method: r.Method, Fingerprint: r.Fingerprint, Attempt: r.Attempt,
 		CreatedAt: timestamppb.New(r.CreatedAt), ExpiresAt: timestamppb.New(r.ExpiresAt),
-		OnLeaseExpiry: ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER,
+		OnLeaseExpiry: ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_TAKEOVER, KeySource: r.KeySource,
 	}
 	if r.OnLeaseExpiry == ledger.Hold {
 		v.OnLeaseExpiry = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD

@@ -298,6 +298,7 @@ func (p printer) record(r *ledgerv1.AdminRecord) error {
 	row("attempt", fmt.Sprint(rec.GetAttempt()))
 	row("method", rec.GetMethod())
 	row("fingerprint", rec.GetFingerprint())
+	row("key from", rec.GetKeySource())
 	row("policy", strings.TrimPrefix(rec.GetOnLeaseExpiry().String(), "ON_LEASE_EXPIRY_"))
 	if rec.GetCreatedAt() != nil {
 		row("created", stamp(rec.GetCreatedAt().AsTime()))

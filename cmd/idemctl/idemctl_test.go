@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func TestAgainstLedgerd(t *testing.T) {
 	billing := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer billing-secret")
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	begin := func(tenant, key string, hold bool) *ledgerv1.BeginResponse {
-		req := &ledgerv1.BeginRequest{Tenant: tenant, Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: "mcp:tools/charge_card"}
+		req := &ledgerv1.BeginRequest{Tenant: tenant, Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: "mcp:tools/charge_card", KeySource: "meta"}
 		if hold {
 			req.OnLeaseExpiry, req.Lease = ledgerv1.OnLeaseExpiry_ON_LEASE_EXPIRY_HOLD, durationpb.New(time.Second)
 		}
@@ -102,7 +103,8 @@ func TestAgainstLedgerd(t *testing.T) {
 		t.Fatalf("list --all -o json: %d\n%s", code, stdout)
 	}
 	code, stdout, _ = idemctl(t, addr, "ops-secret", "get", "--namespace", "billing", "--tenant", "acme", "--key", "charge-7")
-	if code != 0 || !strings.Contains(stdout, "state") || !strings.Contains(stdout, "HOLD") || !strings.Contains(stdout, "token") {
+	if code != 0 || !strings.Contains(stdout, "state") || !strings.Contains(stdout, "HOLD") || !strings.Contains(stdout, "token") ||
+		!regexp.MustCompile(`(?m)^key from +meta$`).MatchString(stdout) {
 		t.Fatalf("get: %d\n%s", code, stdout)
 	}
 	// Settle it: the charge went through at the provider.

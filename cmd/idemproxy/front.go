@@ -256,7 +256,7 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 	}()
 	ctx := context.WithValue(r.Context(), runningKey{}, rc)
 	res, err := f.m.observe(toolName(msg.Params), func() (json.RawMessage, error) {
-		return f.guard.ServeJSON(ctx, mcpguard.JSONCall{Params: msg.Params, Header: r.Header}, f.call)
+		return f.guard.ServeJSON(ctx, msg.Params, r.Header, f.call)
 	})
 	if rc.refused != nil && !rc.client.started() {
 		for k, v := range rc.refused.Header {

@@ -57,7 +57,7 @@ func isModern(params json.RawMessage) bool {
 		Meta map[string]json.RawMessage `json:"_meta"`
 	}
 	_ = json.Unmarshal(params, &p)
-	_, ok := p.Meta[mcpguard.ProtocolVersionMeta]
+	_, ok := p.Meta[metaProtocolVersion]
 	return ok
 }
 

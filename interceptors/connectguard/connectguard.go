@@ -188,7 +188,7 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 	ctx = guard.Continue(ctx, propagation.HeaderCarrier(req.Header()))
 	call := guard.Call{Method: procedureName, Policy: p.Policy}
 	var err error
-	if call.Key, err = i.key(req, msg); err != nil {
+	if call.Key, call.KeySource, err = i.key(req, msg); err != nil {
 		return nil, connectError(err)
 	}
 	if call.Key != "" {
@@ -226,13 +226,19 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 }
 
 // key is the request field's key (WithKeyField) or the header's.
-func (i *Interceptor) key(req connect.AnyRequest, msg proto.Message) (string, error) {
+// key is the request's key, from its key field or its Idempotency-Key
+// header, and where it came from.
+func (i *Interceptor) key(req connect.AnyRequest, msg proto.Message) (key, source string, err error) {
 	if i.opts.keyField != "" {
 		if k := protofield.String(msg, i.opts.keyField); k != "" {
-			return k, nil
+			return k, "field:" + string(i.opts.keyField), nil
 		}
 	}
-	return keyheader.Parse(KeyHeader, req.Header().Values(KeyHeader))
+	key, err = keyheader.Parse(KeyHeader, req.Header().Values(KeyHeader))
+	if key != "" {
+		source = "header"
+	}
+	return key, source, err
 }
 
 // replay answers a stored outcome as the procedure's response or error.

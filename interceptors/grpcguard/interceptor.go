@@ -116,7 +116,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = guard.Continue(ctx, metadataCarrier(md))
-	call := guard.Call{Method: info.FullMethod, Key: i.key(ctx, msg), Policy: m.policy}
+	call := guard.Call{Method: info.FullMethod, Policy: m.policy}
+	call.Key, call.KeySource = i.key(ctx, msg)
 	if call.Key != "" {
 		tenant, err := i.opts.tenant(ctx, msg)
 		if err != nil {
@@ -163,16 +164,18 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 }
 
 // key is the request field's key (WithKeyField) or the header's.
-func (i *interceptor) key(ctx context.Context, msg proto.Message) string {
+// key is the call's key, from the request's key field or its metadata,
+// and where it came from.
+func (i *interceptor) key(ctx context.Context, msg proto.Message) (key, source string) {
 	if i.opts.keyField != "" {
 		if k := protofield.String(msg, i.opts.keyField); k != "" {
-			return k
+			return k, "field:" + string(i.opts.keyField)
 		}
 	}
 	if v := metadata.ValueFromIncomingContext(ctx, KeyHeader); len(v) > 0 {
-		return v[0]
+		return v[0], "metadata"
 	}
-	return ""
+	return "", ""
 }
 
 func firstAttempt(ctx context.Context) (time.Time, error) {

@@ -72,6 +72,10 @@ type Call struct {
 	// Key is the idempotency key the client minted for its intent; "" when
 	// the call has none.
 	Key string
+	// KeySource says where the adapter found the key, for the record's
+	// readers: "argument", "parameter", "meta", "host:<_meta key>",
+	// "header", "pointer:<JSON Pointer>", "metadata", "field:<name>".
+	KeySource string
 	// Tenant is the customer account the call acts for.
 	Tenant string
 	// Fingerprint is the request's versioned digest (package fingerprint).
@@ -276,6 +280,7 @@ func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 		Key:         call.Key,
 		Fingerprint: call.Fingerprint,
 		Method:      call.Method,
+		KeySource:   call.KeySource,
 		Lease:       optionalDuration(p.Lease),
 		Retention:   optionalDuration(p.Retention),
 	}

@@ -288,6 +288,9 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 		rt.fail(w, err)
 		return
 	}
+	if key != "" {
+		c.KeySource = "header"
+	}
 	var body []byte
 	bodyRead := false
 	if key == "" && rt.KeyPointer != "" {
@@ -299,6 +302,9 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 		if key, err = bodyKey(r.Header.Get("Content-Type"), body, rt.KeyPointer); err != nil {
 			rt.fail(w, err)
 			return
+		}
+		if key != "" {
+			c.KeySource = "pointer:" + rt.KeyPointer
 		}
 	}
 	c.Key = key

@@ -236,7 +236,8 @@ func TestBareKeys(t *testing.T) {
 // named parts is the replay, one that differs in them KEY_REUSED.
 func TestKeyAndFingerprintFromTheBody(t *testing.T) {
 	a := &api{}
-	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{
+	client := ledgerClient(t)
+	url := serve(t, a.handler(t, newGuard(t, client, httpguard.WithRoute("POST /v1/things", httpguard.Route{
 		KeyPointer: "/request/id", FingerprintPointers: []string{"/amount", "/currency"},
 	}))))
 	body := func(id, note string, amount int) string {
@@ -258,6 +259,13 @@ func TestKeyAndFingerprintFromTheBody(t *testing.T) {
 	wantProblem(t, post(t, url, "", `{"amount":1}`), http.StatusBadRequest, errcode.KeyMissing)
 	if a.runs.Load() != 1 {
 		t.Fatalf("%d runs, want 1", a.runs.Load())
+	}
+	post(t, url, `"h-1"`, body("r-2", "x", 1))
+	for key, want := range map[string]string{"r-1": "pointer:/request/id", "h-1": "header"} {
+		got, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: key})
+		if err != nil || got.GetRecord().GetKeySource() != want {
+			t.Errorf("%s: the record says the key came from %q (%v); want %q", key, got.GetRecord().GetKeySource(), err, want)
+		}
 	}
 	if _, err := httpguard.New(coreGuard(t, ledgerClient(t)), httpguard.WithTenant(httpguard.Tenant("acme")),
 		httpguard.WithRoute("POST /v1/things", httpguard.Route{KeyPointer: "request/id"})); err == nil {

@@ -23,43 +23,37 @@ import (
 // requestState), and every field of the result (resultType, a task the
 // call created, fields of revisions newer than the SDK).
 
-// JSONCall is one tools/call as its JSON-RPC message carries it.
-type JSONCall struct {
-	// Params are the call's params, as they came.
-	Params json.RawMessage
-	// Header is the HTTP request's header (Streamable HTTP), or nil.
-	Header http.Header
-}
-
-// JSONHandler runs a tools/call whose params are params (the call's own,
-// with the claim in _meta under WithClaimInMeta) and returns its result's
-// JSON, or an error: a *jsonrpc.Error the server answered, or one that
-// wraps guard.ErrOutcomeUnknown when nobody knows whether it ran.
-type JSONHandler func(ctx context.Context, params json.RawMessage) (json.RawMessage, error)
-
-// ProtocolVersionMeta is the _meta key that carries a request's protocol
+// protocolVersionMeta is the _meta key that carries a request's protocol
 // revision from 2026-07-28 on (the per-request envelope).
-const ProtocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
+const protocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
 
-// ServeJSON answers call: through the guard when it names a protected
-// tool, by run alone otherwise. It returns the result's JSON, or the
-// JSON-RPC error to answer with. Like the middleware, it stores the first
+// ServeJSON answers one tools/call as its JSON-RPC message carries it: its
+// params as they came, and the HTTP request's header (Streamable HTTP) or
+// nil. A call that names a protected tool goes through the guard; any
+// other, to run alone. run runs a call whose params are the ones it is
+// given (the call's own, with the claim in _meta under WithClaimInMeta)
+// and returns its result's JSON, or an error: a *jsonrpc.Error the server
+// answered, or one that wraps guard.ErrOutcomeUnknown when nobody knows
+// whether it ran. ServeJSON returns the result's JSON, or the JSON-RPC
+// error to answer with. Like the middleware, it stores the first
 // answer and replays it, releases a result that asks for more input
 // (resultType "input_required") and one the tool's classifier calls
 // transient, and answers every ledger or guard error as a tool result. A
 // result that creates a task is stored as it came: a retry gets the same
 // task. It is safe for concurrent use.
-func (g *Guard) ServeJSON(ctx context.Context, call JSONCall, run JSONHandler) (json.RawMessage, error) {
+func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header http.Header,
+	run func(ctx context.Context, params json.RawMessage) (json.RawMessage, error),
+) (json.RawMessage, error) {
 	var p mcp.CallToolParamsRaw
-	if err := json.Unmarshal(call.Params, &p); err != nil {
+	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params are not an object: " + err.Error()}
 	}
 	t, ok := g.opts.tools[p.Name]
 	if !ok {
-		return run(ctx, call.Params)
+		return run(ctx, params)
 	}
 	modern := isModern(p.Meta)
-	req := &mcp.CallToolRequest{Params: &p, Extra: &mcp.RequestExtra{Header: call.Header}}
+	req := &mcp.CallToolRequest{Params: &p, Extra: &mcp.RequestExtra{Header: header}}
 	ctx = guard.Continue(ctx, metaCarrier(p.Meta))
 	c, err := g.prepare(ctx, t, req)
 	if err != nil {
@@ -69,11 +63,11 @@ func (g *Guard) ServeJSON(ctx context.Context, call JSONCall, run JSONHandler) (
 	var liveErr error
 	res, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
 		claim, protected := guard.ClaimFromContext(ctx)
-		params := call.Params
+		sent := params
 		if protected && g.opts.claimInMeta {
-			params = withClaimJSON(params, claim)
+			sent = withClaimJSON(params, claim)
 		}
-		live, liveErr = run(ctx, params)
+		live, liveErr = run(ctx, sent)
 		if !protected {
 			return guard.Outcome{}, nil
 		}
@@ -91,7 +85,7 @@ func (g *Guard) ServeJSON(ctx context.Context, call JSONCall, run JSONHandler) (
 // isModern reports whether a request's _meta carries the per-request
 // envelope of 2026-07-28 and later.
 func isModern(meta mcp.Meta) bool {
-	_, ok := meta[ProtocolVersionMeta].(string)
+	_, ok := meta[protocolVersionMeta].(string)
 	return ok
 }
 

@@ -301,11 +301,11 @@ func complete(r *mcp.CallToolResult) *mcp.CallToolResult {
 func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (guard.Call, error) {
 	method := MethodPrefix + req.Params.Name
 	c := guard.Call{Method: method, Policy: t.Policy}
-	key, err := callKey(t, req)
+	key, source, err := callKey(t, req)
 	if err != nil {
 		return c, err
 	}
-	c.Key = key
+	c.Key, c.KeySource = key, source
 	if key != "" {
 		tenant, err := g.opts.tenant(ctx, req)
 		if err != nil {
@@ -346,29 +346,27 @@ func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (
 // KeyPointer's), else SEP-3182's idempotencyKey parameter (which Handler
 // and Transport put in _meta), else _meta's, else the host call ids the
 // tool names.
-func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
+func callKey(t Tool, req *mcp.CallToolRequest) (key, source string, err error) {
 	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
 		var args map[string]json.RawMessage
 		if json.Unmarshal(req.Params.Arguments, &args) == nil {
 			if raw, ok := args[t.KeyArgument]; ok && string(raw) != "null" {
-				var key string
 				if json.Unmarshal(raw, &key) != nil {
-					return "", errcode.Errorf(errcode.KeyInvalid, "the %s argument is not a string", t.KeyArgument)
+					return "", "", errcode.Errorf(errcode.KeyInvalid, "the %s argument is not a string", t.KeyArgument)
 				}
 				if key != "" {
-					return key, nil
+					return key, "argument", nil
 				}
 			}
 		}
 	}
 	if t.KeyPointer != "" && len(req.Params.Arguments) > 0 {
 		if raw, ok, err := fingerprint.Pointer(req.Params.Arguments, t.KeyPointer); err == nil && ok && string(raw) != "null" {
-			var key string
 			if json.Unmarshal(raw, &key) != nil {
-				return "", errcode.Errorf(errcode.KeyInvalid, "the key at %s in the arguments is not a string", t.KeyPointer)
+				return "", "", errcode.Errorf(errcode.KeyInvalid, "the key at %s in the arguments is not a string", t.KeyPointer)
 			}
 			if key != "" {
-				return key, nil
+				return key, "pointer:" + t.KeyPointer, nil
 			}
 		}
 	}
@@ -376,23 +374,27 @@ func callKey(t Tool, req *mcp.CallToolRequest) (string, error) {
 	case nil:
 	case string:
 		if v != "" {
-			return v, nil
+			return v, "parameter", nil
 		}
 	default:
-		return "", errcode.Errorf(errcode.KeyInvalid, "the %s parameter is not a string", paramKey)
+		return "", "", errcode.Errorf(errcode.KeyInvalid, "the %s parameter is not a string", paramKey)
 	}
-	for _, k := range append([]string{KeyMeta}, t.HostCallIDs...) {
+	for i, k := range append([]string{KeyMeta}, t.HostCallIDs...) {
 		switch v := req.Params.Meta[k].(type) {
 		case nil:
 		case string:
-			if v != "" {
-				return v, nil
+			if v == "" {
+				continue
 			}
+			if i == 0 {
+				return v, "meta", nil
+			}
+			return v, "host:" + k, nil
 		default:
-			return "", errcode.Errorf(errcode.KeyInvalid, "_meta[%q] is not a string", k)
+			return "", "", errcode.Errorf(errcode.KeyInvalid, "_meta[%q] is not a string", k)
 		}
 	}
-	return "", nil
+	return "", "", nil
 }
 
 // withClaim is req with the claim in its _meta, for the handler.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -523,7 +524,7 @@ func TestModernResultsSayComplete(t *testing.T) {
 		t.Helper()
 		meta := map[string]any{mcpguard.KeyMeta: key}
 		if version != "" {
-			meta[mcpguard.ProtocolVersionMeta] = version
+			meta["io.modelcontextprotocol/protocolVersion"] = version
 			meta["io.modelcontextprotocol/clientCapabilities"] = map[string]any{}
 		}
 		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -559,6 +560,38 @@ func TestModernResultsSayComplete(t *testing.T) {
 	} {
 		if got := string(post(c.version, c.key)["resultType"]); got != c.want {
 			t.Errorf("%s: resultType %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestKeySourceIsRecorded: the record says where the guard found its key:
+// the tool's key argument, SEP-3182's parameter (as Handler puts it in
+// _meta), _meta, or a host's call id the tool names.
+func TestKeySourceIsRecorded(t *testing.T) {
+	client := ledgerClient(t)
+	host := mcpguard.NewTool(guard.Policy{})
+	host.HostCallIDs = []string{"claudecode/toolUseId"}
+	cs := serveHTTP(t, (&tools{}).newServer(newGuard(t, client, mcpguard.WithTool("create_invoice", host))), http.DefaultTransport)
+	args := func(extra map[string]any) map[string]any {
+		a := map[string]any{"customer": "c", "amount_cents": 1}
+		maps.Copy(a, extra)
+		return a
+	}
+	for _, c := range []struct {
+		key, want string
+		params    *mcp.CallToolParams
+	}{
+		{"k-arg", "argument", &mcp.CallToolParams{Arguments: args(map[string]any{mcpguard.DefaultKeyArgument: "k-arg"})}},
+		{"k-meta", "meta", &mcp.CallToolParams{Arguments: args(nil), Meta: mcp.Meta{mcpguard.KeyMeta: "k-meta"}}},
+		{"toolu_1", "host:claudecode/toolUseId", &mcp.CallToolParams{Arguments: args(nil), Meta: mcp.Meta{"claudecode/toolUseId": "toolu_1"}}},
+	} {
+		c.params.Name = "create_invoice"
+		if res, err := cs.CallTool(t.Context(), c.params); err != nil || res.IsError {
+			t.Fatalf("%s: %v, %v", c.key, res, err)
+		}
+		got, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: c.key})
+		if err != nil || got.GetRecord().GetKeySource() != c.want {
+			t.Errorf("%s: the record says the key came from %q (%v); want %q", c.key, got.GetRecord().GetKeySource(), err, c.want)
 		}
 	}
 }

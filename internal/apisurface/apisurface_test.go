@@ -23,9 +23,12 @@ const module = "github.com/idemledger/idemledger"
 // at most maxImported names in all, and its example uses at most
 // maxLearned of them.
 // (155: part 3's keys and clients added the Stripe route option and
-// SEP-3182's capability, Handler and Transport.)
+// SEP-3182's capability, Handler and Transport. 158: part 4 added a
+// tool's host call ids, a call's key source, the reason a run gives for
+// an unknown outcome, and mcpguard's ServeJSON for a guard outside the
+// server's process.)
 const (
-	maxImported = 155
+	maxImported = 158
 	maxLearned  = 60
 )
 

@@ -234,27 +234,28 @@ func completedColumns(alias string) string {
 	return strings.Replace(prefixed(alias), alias+".outcome", "NULL::BYTEA AS outcome", 1)
 }
 
-// claimBatchSQL is claimSQL over arrays: $2..$12 hold, per row,
+// claimBatchSQL is claimSQL over arrays: $2..$13 hold, per row,
 // namespace, tenant, key, method, fingerprint, lease µs, retention µs,
-// first_attempt_at, nonce, on_lease_expiry and tombstone retention µs.
+// first_attempt_at, nonce, on_lease_expiry, tombstone retention µs and
+// the key's source.
 var claimBatchSQL = `
 WITH v AS (SELECT COALESCE($1::TIMESTAMPTZ, now()) AS n),
 q AS (
-	SELECT b.namespace, b.tenant, b.idem_key, b.method, b.fingerprint, b.nonce, b.policy,
+	SELECT b.namespace, b.tenant, b.idem_key, b.method, b.fingerprint, b.nonce, b.policy, b.key_source,
 	       v.n AS now,
 	       v.n + b.lease * INTERVAL '1 microsecond' AS lease_end,
 	       v.n + GREATEST(b.lease, b.retention) * INTERVAL '1 microsecond' AS expires,
 	       v.n + (GREATEST(b.lease, b.retention) + b.tombstone) * INTERVAL '1 microsecond' AS forget,
 	       (b.first IS NOT NULL AND b.first < v.n - (b.retention + b.tombstone) * INTERVAL '1 microsecond') AS too_late
 	FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], $7::INT8[], $8::INT8[], $9::TIMESTAMPTZ[], $10::BYTEA[],
-	            $11::INT2[], $12::INT8[])
-	     AS b(namespace, tenant, idem_key, method, fingerprint, lease, retention, first, nonce, policy, tombstone), v
+	            $11::INT2[], $12::INT8[], $13::TEXT[])
+	     AS b(namespace, tenant, idem_key, method, fingerprint, lease, retention, first, nonce, policy, tombstone, key_source), v
 ), ins AS (
 	INSERT INTO idempotency_records AS r (` + columns + `)
 	SELECT q.namespace, q.tenant, q.idem_key, CASE WHEN q.too_late THEN 3 ELSE 1 END, q.method, q.fingerprint,
 	       CASE WHEN q.too_late THEN 0 ELSE 1 END, 1, q.now, q.lease_end, NULL,
 	       CASE WHEN q.too_late THEN q.now ELSE q.expires END, NULL, q.nonce, q.policy,
-	       CASE WHEN q.too_late THEN q.now ELSE q.forget END
+	       CASE WHEN q.too_late THEN q.now ELSE q.forget END, q.key_source
 	FROM q
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
 	RETURNING ` + columns + `
@@ -453,18 +454,18 @@ func claimArgs(now any, calls []*call[op, opResult]) []any {
 	n := len(calls)
 	ns, tenants, keys, methods, fps := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	leases, retentions, tombstones := make([]int64, n), make([]int64, n), make([]int64, n)
-	firsts, nonces, policies := make([]*time.Time, n), make([][]byte, n), make([]int16, n)
+	firsts, nonces, policies, sources := make([]*time.Time, n), make([][]byte, n), make([]int16, n), make([]string, n)
 	for i, c := range calls {
 		p := c.p.claim.p
 		ns[i], tenants[i], keys[i], methods[i], fps[i] = p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key, p.Method, p.Fingerprint
 		leases[i], retentions[i], nonces[i] = p.Lease.Microseconds(), p.Retention.Microseconds(), c.p.claim.nonce
-		policies[i], tombstones[i] = int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds()
+		policies[i], tombstones[i], sources[i] = int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds(), p.KeySource
 		if !p.FirstAttemptAt.IsZero() {
 			t := p.FirstAttemptAt
 			firsts[i] = &t
 		}
 	}
-	return []any{now, ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces, policies, tombstones}
+	return []any{now, ns, tenants, keys, methods, fps, leases, retentions, firsts, nonces, policies, tombstones, sources}
 }
 
 // completeArgs are the arguments of completeBatchSQL for calls.

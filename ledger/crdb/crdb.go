@@ -375,7 +375,7 @@ func (s *Store) claimOne(ctx context.Context, p ledger.ClaimParams, nonce []byte
 	claim := func(ctx context.Context) error {
 		r, err := s.scanOne(ctx, claimSQL, s.now(), p.Scope.Namespace, p.Scope.Tenant, p.Scope.Key,
 			p.Method, p.Fingerprint, p.Lease.Microseconds(), p.Retention.Microseconds(), first, nonce,
-			int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds())
+			int16(p.OnLeaseExpiry), p.TombstoneRetention.Microseconds(), p.KeySource)
 		if err != nil {
 			return err
 		}

@@ -46,7 +46,7 @@ func scanInto(sc scanner, r *row, extra ...any) error {
 	rec := &r.rec
 	dest := append([]any{&rec.Scope.Namespace, &rec.Scope.Tenant, &rec.Scope.Key, &state, &rec.Method,
 		&rec.Fingerprint, &token, &attempt, &rec.CreatedAt, &rec.LeaseExpiresAt, &completedAt,
-		&rec.ExpiresAt, &outcome, &r.claimID, &policy, &forgetAt}, extra...)
+		&rec.ExpiresAt, &outcome, &r.claimID, &policy, &forgetAt, &rec.KeySource}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}

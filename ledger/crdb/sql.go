@@ -14,7 +14,7 @@ package crdb
 // and COALESCE(forget_at, expires_at) is their end.
 
 const columns = `namespace, tenant, idem_key, state, method, fingerprint, token, attempt,
-	created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id, on_lease_expiry, forget_at`
+	created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id, on_lease_expiry, forget_at, key_source`
 
 const scope = `namespace = $2 AND tenant = $3 AND idem_key = $4`
 
@@ -47,7 +47,7 @@ func holdsAt(r, now string) string {
 // the UNION's second half reads it at the statement's snapshot. claim_id
 // ($10), a random nonce, tells the caller whether the claim is its own,
 // also after an ambiguous commit. $11 is the policy, $12 the tombstone
-// window in microseconds.
+// window in microseconds, $13 the key's source.
 var claimSQL = `
 WITH v AS (
 	SELECT n AS now,
@@ -61,7 +61,7 @@ WITH v AS (
 	SELECT $2, $3, $4, CASE WHEN v.too_late THEN 3 ELSE 1 END, $5, $6,
 	       CASE WHEN v.too_late THEN 0 ELSE 1 END, 1, v.now, v.lease_end, NULL,
 	       CASE WHEN v.too_late THEN v.now ELSE v.expires END, NULL, $10, $11::INT2,
-	       CASE WHEN v.too_late THEN v.now ELSE v.forget END
+	       CASE WHEN v.too_late THEN v.now ELSE v.forget END, $13::TEXT
 	FROM v
 	ON CONFLICT (namespace, tenant, idem_key) DO UPDATE SET ` + claimConflictSet + `
 	RETURNING ` + columns + `
@@ -74,7 +74,7 @@ WHERE ` + scope + ` AND NOT EXISTS (SELECT 1 FROM ins)`
 // claimConflictSet is what a claim does to an existing row: it updates it
 // only for a takeover or a re-claim of a row that reads as absent, and
 // then gives it token + 1. A takeover keeps the record (its method, its
-// creation, its policy) and extends its retention and tombstone window to
+// creation, its policy, its key's source) and extends its retention and tombstone window to
 // cover the new lease; a re-claim starts a new record.
 var claimConflictSet = `
 		state            = 1,
@@ -91,6 +91,7 @@ var claimConflictSet = `
 		                        THEN r.forget_at + (GREATEST(r.expires_at, excluded.lease_expires_at) - r.expires_at)
 		                        ELSE excluded.forget_at END,
 		on_lease_expiry  = CASE WHEN ` + takeover + ` THEN r.on_lease_expiry ELSE excluded.on_lease_expiry END,
+		key_source       = CASE WHEN ` + takeover + ` THEN r.key_source ELSE excluded.key_source END,
 		outcome          = NULL,
 		claim_id         = excluded.claim_id
 	WHERE (` + takeover + ` AND r.lease_expires_at <= excluded.created_at AND r.fingerprint = excluded.fingerprint)

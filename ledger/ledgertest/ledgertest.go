@@ -51,6 +51,7 @@ type rule struct {
 // rules are the contract's rules, each on a fresh store.
 var rules = []rule{
 	{"ClaimAbsent", ruleClaimAbsent},
+	{"KeySource", ruleKeySource},
 	{"ReplayIsByteForByte", ruleReplayIsByteForByte},
 	{"KeyReused", ruleKeyReused},
 	{"InProgressRetryAfter", ruleInProgressRetryAfter},

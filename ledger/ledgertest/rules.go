@@ -3,6 +3,7 @@ package ledgertest
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -407,5 +408,52 @@ func ruleCanceledCall(t *testing.T, suite Suite) {
 	}
 	if _, err := e.ledger.Lookup(t.Context(), e.scope("other"), 0); errcode.Of(err) != errcode.NotFound {
 		t.Fatalf("a canceled Begin left a record: %v", err)
+	}
+}
+
+// ruleKeySource: a record keeps the key's source of its first claim: a
+// takeover and a replay leave it, Lookup and List read it, and a new
+// record after a release takes its own claim's; a source that is not
+// printable ASCII, or too long, is VALIDATION_FAILED.
+func ruleKeySource(t *testing.T, suite Suite) {
+	e := newEnv(t, suite, ledger.Config{})
+	claim := func(key, source string) (ledger.BeginResponse, error) {
+		return e.ledger.Begin(t.Context(), ledger.BeginRequest{Scope: e.scope(key), Fingerprint: Fingerprint("p"), Method: Method, KeySource: source})
+	}
+	source := func(key string) string {
+		t.Helper()
+		rec, err := e.ledger.Lookup(t.Context(), e.scope(key), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.KeySource
+	}
+	if _, err := claim("k", "host:claudecode/toolUseId"); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(ledger.DefaultLease)
+	if res, err := claim("k", "meta"); err != nil || res.Claim == nil || res.Claim.Attempt != 2 {
+		t.Fatalf("takeover = %+v, %v", res, err)
+	}
+	if got := source("k"); got != "host:claudecode/toolUseId" {
+		t.Fatalf("after a takeover with another source, the record says %q; want its first claim's", got)
+	}
+	list, err := e.ledger.List(t.Context(), ledger.ListRequest{Namespace: e.ns, Tenant: e.scope("k").Tenant, PageSize: 10})
+	if err != nil || len(list.Records) == 0 || list.Records[0].KeySource != "host:claudecode/toolUseId" {
+		t.Fatalf("List = %+v, %v", list, err)
+	}
+	c, err := claim("r", "header")
+	if err != nil || c.Claim == nil {
+		t.Fatal(err)
+	}
+	if err := e.ledger.Release(t.Context(), e.scope("r"), c.Claim.Token); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claim("r", "argument"); err != nil || source("r") != "argument" {
+		t.Fatalf("a new record after a release says %q, %v; want its own claim's source", source("r"), err)
+	}
+	for _, bad := range []string{"meta\n", strings.Repeat("x", ledger.MaxKeySourceBytes+1), "ключ"} {
+		_, err := claim("bad", bad)
+		want(t, err, errcode.ValidationFailed)
 	}
 }

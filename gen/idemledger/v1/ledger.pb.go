@@ -722,8 +722,17 @@ type BeginRequest struct {
 	// tombstone after its retention. Unset means the server's default (7
 	// days); zero turns tombstones off for this record.
 	TombstoneRetention *durationpb.Duration `protobuf:"bytes,9,opt,name=tombstone_retention,json=tombstoneRetention,proto3" json:"tombstone_retention,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// key_source says where the caller's guard found the key, for the
+	// operators who read the record: "argument" (a tool's key argument),
+	// "parameter" (MCP's idempotencyKey), "meta" (MCP's _meta), "host:"
+	// and the _meta key of a host's own call id (stable only across that
+	// host's re-sends), "header" (HTTP's Idempotency-Key), "pointer:" and a
+	// JSON Pointer into the request, "metadata" (gRPC). Empty says nothing;
+	// at most 128 bytes of printable ASCII. It is stored at the record's
+	// first claim.
+	KeySource     string `protobuf:"bytes,10,opt,name=key_source,json=keySource,proto3" json:"key_source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BeginRequest) Reset() {
@@ -817,6 +826,13 @@ func (x *BeginRequest) GetTombstoneRetention() *durationpb.Duration {
 		return x.TombstoneRetention
 	}
 	return nil
+}
+
+func (x *BeginRequest) GetKeySource() string {
+	if x != nil {
+		return x.KeySource
+	}
+	return ""
 }
 
 // BeginResponse is either a claim (run the write) or a replay (return the
@@ -1673,7 +1689,10 @@ type Record struct {
 	// on_lease_expiry is the record's policy for a lease that runs out.
 	OnLeaseExpiry OnLeaseExpiry `protobuf:"varint,10,opt,name=on_lease_expiry,json=onLeaseExpiry,proto3,enum=idemledger.v1.OnLeaseExpiry" json:"on_lease_expiry,omitempty"`
 	// forget_at is when the record, a tombstone by then, is forgotten.
-	ForgetAt      *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=forget_at,json=forgetAt,proto3" json:"forget_at,omitempty"`
+	ForgetAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=forget_at,json=forgetAt,proto3" json:"forget_at,omitempty"`
+	// key_source is where the first claim's guard found the key
+	// (BeginRequest.key_source).
+	KeySource     string `protobuf:"bytes,12,opt,name=key_source,json=keySource,proto3" json:"key_source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1783,6 +1802,13 @@ func (x *Record) GetForgetAt() *timestamppb.Timestamp {
 		return x.ForgetAt
 	}
 	return nil
+}
+
+func (x *Record) GetKeySource() string {
+	if x != nil {
+		return x.KeySource
+	}
+	return ""
 }
 
 // ResolveRequest settles a record whose outcome nobody knows.
@@ -2013,7 +2039,7 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"CallStatus\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
-	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xb4\x03\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xd3\x03\n" +
 	"\fBeginRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
@@ -2023,7 +2049,10 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\tretention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12D\n" +
 	"\x10first_attempt_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0efirstAttemptAt\x12D\n" +
 	"\x0fon_lease_expiry\x18\b \x01(\x0e2\x1c.idemledger.v1.OnLeaseExpiryR\ronLeaseExpiry\x12J\n" +
-	"\x13tombstone_retention\x18\t \x01(\v2\x19.google.protobuf.DurationR\x12tombstoneRetention\"x\n" +
+	"\x13tombstone_retention\x18\t \x01(\v2\x19.google.protobuf.DurationR\x12tombstoneRetention\x12\x1d\n" +
+	"\n" +
+	"key_source\x18\n" +
+	" \x01(\tR\tkeySource\"x\n" +
 	"\rBeginResponse\x12,\n" +
 	"\x05claim\x18\x01 \x01(\v2\x14.idemledger.v1.ClaimH\x00R\x05claim\x12/\n" +
 	"\x06replay\x18\x02 \x01(\v2\x15.idemledger.v1.ReplayH\x00R\x06replayB\b\n" +
@@ -2070,7 +2099,7 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12-\n" +
 	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"?\n" +
 	"\x0eLookupResponse\x12-\n" +
-	"\x06record\x18\x01 \x01(\v2\x15.idemledger.v1.RecordR\x06record\"\xb4\x04\n" +
+	"\x06record\x18\x01 \x01(\v2\x15.idemledger.v1.RecordR\x06record\"\xd3\x04\n" +
 	"\x06Record\x12*\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x14.idemledger.v1.StateR\x05state\x12\x16\n" +
 	"\x06method\x18\x02 \x01(\tR\x06method\x12 \n" +
@@ -2085,7 +2114,9 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\aoutcome\x18\t \x01(\v2\x16.idemledger.v1.OutcomeR\aoutcome\x12D\n" +
 	"\x0fon_lease_expiry\x18\n" +
 	" \x01(\x0e2\x1c.idemledger.v1.OnLeaseExpiryR\ronLeaseExpiry\x127\n" +
-	"\tforget_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\bforgetAt\"\xba\x01\n" +
+	"\tforget_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\bforgetAt\x12\x1d\n" +
+	"\n" +
+	"key_source\x18\f \x01(\tR\tkeySource\"\xba\x01\n" +
 	"\x0eResolveRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +

@@ -39,6 +39,8 @@ export interface Call {
   fingerprint: string;
   method: string;
   policy: Policy;
+  /** Where the key came from, for the record's readers: "argument", "parameter", "meta", "host:<_meta key>", "header". */
+  keySource?: string;
   /** Asked on a takeover whether the earlier attempt applied: its outcome if it did, undefined if it did not. */
   reconcile?: (signal: AbortSignal) => Promise<Outcome | undefined>;
 }
@@ -281,6 +283,7 @@ function begin(call: Call): BeginRequest {
     key: call.key,
     fingerprint: call.fingerprint,
     method: call.method,
+    keySource: call.keySource ?? "",
     lease: p.leaseMs ? durationFromMs(p.leaseMs) : undefined,
     retention: p.retentionMs ? durationFromMs(p.retentionMs) : undefined,
     onLeaseExpiry: p.onLeaseExpiry === "hold" ? OnLeaseExpiry.HOLD : OnLeaseExpiry.UNSPECIFIED,

@@ -88,7 +88,7 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
         const r = await opts.reconcile!(req);
         return r && { response: encode({ status: r.status, headers: r.headers ?? {}, body: Buffer.from(r.body ?? ""), overflow: false, unknown: false, send: () => {} }, stored) };
       });
-      const res2 = await guard.do({ tenant, key, fingerprint, method, policy, reconcile }, async (claim) => {
+      const res2 = await guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource: "header" }, async (claim) => {
         if (!claim) {
           await handler(req, res); // no key, key optional: unprotected, unbuffered
           return {};

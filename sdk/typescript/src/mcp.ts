@@ -160,9 +160,9 @@ export class McpGuard {
     const method = MethodPrefix + name;
     return async (args, extra) => {
       const call = callInfo(extra);
-      let key: string;
+      let key: string, keySource: string;
       try {
-        key = callKey(keyArg, opts.hostCallIds ?? [], args, call.meta);
+        [key, keySource] = callKey(keyArg, opts.hostCallIds ?? [], args, call.meta);
       } catch (err) {
         return errorResult(err, call.meta) as R;
       }
@@ -181,7 +181,7 @@ export class McpGuard {
           const r = await opts.reconcile!(args, call);
           return r && outcomeOf(r, {});
         });
-        const res = await this.guard.do({ tenant, key, fingerprint, method, policy, reconcile }, async (claim) => {
+        const res = await this.guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource }, async (claim) => {
           const forwarded = claim ? withClaim(extra, { token: Number(claim.token), attempt: claim.attempt }) : extra;
           try {
             live = await handler(args, forwarded);
@@ -220,21 +220,22 @@ export function keyShape<Z extends { string: () => { min: (n: number) => { max: 
   return { [name]: z.string().min(1).max(255).optional().describe(KeyDescription) };
 }
 
-// callKey is the call's key, by precedence: the key argument, SEP-3182's
-// parameter, _meta's key, then the host call ids the tool names.
-function callKey(keyArg: string, hostCallIds: string[], args: Record<string, unknown> | undefined, meta: Record<string, unknown>): string {
+// callKey is the call's key and where it came from, by precedence: the key
+// argument, SEP-3182's parameter, _meta's key, then the host call ids the
+// tool names.
+function callKey(keyArg: string, hostCallIds: string[], args: Record<string, unknown> | undefined, meta: Record<string, unknown>): [string, string] {
   if (keyArg !== "" && args && args[keyArg] !== undefined && args[keyArg] !== null) {
     const v = args[keyArg];
     if (typeof v !== "string") {
       throw new LedgerError(ErrorCode.KEY_INVALID, `the ${keyArg} argument is not a string`);
     }
     if (v !== "") {
-      return checked(v);
+      return [checked(v), "argument"];
     }
   }
-  const sources: Array<[string, string]> = [[ParamKeyMeta, "the idempotencyKey parameter"], [KeyMeta, `_meta["${KeyMeta}"]`],
-    ...hostCallIds.map((k): [string, string] => [k, `the host's call id _meta["${k}"]`])];
-  for (const [k, what] of sources) {
+  const sources: Array<[string, string, string]> = [[ParamKeyMeta, "the idempotencyKey parameter", "parameter"], [KeyMeta, `_meta["${KeyMeta}"]`, "meta"],
+    ...hostCallIds.map((k): [string, string, string] => [k, `the host's call id _meta["${k}"]`, `host:${k}`])];
+  for (const [k, what, source] of sources) {
     const v = meta[k];
     if (v === undefined || v === null || v === "") {
       continue;
@@ -242,9 +243,9 @@ function callKey(keyArg: string, hostCallIds: string[], args: Record<string, unk
     if (typeof v !== "string") {
       throw new LedgerError(ErrorCode.KEY_INVALID, `${what} is not a string`);
     }
-    return checked(v);
+    return [checked(v), source];
   }
-  return "";
+  return ["", ""];
 }
 
 // checked is key when it is 1 to 255 printable ASCII characters.

@@ -120,6 +120,10 @@ for (const mode of modes) {
       const reused = await c.call("create_invoice", { customer: "c2", amount_cents: 100 }, { [KeyMeta]: meta });
       assert.equal(errorFromResult(reused)?.code, "KEY_REUSED");
       assert.equal(s.invoices(), 2);
+      for (const [k, source] of [[key, "argument"], [meta, "meta"]]) {
+        const rec = (await ledger.lookup({ tenant: "acme", key: k })).record;
+        assert.equal(rec?.keySource, source, `the record says where its key came from (${k})`);
+      }
       assert.deepEqual(s.claims.map((cl) => (cl as { attempt: number }).attempt), [1, 1], "the handler reads its claim in ctx.mcpReq._meta");
     } finally {
       await c.client.close();

@@ -290,3 +290,30 @@ func TestOverview(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordSaysWhereItsKeyCameFrom: a record's page says where its first
+// claim's guard found the key, in words; a host's call id says it is stable
+// only across that host's re-sends.
+func TestRecordSaysWhereItsKeyCameFrom(t *testing.T) {
+	srv, l := serve(t, ledgertest.NewClock(time.Now()), false)
+	for key, source := range map[string]string{"k-host": "host:claudecode/toolUseId", "k-none": ""} {
+		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: ledger.Scope{Namespace: "billing", Tenant: "acme", Key: key},
+			Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, KeySource: source}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := browser(t, srv)
+	base := srv.URL + console.Prefix
+	post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+	from := regexp.MustCompile(`id="key-source">([^<]*)<`)
+	for key, want := range map[string]string{
+		"k-host": "the host&#39;s call id claudecode/toolUseId (stable only across that host&#39;s own re-sends)",
+		"k-none": "not said",
+	} {
+		res, body := get(t, c, base+"record?"+url.Values{"namespace": {"billing"}, "tenant": {"acme"}, "key": {key}}.Encode())
+		m := from.FindStringSubmatch(body)
+		if res.StatusCode != http.StatusOK || m == nil || m[1] != want {
+			t.Errorf("%s: %d, key from %q; want %q", key, res.StatusCode, m, want)
+		}
+	}
+}

@@ -25,9 +25,10 @@ var funcs = template.FuncMap{
 		}
 		return ts.AsTime().UTC().Format("2006-01-02 15:04:05.000 UTC")
 	},
-	"state":    stateName,
-	"upper":    strings.ToUpper,
-	"scanRows": func() string { return strconv.Itoa(ledger.ListScanRows) },
+	"state":     stateName,
+	"keySource": keySource,
+	"upper":     strings.ToUpper,
+	"scanRows":  func() string { return strconv.Itoa(ledger.ListScanRows) },
 	"query": func(kv ...string) template.URL {
 		q := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -37,6 +38,33 @@ var funcs = template.FuncMap{
 		}
 		return template.URL(q.Encode()) //nolint:gosec // url.Values.Encode escapes every value
 	},
+}
+
+// keySource says where the first claim's guard found a record's key, as
+// an operator reads it.
+func keySource(s string) string {
+	what, detail, _ := strings.Cut(s, ":")
+	switch what {
+	case "":
+		return "not said"
+	case "argument":
+		return "the tool's key argument"
+	case "parameter":
+		return "the call's idempotencyKey parameter (SEP-3182)"
+	case "meta":
+		return "the call's _meta"
+	case "host":
+		return "the host's call id " + detail + " (stable only across that host's own re-sends)"
+	case "header":
+		return "the Idempotency-Key header"
+	case "pointer":
+		return "the request at " + detail
+	case "field":
+		return "the request's field " + detail
+	case "metadata":
+		return "the call's metadata"
+	}
+	return s
 }
 
 // stateName is a state as the console writes it.

@@ -13,10 +13,10 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// Version is the first byte of every stored value; a new layout gets a
-// new version and Decode keeps reading the old ones. Version 2 adds,
-// after version 1's fields, the forget time and the lease-expiry policy.
-const Version = 2
+// Version is the first byte of every stored value, the layout's: a new
+// layout gets a new version. No store of an earlier layout was released,
+// so Decode reads this one only.
+const Version = 3
 
 // ScopeKey is the bucket key of a scope: each part length-prefixed, so no
 // two scopes share a key and every scope of a namespace shares a prefix.
@@ -81,7 +81,7 @@ func Encode(r *ledger.Record) ([]byte, error) {
 		}
 		outcome = r.Outcome.BinarySize()
 	}
-	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+outcome)
+	b := make([]byte, 0, 80+len(r.Method)+len(r.Fingerprint)+len(r.KeySource)+outcome)
 	b = append(b, Version, byte(r.State))
 	b = binary.AppendUvarint(b, r.Token)
 	b = binary.AppendUvarint(b, uint64(r.Attempt))
@@ -104,7 +104,9 @@ func Encode(r *ledger.Record) ([]byte, error) {
 		}
 	}
 	b = binary.AppendVarint(b, unixNano(r.ForgetAt))
-	return append(b, byte(r.OnLeaseExpiry)), nil
+	b = append(b, byte(r.OnLeaseExpiry))
+	b = binary.AppendUvarint(b, uint64(len(r.KeySource)))
+	return append(b, r.KeySource...), nil
 }
 
 // Decode reads what Encode wrote. It never panics: anything it
@@ -114,7 +116,7 @@ func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	if len(b) >= 2 {
 		version = b[0]
 	}
-	if (version != 1 && version != Version) || ledger.State(b[1]) > ledger.StateExpired || (version == 1 && ledger.State(b[1]) > ledger.StateReleased) {
+	if version != Version || ledger.State(b[1]) > ledger.StateExpired {
 		return ledger.Record{}, ErrCorrupt
 	}
 	r := ledger.Record{Scope: scope, State: ledger.State(b[1])}
@@ -145,14 +147,13 @@ func Decode(scope ledger.Scope, b []byte) (ledger.Record, error) {
 	if outcome, b, err = readBytes(b); err != nil {
 		return ledger.Record{}, err
 	}
-	if version >= 2 {
-		n, k := binary.Varint(b)
-		if k <= 0 || len(b) != k+1 || ledger.LeaseExpiry(b[k]) > ledger.Hold {
-			return ledger.Record{}, ErrCorrupt
-		}
-		r.ForgetAt, r.OnLeaseExpiry, b = fromUnixNano(n), ledger.LeaseExpiry(b[k]), nil
-	} else {
-		r.ForgetAt = r.ExpiresAt // written before tombstones: none
+	n, k := binary.Varint(b)
+	if k <= 0 || len(b) < k+1 || ledger.LeaseExpiry(b[k]) > ledger.Hold {
+		return ledger.Record{}, ErrCorrupt
+	}
+	r.ForgetAt, r.OnLeaseExpiry, b = fromUnixNano(n), ledger.LeaseExpiry(b[k]), b[k+1:]
+	if r.KeySource, b, err = readString(b); err != nil {
+		return ledger.Record{}, err
 	}
 	if len(b) != 0 {
 		return ledger.Record{}, ErrCorrupt

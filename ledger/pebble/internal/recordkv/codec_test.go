@@ -16,7 +16,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
 	scope := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k-1"}
 	for name, rec := range map[string]ledger.Record{
-		"in progress": {Scope: scope, State: ledger.StateInProgress, Method: ledgertest.Method, Fingerprint: ledgertest.Fingerprint("p"), Token: 7, Attempt: 2, CreatedAt: at, LeaseExpiresAt: at.Add(time.Minute), ExpiresAt: at.Add(time.Hour)},
+		"in progress": {Scope: scope, State: ledger.StateInProgress, Method: ledgertest.Method, Fingerprint: ledgertest.Fingerprint("p"), Token: 7, Attempt: 2, CreatedAt: at, LeaseExpiresAt: at.Add(time.Minute), ExpiresAt: at.Add(time.Hour), KeySource: "host:claudecode/toolUseId"},
 		"response":    {Scope: scope, State: ledger.StateCompleted, Token: 1, Attempt: 1, CreatedAt: at, LeaseExpiresAt: at, CompletedAt: at.Add(time.Second), ExpiresAt: at.Add(time.Hour), Outcome: ledgertest.Response("inv_1")},
 		"status":      {Scope: scope, State: ledger.StateCompleted, Token: 1 << 60, Attempt: 1<<32 - 1, CompletedAt: at, ExpiresAt: at, Outcome: ledgertest.ErrorStatus("declined")},
 		"released":    {Scope: scope, State: ledger.StateReleased, Token: 3, ExpiresAt: at},
@@ -50,7 +50,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	for _, rec := range []ledger.Record{
 		{State: ledger.StateCompleted, Token: 1, Attempt: 1, CreatedAt: at, ExpiresAt: at, Outcome: ledgertest.Response("inv_1")},
-		{State: ledger.StateInProgress, Method: ledgertest.Method, Fingerprint: ledgertest.Fingerprint("p"), Token: 2, Attempt: 2, ExpiresAt: at},
+		{State: ledger.StateInProgress, Method: ledgertest.Method, Fingerprint: ledgertest.Fingerprint("p"), Token: 2, Attempt: 2, ExpiresAt: at, KeySource: "meta"},
 	} {
 		b, err := Encode(&rec)
 		if err != nil {
