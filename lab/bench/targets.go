@@ -156,7 +156,7 @@ func (s *SQL) claim(ctx context.Context, key string) (token int64, ours bool, er
 	_, _ = rand.Read(nonce)
 	err = retry(ctx, func() error {
 		var (
-			ns, tenant, k, m, fp         string
+			ns, tenant, k, m, fp, source string
 			state                        int16
 			attempt                      int32
 			created, lease, expires, now time.Time
@@ -165,8 +165,8 @@ func (s *SQL) claim(ctx context.Context, key string) (token int64, ours bool, er
 			policy                       int16
 		)
 		err := s.Pool.QueryRow(ctx, crdb.Statements.Claim, nil, "bench", "sql", key, method, fingerprint,
-			int64(30e6), int64(86400e6), nil, nonce, 0, int64(7*86400e6)).Scan(&ns, &tenant, &k, &state, &m, &fp, &token, &attempt,
-			&created, &lease, &completed, &expires, &outcome, &claimID, &policy, &forget, &now)
+			int64(30e6), int64(86400e6), nil, nonce, 0, int64(7*86400e6), "").Scan(&ns, &tenant, &k, &state, &m, &fp, &token, &attempt,
+			&created, &lease, &completed, &expires, &outcome, &claimID, &policy, &forget, &source, &now)
 		ours = err == nil && state == 1 && bytes.Equal(claimID, nonce)
 		return err
 	})
