@@ -59,20 +59,14 @@ func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header ht
 	if err != nil {
 		return encodeResult(errorResult(t, err), modern)
 	}
-	var live json.RawMessage
-	var liveErr error
-	res, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
-		claim, protected := guard.ClaimFromContext(ctx)
-		sent := params
-		if protected && g.opts.claimInMeta {
-			sent = withClaimJSON(params, claim)
-		}
-		live, liveErr = run(ctx, sent)
-		if !protected {
-			return guard.Outcome{}, nil
-		}
-		return jsonOutcome(t, live, liveErr)
-	})
+	res, live, liveErr, err := do(ctx, g, c,
+		func(ctx context.Context, claim *guard.Claim) (json.RawMessage, error) {
+			if claim == nil {
+				return run(ctx, params)
+			}
+			return run(ctx, withClaimJSON(params, *claim))
+		},
+		func(live json.RawMessage, err error) (guard.Outcome, error) { return jsonOutcome(t, live, err) })
 	switch {
 	case err != nil:
 		return encodeResult(errorResult(t, err), modern)

@@ -249,20 +249,14 @@ func (g *Guard) answer(ctx context.Context, t Tool, req *mcp.CallToolRequest, ne
 	if err != nil {
 		return errorResult(t, err), true, nil
 	}
-	var live mcp.Result
-	var liveErr error
-	out, err := g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
-		claim, protected := guard.ClaimFromContext(ctx)
-		forwarded := req
-		if protected && g.opts.claimInMeta {
-			forwarded = withClaim(req, claim)
-		}
-		live, liveErr = next(ctx, forwarded)
-		if !protected {
-			return guard.Outcome{}, nil
-		}
-		return outcome(t, live, liveErr)
-	})
+	out, live, liveErr, err := do(ctx, g, c,
+		func(ctx context.Context, claim *guard.Claim) (mcp.Result, error) {
+			if claim == nil {
+				return next(ctx, req)
+			}
+			return next(ctx, withClaim(req, *claim))
+		},
+		func(live mcp.Result, err error) (guard.Outcome, error) { return outcome(t, live, err) })
 	switch {
 	case err != nil:
 		return errorResult(t, err), true, nil
@@ -272,6 +266,29 @@ func (g *Guard) answer(ctx context.Context, t Tool, req *mcp.CallToolRequest, ne
 	// The first answer and every replay come from the same stored bytes.
 	res, err = fromOutcome(t, out.Outcome, out.Replayed)
 	return res, true, err
+}
+
+// do runs c under the guard. send runs the call, with claim to put in its
+// _meta (nil: as it came); stored is its answer as the guard stores it.
+// do returns the guard's result, the call's own answer when it ran (for a
+// result the guard does not store), and the guard's error.
+func do[R any](ctx context.Context, g *Guard, c guard.Call,
+	send func(ctx context.Context, claim *guard.Claim) (R, error),
+	stored func(R, error) (guard.Outcome, error),
+) (res guard.Result, live R, liveErr, err error) {
+	res, err = g.guard.Do(ctx, c, func(ctx context.Context) (guard.Outcome, error) {
+		claim, protected := guard.ClaimFromContext(ctx)
+		var inMeta *guard.Claim
+		if protected && g.opts.claimInMeta {
+			inMeta = &claim
+		}
+		live, liveErr = send(ctx, inMeta)
+		if !protected {
+			return guard.Outcome{}, nil
+		}
+		return stored(live, liveErr)
+	})
+	return res, live, liveErr, err
 }
 
 // complete is r saying resultType "complete". The SDK keeps a result's
