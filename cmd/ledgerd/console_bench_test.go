@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/pebble"
 	"github.com/idemledger/idemledger/server"
@@ -53,7 +53,7 @@ func BenchmarkConsoleAt1M(b *testing.B) {
 			return s
 		},
 		"postgres": func(b *testing.B, now func() time.Time) ledger.Store {
-			s, err := crdb.Open(b.Context(), crdbtest.NewDatabase(b), crdb.Config{Now: now})
+			s, err := crdb.Open(b.Context(), pgtest.NewDatabase(b), crdb.Config{Now: now})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
 // TestHomes: ledgerd --migrate-only --apply-homes renders a homes file
@@ -20,7 +20,7 @@ import (
 // answered; a region the file does not declare is refused.
 func TestHomes(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	homes := filepath.Join(t.TempDir(), "homes")
 	write := func(text string) {
 		t.Helper()

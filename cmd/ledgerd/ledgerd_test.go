@@ -36,7 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -59,7 +59,7 @@ func TestMain(m *testing.M) {
 		os.Stderr.Write(out)
 		panic(err)
 	}
-	code := crdbtest.Run(m)
+	code := pgtest.Run(m)
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -538,7 +538,7 @@ func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
 // database.
 func TestPostgreSQLStore(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	p := start(t, "--database-url", url, "--migrate")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
@@ -687,7 +687,7 @@ func TestMessageSizeLimit(t *testing.T) {
 // and again (a Job that runs twice) changes nothing and exits 0.
 func TestMigrateOnly(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	for i := range 2 {
 		out, err := exec.Command(binary, "--migrate-only", "--database-url", url).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "schema migrated") {
@@ -806,7 +806,7 @@ func metricValue(t testing.TB, exposition, name string) float64 {
 // when writes work again. A ping alone (a read) stayed green.
 func TestReadinessFollowsWrites(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	p := start(t, "--database-url", url, "--migrate")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
@@ -915,7 +915,7 @@ func TestPreAuthenticationBounds(t *testing.T) {
 // credentials make one INFO line, not a hundred.
 func TestLogsDoNotAmplify(t *testing.T) {
 	t.Run("Unavailable", func(t *testing.T) {
-		url := crdbtest.NewDatabase(t)
+		url := pgtest.NewDatabase(t)
 		p := start(t, "--database-url", url, "--migrate", "--log-level", "info")
 		conn := p.dial(t)
 		p.waitServing(t, conn)
@@ -1015,7 +1015,7 @@ func TestStreamCallsAreCounted(t *testing.T) {
 // handful of transactions, not hundreds a second.
 func TestIdleOnAReadOnlyDatabase(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	p := start(t, "--database-url", url, "--migrate")
 	p.waitServing(t, p.dial(t))
 	db, err := pgx.Connect(t.Context(), url)

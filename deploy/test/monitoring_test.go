@@ -26,11 +26,11 @@ import (
 	"sigs.k8s.io/yaml"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
-func TestMain(m *testing.M) { crdbtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // rules are the PrometheusRule's groups of an overlay, as Prometheus
 // reads a rule file.
@@ -198,7 +198,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 		t.Fatalf("build ledgerd: %v\n%s", err, out)
 	}
 	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "",
-		"--database-url", crdbtest.NewDatabase(t), "--migrate", "--census-interval", "100ms")
+		"--database-url", pgtest.NewDatabase(t), "--migrate", "--census-interval", "100ms")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

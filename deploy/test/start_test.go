@@ -29,7 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -75,7 +75,7 @@ type world struct {
 
 func newWorld(t *testing.T, objs map[string]any) *world {
 	t.Helper()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	cert, key, ca := selfSigned(t)
 	w := &world{t: t, ports: map[string]string{}, files: map[string]map[string]string{
 		"ledgerd-tokens": {"tokens": server.HashToken("deploy-test-token") + " billing acme\n"},
@@ -444,7 +444,7 @@ func startCompose(t *testing.T, invoice bool) map[string]string {
 	if err := yaml.Unmarshal(b, &compose); err != nil {
 		t.Fatal(err)
 	}
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	ports := map[string]string{}
 	w := &world{t: t, ports: ports}
 	container := func(s composeService) (args, env []string) {

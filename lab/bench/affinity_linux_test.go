@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
 
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
 func TestParseCPUs(t *testing.T) {
@@ -64,7 +64,7 @@ func TestPlace(t *testing.T) {
 		}
 		runtime.GOMAXPROCS(procs)
 	})
-	pg, err := crdbtest.StartCluster()
+	pg, err := pgtest.StartCluster()
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)

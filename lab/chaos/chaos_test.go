@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/chaos"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 )
 
 var ledgerd string
@@ -80,7 +80,7 @@ func TestPostgreSQLUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs ledgerd and PostgreSQL under faults for several seconds")
 	}
-	pg := crdbtest.NewCluster(t)
+	pg := pgtest.NewCluster(t)
 	rep, err := chaos.Run(t.Context(), chaos.Config{Ledgerd: ledgerd, Intents: 300, Agents: 8, Seed: 2, FaultEvery: 250 * time.Millisecond, Pace: 20 * time.Millisecond, DatabaseURL: pg.URL, RestartDatabase: pg.Restart})
 	if err != nil {
 		t.Fatal(err)

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
@@ -108,7 +108,7 @@ func (w *writes) dial(ctx context.Context, network, addr string) (net.Conn, erro
 // shares the batch: claims run first), a complete with a stale token loses.
 func TestMixedBatch(t *testing.T) {
 	ctx := t.Context()
-	pc, err := pgxpool.ParseConfig(crdbtest.NewDatabase(t))
+	pc, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func completeOp(ctx context.Context, t *testing.T, k string, token uint64, id st
 // their own statements, and every call gets a right answer.
 func TestCrossedBatches(t *testing.T) {
 	ctx := t.Context()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +322,7 @@ func TestCrossedBatches(t *testing.T) {
 // behind it.
 func TestBatchStats(t *testing.T) {
 	ctx := t.Context()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	// One batch in flight, so that the ten claims queue behind the held one.
 	s, err := Open(ctx, url, Config{Batching: true, BatchInFlight: 1})
 	if err != nil {
@@ -417,7 +417,7 @@ func lockRows(t *testing.T, url, where string) pgx.Tx {
 // closed when the test ends.
 func openMigrated(t *testing.T, cfg Config) *Store {
 	t.Helper()
-	s, err := Open(t.Context(), crdbtest.NewDatabase(t), cfg)
+	s, err := Open(t.Context(), pgtest.NewDatabase(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

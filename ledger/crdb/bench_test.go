@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -19,7 +19,7 @@ import (
 // two statements issued straight through pgx. The pairs/s of the two show
 // the store's own overhead as a ratio.
 func BenchmarkBeginComplete(b *testing.B) {
-	url := crdbtest.NewDatabase(b)
+	url := pgtest.NewDatabase(b)
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
@@ -79,7 +79,7 @@ func BenchmarkTombstoneBytes(b *testing.B) {
 	const n, outcome = 2000, 256
 	for b.Loop() {
 		clock := ledgertest.NewClock(time.Now())
-		s, err := Open(context.Background(), crdbtest.NewDatabase(b), Config{Now: clock.Now})
+		s, err := Open(context.Background(), pgtest.NewDatabase(b), Config{Now: clock.Now})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,19 +13,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
-func TestMain(m *testing.M) { crdbtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // openStore opens a migrated store on a fresh database.
 func openStore(t testing.TB, cfg crdb.Config) *crdb.Store {
 	t.Helper()
-	return openURL(t, crdbtest.NewDatabase(t), cfg, true)
+	return openURL(t, pgtest.NewDatabase(t), cfg, true)
 }
 
 func openURL(t testing.TB, url string, cfg crdb.Config, migrate bool) *crdb.Store {
@@ -126,7 +126,7 @@ func TestDatabaseClock(t *testing.T) {
 }
 
 func TestPingNeedsTheSchema(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	s := openURL(t, url, crdb.Config{}, false)
 	if err := s.Ping(t.Context()); errcode.Of(err) != errcode.Unavailable {
 		t.Fatalf("Ping before Migrate = %v, want UNAVAILABLE", err)
@@ -140,7 +140,7 @@ func TestPingNeedsTheSchema(t *testing.T) {
 }
 
 func TestNewRefusesReadCommitted(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	pool, err := pgxpool.New(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestTwoInstancesRace(t *testing.T) {
 }
 
 func twoInstancesRace(t *testing.T, batching bool) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	var ledgers [2]*ledger.Ledger
 	for i := range ledgers {
 		s := openURL(t, url+"&pool_max_conns=16", crdb.Config{MaxRetries: 30, Batching: batching}, i == 0)
@@ -219,7 +219,7 @@ func countNamespace(t *testing.T, s *crdb.Store, namespace string) (n int) {
 }
 
 func TestMigrateFromTwoInstancesAtOnce(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	stores := []*crdb.Store{openURL(t, url, crdb.Config{}, false), openURL(t, url, crdb.Config{}, false)}
 	var wg sync.WaitGroup
 	applied := make([][]int, len(stores))
@@ -272,7 +272,7 @@ func TestCockroachSQLText(t *testing.T) {
 // released one), runs Migrate, and finds every record intact, readable
 // and writable, and part 2's rules working beside them.
 func TestMigratesVersion1(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	db, err := pgx.Connect(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/lincheck"
@@ -75,7 +75,7 @@ func (r *laggingReplica) query(ctx context.Context, sql string, args []any, dest
 // progress, the record completed with another fingerprint.
 func TestFollowerReadsNeverClaim(t *testing.T) {
 	ctx := t.Context()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	s := openURL(t, url, crdb.Config{FollowerReads: 10 * time.Second}, true)
 	replica := newLaggingReplica(t, url)
 	crdb.SetFollowerReader(s, replica.query)
@@ -190,7 +190,7 @@ func TestFollowerReadsNeverClaim(t *testing.T) {
 func TestFollowerReadsExpiry(t *testing.T) {
 	ctx := t.Context()
 	clock := ledgertest.NewClock(ledgertest.Start)
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	base := openURL(t, url, crdb.Config{}, true)
 	s, err := crdb.New(ctx, base.Pool(), crdb.Config{Now: clock.Now, FollowerReads: 10 * time.Second})
 	if err != nil {
@@ -226,7 +226,7 @@ func TestFollowerReadsExpiry(t *testing.T) {
 // a follower first, from a snapshot that lags by a few milliseconds to a
 // whole phase: what the callers saw is still linearizable.
 func TestLinearizableFollowerReads(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	base := openURL(t, url, crdb.Config{}, true)
 	replica := newLaggingReplica(t, url)
 	var total crdb.FollowerReadStats

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -153,7 +153,7 @@ func TestPlanHomesCockroach(t *testing.T) {
 // replaying the same outcome and new keys keep being claimed.
 func TestApplyHomes(t *testing.T) {
 	ctx := t.Context()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	s, err := Open(ctx, url, Config{})
 	if err != nil {
 		t.Fatal(err)

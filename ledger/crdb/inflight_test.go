@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
 func TestBatchesInFlight(t *testing.T) {
@@ -83,7 +83,7 @@ func TestInFlightFollowsTheRoundTrip(t *testing.T) {
 // BatchInFlight is kept. (That a database nearby gets one batch at a time
 // is TestInFlightFollowsTheRoundTrip's; here the machine's load decides.)
 func TestRoundTripOnPostgreSQL(t *testing.T) {
-	s, err := Open(t.Context(), crdbtest.NewDatabase(t), Config{Batching: true})
+	s, err := Open(t.Context(), pgtest.NewDatabase(t), Config{Batching: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestRoundTripOnPostgreSQL(t *testing.T) {
 	if st.RoundTrip <= 0 || st.RoundTrip > time.Second || st.Limit < 1 || st.Limit > int(s.Pool().Config().MaxConns) {
 		t.Fatalf("round trip %v, limit %d: want a measured round trip and a limit within the pool", st.RoundTrip, st.Limit)
 	}
-	fixed, err := Open(t.Context(), crdbtest.NewDatabase(t), Config{Batching: true, BatchInFlight: 3})
+	fixed, err := Open(t.Context(), pgtest.NewDatabase(t), Config{Batching: true, BatchInFlight: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/lincheck"
 )
 
@@ -36,7 +36,7 @@ func TestLinearizable(t *testing.T) {
 // session terminates the store's connections every few milliseconds: calls
 // fail with an unknown outcome, and what did happen is still linearizable.
 func TestLinearizableUnderConnectionKills(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	base := openURL(t, url, crdb.Config{}, true)
 	admin, err := pgx.Connect(t.Context(), url)
 	if err != nil {

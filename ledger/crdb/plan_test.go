@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
 // TestPlansUseIndexes: on PostgreSQL the store's connections plan each
@@ -21,7 +21,7 @@ import (
 // 600 pairs/s within ten seconds.
 func TestPlansUseIndexes(t *testing.T) {
 	ctx := t.Context()
-	s, err := Open(ctx, crdbtest.NewDatabase(t), Config{Batching: true})
+	s, err := Open(ctx, pgtest.NewDatabase(t), Config{Batching: true})
 	if err != nil {
 		t.Fatal(err)
 	}

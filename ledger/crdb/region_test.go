@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -43,7 +43,7 @@ func regionClaim(tenant, key string) ledger.ClaimParams {
 // behind it.
 func TestRegionBatches(t *testing.T) {
 	ctx := t.Context()
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	h := mustHomes(t, twoRegions)
 	s, err := Open(ctx, url, Config{Batching: true, BatchInFlight: 1, Homes: h})
 	if err != nil {

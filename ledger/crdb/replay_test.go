@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
@@ -29,7 +29,7 @@ func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDat
 // statement, one round trip and one primary-key lookup: the claim statement
 // returns the existing row when it changes nothing.
 func TestReplayIsOneStatement(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	openURL(t, url, crdb.Config{}, true) // migrate
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
@@ -52,7 +52,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 
 func newTestStore(t testing.TB, cfg Config) *Store {
 	t.Helper()
-	s, err := Open(t.Context(), crdbtest.NewDatabase(t), cfg)
+	s, err := Open(t.Context(), pgtest.NewDatabase(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +328,7 @@ func TestMixedBatchFailures(t *testing.T) {
 // ledger's bound, instead of waiting for the lock; and a store opened with
 // a lock_timeout answers CONTENTION when the database gives up first.
 func TestStoreCallsAreBounded(t *testing.T) {
-	url := crdbtest.NewDatabase(t)
+	url := pgtest.NewDatabase(t)
 	migrated, err := Open(t.Context(), url, Config{})
 	if err != nil {
 		t.Fatal(err)

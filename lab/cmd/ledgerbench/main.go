@@ -54,12 +54,12 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/lab/growth"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/ledger/pebble"
@@ -693,9 +693,9 @@ func openDB(cfg config, name string) (database, error) {
 	}
 	url, stop := cfg.databaseURL, func() {}
 	if url == "" {
-		start := crdbtest.StartCluster
+		start := pgtest.StartCluster
 		if cfg.durable {
-			start = crdbtest.StartDurableCluster
+			start = pgtest.StartDurableCluster
 		}
 		pg, err := start()
 		if err != nil {
@@ -760,7 +760,7 @@ func openStore(ctx context.Context, cfg config, name string, db database, v vari
 
 // placeCluster pins pg to the CPUs in the list cpus and this process to the
 // others.
-func placeCluster(pg *crdbtest.Cluster, cpus string) error {
+func placeCluster(pg *pgtest.Cluster, cpus string) error {
 	pid, err := pg.PID()
 	if err != nil {
 		return err

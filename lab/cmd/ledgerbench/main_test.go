@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/growth"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 )
 
 // runBench runs the command's measurements with cfg and returns the
@@ -43,11 +43,11 @@ func runBench(t *testing.T, cfg config) (map[string]bench.Result, []bench.Result
 
 // TestTurnsOnPostgres: ledgerd on one core (-ledgerd-procs 1), over unary
 // calls and a stream, and direct SQL, measured in turns against a
-// throwaway PostgreSQL (crdbtest's: skipped without PostgreSQL, failed
+// throwaway PostgreSQL (pgtest's: skipped without PostgreSQL, failed
 // under CI=true): every target does work without errors, and the
 // batching store's targets report their batches.
 func TestTurnsOnPostgres(t *testing.T) {
-	pg := crdbtest.NewCluster(t)
+	pg := pgtest.NewCluster(t)
 	got, rs := runBench(t, config{stores: "postgres", databaseURL: pg.URL, workloads: "fresh", clients: []int{4}, apis: []string{"unary", "stream"},
 		duration: 400 * time.Millisecond, rounds: 2, pool: 8, batching: "only", ledgerdProcs: map[string]int{"": 1}, outcomeSizes: []int{80, 4096}})
 	for _, target := range []string{"ledgerd/postgres+batching GOMAXPROCS=1", "ledgerd/postgres+batching GOMAXPROCS=1 (stream)", "sql/postgres (pgx)"} {

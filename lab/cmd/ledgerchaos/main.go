@@ -21,8 +21,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/chaos"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 )
 
 func main() {
@@ -63,7 +63,7 @@ func run(cfg chaos.Config, storeName, ledgerd string) error {
 	}
 	switch {
 	case storeName == "postgres" && cfg.DatabaseURL == "":
-		pg, err := crdbtest.StartCluster()
+		pg, err := pgtest.StartCluster()
 		if err != nil {
 			return err
 		}

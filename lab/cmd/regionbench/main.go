@@ -42,10 +42,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/faultproxy"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
@@ -149,7 +149,7 @@ func (tp *topology) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndD
 func run(ctx context.Context, cfg config, w io.Writer) error {
 	url := cfg.databaseURL
 	if url == "" {
-		pg, err := crdbtest.StartCluster() //nolint:contextcheck // the throwaway cluster outlives no caller: Stop ends it
+		pg, err := pgtest.StartCluster()
 		if err != nil {
 			return err
 		}

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemledger/idemledger/ledger/crdb/crdbtest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { crdbtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestRegionBench runs the benchmark small, with round trips short enough
 // to be quick and long enough to tell apart: every scenario's row is
@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { crdbtest.Main(m) }
 func TestRegionBench(t *testing.T) {
 	var out strings.Builder
 	cfg := config{samples: 5, local: time.Millisecond, neighbour: 20 * time.Millisecond, far: 60 * time.Millisecond,
-		followerReads: 10 * time.Second, databaseURL: crdbtest.NewDatabase(t)}
+		followerReads: 10 * time.Second, databaseURL: pgtest.NewDatabase(t)}
 	if err := run(t.Context(), cfg, &out); err != nil {
 		t.Fatal(err)
 	}

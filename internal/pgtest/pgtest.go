@@ -1,6 +1,8 @@
-// Package crdbtest gives tests a real PostgreSQL: Main starts a throwaway
+// Package pgtest gives tests a real PostgreSQL: Main starts a throwaway
 // cluster for a test binary (unless LEDGER_TEST_DATABASE_URL names a
-// database), and NewDatabase hands each test a fresh database in it.
+// database), and NewDatabase hands each test a fresh database in it. It
+// drives PostgreSQL's own programs (initdb, pg_ctl, pg_isready, psql) and
+// imports no driver, so that any module's tests may use it.
 //
 // The cluster runs from a temporary directory that holds its data, socket
 // and log, listens on 127.0.0.1 on a free port, and is stopped and removed
@@ -10,11 +12,10 @@
 //
 // Without PostgreSQL the tests skip with a message, except under CI=true,
 // where they fail.
-package crdbtest
+package pgtest
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -28,8 +29,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // EnvURL names an existing database to test against instead of a
@@ -54,7 +53,7 @@ func Run(m *testing.M) int {
 		c, err := StartCluster()
 		if err != nil {
 			unavailable = err
-			fmt.Fprintf(os.Stderr, "crdbtest: no PostgreSQL for these tests: %v\n", err)
+			fmt.Fprintf(os.Stderr, "pgtest: no PostgreSQL for these tests: %v\n", err)
 		} else {
 			baseURL, stop = c.URL, c.Stop
 		}
@@ -78,27 +77,14 @@ func NewDatabase(t testing.TB) string {
 		}
 		t.Skip(msg)
 	}
-	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, baseURL)
-	if err != nil {
-		t.Fatalf("connect to PostgreSQL: %v", err)
-	}
-	defer admin.Close(ctx)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	name := "idemledger_test_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	if err := psql(baseURL, "CREATE DATABASE "+name); err != nil {
 		t.Logf("cannot create a database (%v); using %s as it is", err, EnvURL)
 		return baseURL
 	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), baseURL)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
+	t.Cleanup(func() { _ = psql(baseURL, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
 	u, err := url.Parse(baseURL)
 	if err != nil {
 		t.Fatalf("parse %s: %v", EnvURL, err)
@@ -260,17 +246,34 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// ping waits for the cluster at u to accept connections.
 func ping(u string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := pgx.Connect(ctx, u)
+		out, err := exec.Command(filepath.Join(bin, "pg_isready"), "-d", u).CombinedOutput()
 		if err == nil {
-			return c.Close(ctx)
+			return nil
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("PostgreSQL did not answer: %w", err)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("PostgreSQL did not answer: %w: %s", err, out)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// psql runs one SQL command against the database at u.
+func psql(u, command string) error {
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	out, err := exec.Command(filepath.Join(bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", u, "-c", command).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("psql: %w: %s", err, out)
+	}
+	return nil
 }
