@@ -145,6 +145,8 @@ type Claim struct {
 	Token          uint64
 	Attempt        uint32
 	LeaseExpiresAt time.Time
+	CreatedAt      time.Time // the record's: takeovers keep it
+	ExpiresAt      time.Time // the end of the record's retention
 }
 
 // Replay is the stored outcome of a completed record.
@@ -190,7 +192,8 @@ func (l *Ledger) Begin(ctx context.Context, req BeginRequest) (resp BeginRespons
 	view := rec.View(res.Now)
 	switch {
 	case res.Claimed:
-		return BeginResponse{Claim: &Claim{Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt}}, nil
+		return BeginResponse{Claim: &Claim{Token: rec.Token, Attempt: rec.Attempt, LeaseExpiresAt: rec.LeaseExpiresAt,
+			CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}}, nil
 	case view == StateAbsent:
 		return BeginResponse{}, errcode.Errorf(errcode.RetryTooLate,
 			"the first attempt (%s) is older than the retention and tombstone windows (%s and %s); the ledger can no longer vouch for this intent",

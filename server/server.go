@@ -285,6 +285,7 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 		}
 		return &ledgerv1.BeginResponse{Result: &ledgerv1.BeginResponse_Claim{Claim: &ledgerv1.Claim{
 			Token: c.Token, Attempt: c.Attempt, LeaseExpiresAt: timestamppb.New(c.LeaseExpiresAt),
+			Namespace: sc.Namespace, CreatedAt: timestamppb.New(c.CreatedAt), ExpiresAt: timestamppb.New(c.ExpiresAt),
 		}}}, nil
 	}
 	s.observe(sc.Namespace, DecisionReplayed)

@@ -59,6 +59,7 @@ var rules = []rule{
 	{"CompleteAfterLeaseRanOutWithoutTakeover", ruleCompleteAfterLeaseRanOutWithoutTakeover},
 	{"CompleteRepeated", ruleCompleteRepeated},
 	{"AbsentKeyIsLeaseLost", ruleAbsentKeyIsLeaseLost},
+	{"ClaimNamesItsRecord", ruleClaimNamesItsRecord},
 	{"Release", ruleRelease},
 	{"Extend", ruleExtend},
 	{"RetentionExpiry", ruleRetentionExpiry},

@@ -114,6 +114,11 @@ func ruleTakeoverFencesTheOldToken(t *testing.T, suite Suite) {
 	if c.Token != old.Token+1 || c.Attempt != 2 || !c.LeaseExpiresAt.Equal(e.clock.Now().Add(ledger.DefaultLease)) {
 		t.Fatalf("takeover = %+v, want token %d, attempt 2", c, old.Token+1)
 	}
+	// The takeover is an attempt of the same record: a fence in the write
+	// service's database tells the records of a key apart by CreatedAt.
+	if !c.CreatedAt.Equal(old.CreatedAt) || c.CreatedAt.IsZero() || c.ExpiresAt.Before(old.ExpiresAt) {
+		t.Fatalf("takeover = %+v, want the record's creation and retention of the first claim %+v", c, old)
+	}
 	s := e.scope("k")
 	_, err = e.ledger.Extend(t.Context(), s, old.Token, 0)
 	want(t, err, errcode.LeaseLost)
@@ -182,6 +187,24 @@ func ruleAbsentKeyIsLeaseLost(t *testing.T, suite Suite) {
 	want(t, err, errcode.NotFound)
 }
 
+// ruleClaimNamesItsRecord: a claim says when its record was created and
+// until when it is kept; a claim of the key after its record was released
+// names a new record.
+func ruleClaimNamesItsRecord(t *testing.T, suite Suite) {
+	e := newEnv(t, suite, ledger.Config{})
+	c := e.mustClaim("k", "p")
+	if !c.CreatedAt.Equal(e.clock.Now()) || !c.ExpiresAt.Equal(e.clock.Now().Add(ledger.DefaultRetention)) {
+		t.Fatalf("claim = %+v, want created now and kept for the default retention", c)
+	}
+	if err := e.ledger.Release(t.Context(), e.scope("k"), c.Token); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Millisecond)
+	if next := e.mustClaim("k", "p"); !next.CreatedAt.Equal(e.clock.Now()) || next.Token <= c.Token {
+		t.Fatalf("claim after release = %+v, want a new record created now, with a token above %d", next, c.Token)
+	}
+}
+
 func ruleRelease(t *testing.T, suite Suite) {
 	e := newEnv(t, suite, ledger.Config{})
 	s := e.scope("k")
@@ -202,6 +225,7 @@ func ruleRelease(t *testing.T, suite Suite) {
 	if next.Token <= c.Token || next.Attempt != 1 {
 		t.Fatalf("claim after release = %+v, want a token above %d and attempt 1", next, c.Token)
 	}
+
 	want(t, e.ledger.Release(t.Context(), s, c.Token), errcode.LeaseLost)
 	_, err = e.ledger.Complete(t.Context(), s, c.Token, Response("x"))
 	want(t, err, errcode.LeaseLost)

@@ -934,8 +934,19 @@ type Claim struct {
 	Attempt uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// lease_expires_at is when another attempt may take the scope over.
 	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// namespace is the namespace of the scope: the caller's.
+	Namespace string `protobuf:"bytes,4,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// created_at is when the record was created. Takeovers keep it; a key
+	// claimed again after its record was released or forgotten starts a new
+	// record with a later one. With the scope it names the record, and
+	// (created_at, token) orders every attempt the key has had: a fence in
+	// the write service's database compares them.
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// expires_at is the end of the record's retention as the claim leaves
+	// it: a lease extended past it moves it on.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Claim) Reset() {
@@ -985,6 +996,27 @@ func (x *Claim) GetAttempt() uint32 {
 func (x *Claim) GetLeaseExpiresAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+func (x *Claim) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Claim) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Claim) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
 	}
 	return nil
 }
@@ -2056,11 +2088,16 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\rBeginResponse\x12,\n" +
 	"\x05claim\x18\x01 \x01(\v2\x14.idemledger.v1.ClaimH\x00R\x05claim\x12/\n" +
 	"\x06replay\x18\x02 \x01(\v2\x15.idemledger.v1.ReplayH\x00R\x06replayB\b\n" +
-	"\x06result\"}\n" +
+	"\x06result\"\x91\x02\n" +
 	"\x05Claim\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x04R\x05token\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12D\n" +
-	"\x10lease_expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\x93\x01\n" +
+	"\x10lease_expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12\x1c\n" +
+	"\tnamespace\x18\x04 \x01(\tR\tnamespace\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x93\x01\n" +
 	"\x06Replay\x120\n" +
 	"\aoutcome\x18\x01 \x01(\v2\x16.idemledger.v1.OutcomeR\aoutcome\x12=\n" +
 	"\fcompleted_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12\x18\n" +
@@ -2220,48 +2257,50 @@ var file_idemledger_v1_ledger_proto_depIdxs = []int32{
 	9,  // 23: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
 	10, // 24: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
 	28, // 25: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
-	11, // 26: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
-	28, // 27: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
-	27, // 28: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
-	12, // 29: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
-	27, // 30: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
-	11, // 31: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
-	28, // 32: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	28, // 33: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 34: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
-	28, // 35: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 36: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
-	21, // 37: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
-	0,  // 38: idemledger.v1.Record.state:type_name -> idemledger.v1.State
-	28, // 39: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
-	28, // 40: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	28, // 41: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	28, // 42: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 43: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
-	1,  // 44: idemledger.v1.Record.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
-	28, // 45: idemledger.v1.Record.forget_at:type_name -> google.protobuf.Timestamp
-	11, // 46: idemledger.v1.ResolveRequest.applied:type_name -> idemledger.v1.Outcome
-	23, // 47: idemledger.v1.ResolveRequest.not_applied:type_name -> idemledger.v1.NotApplied
-	21, // 48: idemledger.v1.ResolveResponse.record:type_name -> idemledger.v1.Record
-	7,  // 49: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
-	13, // 50: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
-	15, // 51: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
-	17, // 52: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
-	19, // 53: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
-	22, // 54: idemledger.v1.LedgerService.Resolve:input_type -> idemledger.v1.ResolveRequest
-	2,  // 55: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
-	8,  // 56: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
-	14, // 57: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
-	16, // 58: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
-	18, // 59: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
-	20, // 60: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
-	24, // 61: idemledger.v1.LedgerService.Resolve:output_type -> idemledger.v1.ResolveResponse
-	4,  // 62: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
-	56, // [56:63] is the sub-list for method output_type
-	49, // [49:56] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	28, // 26: idemledger.v1.Claim.created_at:type_name -> google.protobuf.Timestamp
+	28, // 27: idemledger.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 28: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
+	28, // 29: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
+	27, // 30: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
+	12, // 31: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
+	27, // 32: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
+	11, // 33: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
+	28, // 34: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 35: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 36: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
+	28, // 37: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	26, // 38: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
+	21, // 39: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
+	0,  // 40: idemledger.v1.Record.state:type_name -> idemledger.v1.State
+	28, // 41: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
+	28, // 42: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 43: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 44: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 45: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
+	1,  // 46: idemledger.v1.Record.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
+	28, // 47: idemledger.v1.Record.forget_at:type_name -> google.protobuf.Timestamp
+	11, // 48: idemledger.v1.ResolveRequest.applied:type_name -> idemledger.v1.Outcome
+	23, // 49: idemledger.v1.ResolveRequest.not_applied:type_name -> idemledger.v1.NotApplied
+	21, // 50: idemledger.v1.ResolveResponse.record:type_name -> idemledger.v1.Record
+	7,  // 51: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
+	13, // 52: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
+	15, // 53: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
+	17, // 54: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
+	19, // 55: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
+	22, // 56: idemledger.v1.LedgerService.Resolve:input_type -> idemledger.v1.ResolveRequest
+	2,  // 57: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
+	8,  // 58: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
+	14, // 59: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
+	16, // 60: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
+	18, // 61: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
+	20, // 62: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
+	24, // 63: idemledger.v1.LedgerService.Resolve:output_type -> idemledger.v1.ResolveResponse
+	4,  // 64: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
+	58, // [58:65] is the sub-list for method output_type
+	51, // [51:58] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_idemledger_v1_ledger_proto_init() }
