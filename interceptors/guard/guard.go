@@ -15,10 +15,15 @@
 //   - a duplicate of an attempt still running waits for its outcome
 //     (Wait) or is refused IN_PROGRESS at once (Reject);
 //   - on a takeover (attempt > 1) the policy's reconcile function, if any,
-//     says whether the earlier attempt's write landed;
+//     says whether the earlier attempt's write landed, or its fence (the
+//     row a fenced run writes in its write's transaction, module
+//     interceptors/fence) says whether an earlier attempt committed, and
+//     keeps any earlier attempt from committing after it;
 //   - a claim runs the function with the claim in its context
 //     (ClaimFromContext), the lease extended every half lease, and the
 //     context canceled if another attempt takes the key over;
+//   - a fenced run is completed with the outcome its fence holds, and one
+//     that failed after it wrote its fence is settled from the fence;
 //   - the outcome is completed (stored and replayed to every retry) or,
 //     when it is transient, released (the retry runs afresh); a panic
 //     leaves the lease to run out. Complete and Release run detached from
@@ -89,6 +94,11 @@ type Call struct {
 	// whether the earlier attempt's write landed: the adapter wraps the
 	// write service's typed reconcile function in it.
 	Reconcile ReconcileFunc
+	// Encode turns the result a fenced run hands its fence (what its
+	// handler returns: a gRPC response message, an HTTP response, an MCP
+	// tool result) into the outcome the adapter stores for it; nil for
+	// callers of Do, whose runs hand it an Outcome.
+	Encode func(result any) (Outcome, error)
 }
 
 // ReconcileFunc asks the write service whether an earlier attempt of the
@@ -128,6 +138,10 @@ type Result struct {
 	Replayed bool
 	// Protected says the call went through the ledger (it had a key).
 	Protected bool
+	// Fenced says the outcome is the one the run's fence holds: the
+	// adapter answers the call from it, as from a replay, rather than
+	// from its handler's own result.
+	Fenced bool
 }
 
 // Option configures a Guard.
@@ -263,7 +277,7 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 				Tenant: call.Tenant, Key: call.Key, Method: call.Method,
 				Token: r.Claim.GetToken(), Attempt: r.Claim.GetAttempt(), LeaseExpiresAt: r.Claim.GetLeaseExpiresAt().AsTime(),
 			}
-			return g.run(ctx, call, c, run)
+			return g.run(ctx, call, c, r.Claim, run)
 		}
 		return Result{}, errcode.Errorf(errcode.Internal, "the ledger's answer to Begin is neither a claim nor a replay")
 	}
@@ -274,6 +288,9 @@ func (call Call) begin() (*ledgerv1.BeginRequest, error) {
 	p := call.Policy
 	if err := p.check(); err != nil {
 		return nil, errcode.Wrap(errcode.Internal, err, "internal error")
+	}
+	if p.Fence != nil && call.Reconcile != nil {
+		return nil, errcode.Errorf(errcode.Internal, "internal error: a fenced method takes no reconcile function, its fence says whether an earlier attempt committed")
 	}
 	req := &ledgerv1.BeginRequest{
 		Tenant:      call.Tenant,
@@ -364,13 +381,17 @@ func optionalDuration(d time.Duration) *durationpb.Duration {
 }
 
 // Transient reports whether a handler's Go error means it applied nothing
-// and a retry should run afresh: a typed error's retryable flag; a gRPC
+// and a retry should run afresh: a typed error's retryable flag (an
+// *errcode.Error it wraps, or a status that carries one); a gRPC
 // status of UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED
 // or CANCELED; a context's cancellation or deadline. Every other error is
 // permanent: stored and replayed.
 func Transient(err error) bool {
 	if err == nil {
 		return false
+	}
+	if le := (*errcode.Error)(nil); errors.As(err, &le) {
+		return le.Retryable()
 	}
 	if ledgerstatus.IsTyped(err) {
 		return ledgerstatus.FromError(err).Retryable()

@@ -3,6 +3,8 @@ package guard
 import (
 	"fmt"
 	"time"
+
+	"github.com/idemledger/idemledger/internal/fencing"
 )
 
 // InProgress is what a duplicate gets while the first attempt runs.
@@ -89,6 +91,13 @@ type Policy struct {
 	// someone resolves it). It is stored with the record at its first
 	// claim.
 	OnLeaseExpiry LeaseExpiry
+	// Fence, when set, is the fence table in the database the method's
+	// write lands in: fence.New(db) for database/sql, fencepgx.New(pool)
+	// for pgx (module interceptors/fence). The run writes the fence in
+	// its write's transaction, and no crash leaves a second effect or an
+	// unknown outcome. A fenced method takes Takeover and no reconcile
+	// function.
+	Fence fencing.Table
 }
 
 // Check reports a policy that cannot be used.
@@ -104,6 +113,8 @@ func (p Policy) check() error {
 		return fmt.Errorf("guard: unknown lease-expiry policy %s", p.OnLeaseExpiry)
 	case p.NoTombstones && p.TombstoneRetention > 0:
 		return fmt.Errorf("guard: a tombstone retention with tombstones off")
+	case p.Fence != nil && p.OnLeaseExpiry == Hold:
+		return fmt.Errorf("guard: a fenced method needs no HOLD: its fence makes a takeover exact")
 	}
 	return nil
 }

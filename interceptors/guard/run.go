@@ -14,6 +14,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/backoff"
+	"github.com/idemledger/idemledger/internal/fencing"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -83,10 +84,15 @@ func ClaimFromContext(ctx context.Context) (Claim, bool) {
 // run runs the call under claim c and records its outcome. The run
 // outlives its caller: its context keeps the caller's values but not its
 // cancellation, and ends at the policy's run timeout.
-func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Result, error) {
+func (g *Guard) run(ctx context.Context, call Call, c Claim, claim *ledgerv1.Claim, run RunFunc) (Result, error) {
 	trace.SpanFromContext(ctx).SetAttributes(ledger.AttrAttempt.Int64(int64(c.Attempt)))
 	bounded, stopTimer := context.WithTimeoutCause(context.WithoutCancel(ctx), call.Policy.runTimeout(), errRunTimedOut)
 	defer stopTimer()
+	var fenced *fencing.Run
+	if call.Policy.Fence != nil {
+		fenced = g.fencedRun(call, c, claim)
+		bounded = fencing.NewContext(bounded, fenced)
+	}
 	rctx, cancel := context.WithCancelCause(context.WithValue(bounded, claimKey{}, c))
 	defer cancel(nil)
 	stop := g.keepAlive(ctx, cancel, call.Policy, c)
@@ -107,6 +113,13 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 			return res, err
 		}
 	}
+	if c.Attempt > 1 && fenced != nil {
+		res, done, err := g.reserveFence(rctx, ctx, call, c, fenced)
+		if done {
+			panicked = false
+			return res, err
+		}
+	}
 	out, err := run(rctx)
 	panicked = false
 	stop()
@@ -114,6 +127,12 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, run RunFunc) (Resul
 		// Ended by the run timeout: whatever it answered, nobody knows
 		// whether its write happened.
 		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, errRunTimedOut)
+	}
+	if fenced != nil {
+		var res *Result
+		if res, out, err = g.fenced(ctx, call, c, fenced, out, err); res != nil {
+			return *res, err
+		}
 	}
 	if errors.Is(err, ErrOutcomeUnknown) {
 		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)

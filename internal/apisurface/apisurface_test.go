@@ -26,9 +26,10 @@ const module = "github.com/idemledger/idemledger"
 // SEP-3182's capability, Handler and Transport. 158: part 4 added a
 // tool's host call ids, a call's key source, the reason a run gives for
 // an unknown outcome, and mcpguard's ServeJSON for a guard outside the
-// server's process.)
+// server's process. 161: the fence added a policy's fence table, a
+// call's encoding of what a run hands its fence, and a result's Fenced.)
 const (
-	maxImported = 158
+	maxImported = 161
 	maxLearned  = 60
 )
 

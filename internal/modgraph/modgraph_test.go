@@ -136,7 +136,7 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 
 // floorModules are the modules a write service imports, whose requirements
 // are floors: the lowest versions they build and pass their tests with.
-var floorModules = []string{".", "interceptors/mcpguard", "interceptors/connectguard"}
+var floorModules = []string{".", "interceptors/mcpguard", "interceptors/connectguard", "interceptors/fence"}
 
 // TestReadmeGivesTheFloors: the README's dependency table gives a floor
 // for exactly the direct requirements of the floor modules, at the
