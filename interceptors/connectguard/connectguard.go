@@ -207,10 +207,24 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 			Skip: i.skip, Resolve: fingerprint.Related(msg.ProtoReflect().Descriptor().ParentFile()),
 		})
 	}
+	call.Encode = func(result any) (guard.Outcome, error) {
+		switch r := result.(type) {
+		case error:
+			return outcome(nil, typed(r))
+		case connect.AnyResponse:
+			result = r.Any()
+		}
+		msg, ok := result.(proto.Message)
+		if !ok || msg.ProtoReflect().Descriptor().FullName() != p.output {
+			return guard.Outcome{}, fmt.Errorf("connectguard: a fence of %s holds a %s, not a %T", procedureName, p.output, result)
+		}
+		return protoutcome.Response(msg)
+	}
 	var resp connect.AnyResponse
 	var herr error
 	res, err := i.guard.Do(ctx, call, func(ctx context.Context) (guard.Outcome, error) {
 		resp, herr = next(ctx, req)
+		herr = typed(herr)
 		if _, protected := guard.ClaimFromContext(ctx); !protected {
 			return guard.Outcome{}, nil // nothing to store
 		}
@@ -219,8 +233,8 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 	switch {
 	case err != nil:
 		return nil, connectError(err)
-	case res.Replayed:
-		return i.replay(ctx, p, res.Outcome)
+	case res.Replayed, res.Fenced:
+		return i.answer(ctx, p, res.Outcome, res.Replayed)
 	}
 	return resp, herr
 }
@@ -241,11 +255,14 @@ func (i *Interceptor) key(req connect.AnyRequest, msg proto.Message) (key, sourc
 	return key, source, err
 }
 
-// replay answers a stored outcome as the procedure's response or error.
-func (i *Interceptor) replay(ctx context.Context, p procedure, out guard.Outcome) (connect.AnyResponse, error) {
+// answer answers a stored outcome (a replay's, a fenced run's) as the
+// procedure's response or error.
+func (i *Interceptor) answer(ctx context.Context, p procedure, out guard.Outcome, replayed bool) (connect.AnyResponse, error) {
 	if out.Response == nil {
 		ce := statusError(out.Status)
-		ce.Meta().Set(ReplayedHeader, "true")
+		if replayed {
+			ce.Meta().Set(ReplayedHeader, "true")
+		}
 		return nil, ce
 	}
 	if got := out.Response.GetTypeUrl(); got[strings.LastIndexByte(got, '/')+1:] != string(p.output) {
@@ -257,7 +274,9 @@ func (i *Interceptor) replay(ctx context.Context, p procedure, out guard.Outcome
 		i.guard.Logger().ErrorContext(ctx, "stored response does not parse", "error", err)
 		return nil, connectError(errcode.Errorf(errcode.Internal, "internal error"))
 	}
-	resp.Header().Set(ReplayedHeader, "true")
+	if replayed {
+		resp.Header().Set(ReplayedHeader, "true")
+	}
 	return resp, nil
 }
 
@@ -304,6 +323,19 @@ func toStatus(err error) *status.Status {
 
 // connectError is a ledger or guard error as a Connect error, with the
 // same details as its gRPC status, and Retry-After when retryable.
+// typed is a handler's error as Connect sends it: a typed error it wraps
+// (a fence's, the guard's), not a Connect error itself, as a Connect error
+// with the taxonomy's details.
+func typed(err error) error {
+	if ce := (*connect.Error)(nil); err == nil || errors.As(err, &ce) || errors.Is(err, guard.ErrOutcomeUnknown) {
+		return err
+	}
+	if le := (*errcode.Error)(nil); errors.As(err, &le) {
+		return connectError(le)
+	}
+	return err
+}
+
 func connectError(err error) *connect.Error {
 	le := errcode.As(err)
 	ce := statusError(ledgerstatus.Encode(le))

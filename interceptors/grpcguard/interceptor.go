@@ -145,6 +145,15 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 			return &out, err
 		}
 	}
+	call.Encode = func(result any) (guard.Outcome, error) {
+		if err, ok := result.(error); ok {
+			return outcome(nil, typed(err))
+		}
+		if msg, ok := result.(proto.Message); ok && msg.ProtoReflect().Descriptor().FullName() != m.output.Descriptor().FullName() {
+			return guard.Outcome{}, fmt.Errorf("grpcguard: a fence of %s holds a %s, not a %s", info.FullMethod, m.output.Descriptor().FullName(), msg.ProtoReflect().Descriptor().FullName())
+		}
+		return outcome(result, nil)
+	}
 	var resp any
 	var herr error
 	res, err := i.guard.Do(ctx, call, func(ctx context.Context) (guard.Outcome, error) {
@@ -159,7 +168,10 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case err != nil:
 		return nil, i.fail(ctx, err)
 	case res.Replayed:
-		return i.replay(ctx, m, res.Outcome)
+		_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
+		return i.answer(ctx, m, res.Outcome)
+	case res.Fenced:
+		return i.answer(ctx, m, res.Outcome) // the outcome its fence holds
 	}
 	return resp, herr
 }
@@ -197,9 +209,9 @@ func (i *interceptor) fail(ctx context.Context, err error) error {
 	return ledgerstatus.Err(le)
 }
 
-// replay returns the stored outcome as the method's response or error.
-func (i *interceptor) replay(ctx context.Context, m *method, out guard.Outcome) (any, error) {
-	_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true"))
+// answer returns a stored outcome (a replay's, a fenced run's) as the
+// method's response or error.
+func (i *interceptor) answer(ctx context.Context, m *method, out guard.Outcome) (any, error) {
 	if out.Response == nil {
 		err := out.Status.Err()
 		ledgerstatus.SetPushback(ctx, ledgerstatus.FromError(err))

@@ -343,6 +343,15 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			return &out, err
 		}
 	}
+	c.Encode = func(result any) (guard.Outcome, error) {
+		switch res := result.(type) {
+		case *Response:
+			return encode(rt, res)
+		case Response:
+			return encode(rt, &res)
+		}
+		return guard.Outcome{}, fmt.Errorf("httpguard: a fence holds a *httpguard.Response, not a %T", result)
+	}
 	var live *recorder
 	res, err := g.guard.Do(r.Context(), c, func(ctx context.Context) (guard.Outcome, error) {
 		if _, protected := guard.ClaimFromContext(ctx); !protected {
@@ -370,10 +379,12 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 	case err != nil:
 		rt.fail(w, err)
 	case !res.Protected:
+	case res.Fenced:
+		rt.answer(w, res.Outcome, false) // the outcome its fence holds
 	case !res.Replayed && live != nil && !live.overflow:
 		live.writeTo(w) // the first answer, every header of it
 	default:
-		rt.replay(w, res.Outcome)
+		rt.answer(w, res.Outcome, true)
 	}
 }
 
@@ -494,8 +505,8 @@ func encode(rt *route, res *Response) (guard.Outcome, error) {
 	return guard.Outcome{Response: anyOf(b)}, nil
 }
 
-// replay writes a stored outcome.
-func (rt *route) replay(w http.ResponseWriter, out guard.Outcome) {
+// answer writes a stored outcome: a replay's, or a fenced run's.
+func (rt *route) answer(w http.ResponseWriter, out guard.Outcome, replayed bool) {
 	if out.Response == nil || out.Response.GetTypeUrl() != responseTypeURL {
 		rt.fail(w, storedError(out))
 		return
@@ -508,9 +519,13 @@ func (rt *route) replay(w http.ResponseWriter, out guard.Outcome) {
 	for k, v := range res.Header {
 		w.Header()[k] = v
 	}
-	w.Header().Set(ReplayedHeader, "true")
+	if replayed {
+		w.Header().Set(ReplayedHeader, "true")
+	}
 	if rt.Stripe {
-		w.Header().Set(stripeReplayedHeader, "true")
+		if replayed {
+			w.Header().Set(stripeReplayedHeader, "true")
+		}
 		w.Header().Set(stripeShouldRetryHeader, "false") // a retry gets this same answer
 	}
 	w.WriteHeader(res.Status)

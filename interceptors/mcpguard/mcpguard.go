@@ -317,7 +317,15 @@ func complete(r *mcp.CallToolResult) *mcp.CallToolResult {
 // errorResult.
 func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (guard.Call, error) {
 	method := MethodPrefix + req.Params.Name
-	c := guard.Call{Method: method, Policy: t.Policy}
+	c := guard.Call{Method: method, Policy: t.Policy, Encode: func(result any) (guard.Outcome, error) {
+		switch r := result.(type) {
+		case *mcp.CallToolResult:
+			return outcome(t, r, nil)
+		case json.RawMessage: // a result as ServeJSON's run returns it
+			return jsonOutcome(t, r, nil)
+		}
+		return guard.Outcome{}, fmt.Errorf("mcpguard: a fence of %s holds a *mcp.CallToolResult, not a %T", method, result)
+	}}
 	key, source, err := callKey(t, req)
 	if err != nil {
 		return c, err
