@@ -6,11 +6,20 @@ require (
 	github.com/google/jsonschema-go v0.4.3
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
+	github.com/idemledger/idemledger/interceptors/fence v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/interceptors/mcpguard v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.5.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/stripe/stripe-go/v82 v82.5.1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20221227161230-091c0ba34f0a // indirect
+	github.com/jackc/puddle/v2 v2.2.1 // indirect
+	golang.org/x/crypto v0.57.0 // indirect
 )
 
 require (
@@ -42,3 +51,5 @@ require (
 replace github.com/idemledger/idemledger/interceptors/mcpguard => ../interceptors/mcpguard
 
 replace github.com/idemledger/idemledger => ..
+
+replace github.com/idemledger/idemledger/interceptors/fence => ../interceptors/fence

@@ -52,6 +52,7 @@ require (
 	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/idemledger/idemledger/interceptors/fence v0.0.0-00010101000000-000000000000 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -95,3 +96,5 @@ replace github.com/idemledger/idemledger/examples => ../examples
 replace github.com/idemledger/idemledger/interceptors/mcpguard => ../interceptors/mcpguard
 
 replace github.com/idemledger/idemledger/ledger/pebble => ../ledger/pebble
+
+replace github.com/idemledger/idemledger/interceptors/fence => ../interceptors/fence

@@ -1,6 +1,6 @@
 // Package httpinvoice is the example HTTP invoice API: POST /v1/invoices
 // and GET /v1/invoices/{id} over an invoice table of its own
-// (invoicedb.Store), with POST made idempotent by the ledger's HTTP
+// (invoicedb.DB), with POST made idempotent by the ledger's HTTP
 // middleware (package httpguard) as draft-ietf-httpapi-idempotency-key-header
 // describes. A takeover is reconciled by looking for the earlier attempt's
 // row by key.
@@ -29,7 +29,7 @@ type CreateRequest struct {
 
 // API is the invoice API.
 type API struct {
-	Store  *invoicedb.Store
+	Store  invoicedb.DB
 	Tenant httpguard.TenantFunc
 	// Lease is POST's lease; 0 means 10 s.
 	Lease time.Duration
@@ -46,9 +46,17 @@ func (a *API) Guard(g *guard.Guard, opts ...httpguard.Option) (*httpguard.Guard,
 	if lease <= 0 {
 		lease = 10 * time.Second
 	}
+	// On Postgres the invoice is fenced, and a takeover finds an earlier
+	// attempt's commit in the fence; on a File, it is reconciled by key.
+	route := httpguard.Route{Policy: guard.Policy{Lease: lease}}
+	if f := a.Store.Fence(); f != nil {
+		route.Policy.Fence = f
+	} else {
+		route.Reconcile = a.reconcile
+	}
 	return httpguard.New(g, append([]httpguard.Option{
 		httpguard.WithTenant(a.Tenant),
-		httpguard.WithRoute(CreateRoute, httpguard.Route{Policy: guard.Policy{Lease: lease}, Reconcile: a.reconcile}),
+		httpguard.WithRoute(CreateRoute, route),
 	}, opts...)...)
 }
 
@@ -77,12 +85,12 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	inv, err := a.Store.Insert(c.Tenant, c.Key, c.Token, func(n int64) invoicedb.Invoice {
+	inv, err := a.Store.Insert(r.Context(), c.Tenant, c.Key, c.Token, func(n int64) invoicedb.Invoice {
 		return invoicedb.Invoice{
 			ID: fmt.Sprintf("inv_%s_%06d", c.Tenant, n), Number: n, Customer: req.Customer,
 			Currency: req.Currency, AmountCents: req.AmountCents, CreatedAt: time.Now().UTC(),
 		}
-	})
+	}, func(inv invoicedb.Invoice) any { return Created(inv) })
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the invoice table is unavailable"})
 		return
@@ -115,10 +123,11 @@ func (a *API) reconcile(r *http.Request) (*httpguard.Response, error) {
 	if !ok {
 		return nil, fmt.Errorf("reconcile runs behind the guard")
 	}
-	if inv, ok := a.Store.FindByKey(c.Tenant, c.Key); ok {
-		return Created(inv), nil
+	inv, ok, err := a.Store.FindByKey(r.Context(), c.Tenant, c.Key)
+	if !ok || err != nil {
+		return nil, err
 	}
-	return nil, nil
+	return Created(inv), nil
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) {
@@ -127,7 +136,11 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	inv, ok := a.Store.Get(tenant, r.PathValue("id"))
+	inv, ok, err := a.Store.Get(r.Context(), tenant, r.PathValue("id"))
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the invoice table is unavailable"})
+		return
+	}
 	if !ok {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such invoice"})
 		return

@@ -16,12 +16,15 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 // serve starts the API on loopback against a LedgerService on the
-// memory store.
+// memory store, its invoices in a PostgreSQL database of the test's own.
 func serve(t *testing.T, api *httpinvoice.API) string {
 	t.Helper()
 	url, _ := serveClocked(t, api)
@@ -34,10 +37,11 @@ func serve(t *testing.T, api *httpinvoice.API) string {
 func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock) {
 	t.Helper()
 	clock := ledgertest.NewClock(time.Now())
-	store, err := invoicedb.OpenStore("")
+	store, err := invoicedb.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = store.Close() })
 	api.Store, api.Tenant = store, httpguard.TenantFromHeader("X-Tenant")
 	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("invoices", clock.Now))).Dial(t)))
 	if err != nil {
@@ -90,7 +94,14 @@ func mustCreate(t *testing.T, url, key, body string) answer {
 
 const invoice = `{"customer":"cus_1","currency":"EUR","amount_cents":4200}`
 
-func rows(t *testing.T, api *httpinvoice.API) int { t.Helper(); return len(api.Store.Rows()) }
+func rows(t *testing.T, api *httpinvoice.API) int {
+	t.Helper()
+	rows, err := api.Store.Rows(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(rows)
+}
 
 // The scenarios of draft-ietf-httpapi-idempotency-key-header, driven with
 // plain net/http clients.
@@ -183,7 +194,10 @@ func TestDraftScenarios(t *testing.T) {
 		}
 		clock.Advance(300 * time.Millisecond) // its lease runs out
 		a := mustCreate(t, url, "k-1", invoice)
-		got := api.Store.Rows()
+		got, err := api.Store.Rows(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
 		if a.status != http.StatusCreated || len(got) != 1 || !strings.Contains(a.body, got[0].Invoice.ID) || a.header.Get("Idempotency-Replayed") != "true" {
 			t.Fatalf("after the crash: %+v, rows %+v; want the first write, reconciled", a, got)
 		}

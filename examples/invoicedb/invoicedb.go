@@ -1,17 +1,47 @@
 // Package invoicedb is the examples' own invoice database: an append-only
 // table of invoice rows with no unique constraint on the idempotency key,
 // so that a write the guard failed to deduplicate shows as a second row.
+// Postgres is the database a service runs on: each invoice is written in
+// one transaction with its key's fence (module interceptors/fence), and
+// a crash at any moment leaves neither a second invoice nor an unknown
+// outcome. File keeps the rows in a file or in memory, for the tests and
+// demos that have no database; a method on it reconciles a takeover by
+// the key instead (FindByKey).
 package invoicedb
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"sync"
 	"time"
+
+	"github.com/idemledger/idemledger/interceptors/fence/fencepgx"
 )
+
+// DB is an invoice database: Postgres or File.
+type DB interface {
+	// Insert writes a new invoice of the tenant's key, numbered after the
+	// tenant's last, and returns it once it is durable. On Postgres the
+	// same transaction writes the fence of the guarded run ctx belongs
+	// to, holding answer(invoice): what the handler returns for it.
+	Insert(ctx context.Context, tenant, key string, token uint64, build func(number int64) Invoice, answer func(Invoice) any) (Invoice, error)
+	// FindByKey returns the first invoice a tenant's key wrote.
+	FindByKey(ctx context.Context, tenant, key string) (Invoice, bool, error)
+	// Get returns a tenant's invoice by id.
+	Get(ctx context.Context, tenant, id string) (Invoice, bool, error)
+	// List returns a tenant's invoices in the order they were written.
+	List(ctx context.Context, tenant string) ([]Invoice, error)
+	// Rows returns every row.
+	Rows(ctx context.Context) ([]Row, error)
+	// Fence is the fence table for guard.Policy.Fence; nil for File,
+	// which has none.
+	Fence() *fencepgx.Table
+	Close() error
+}
 
 // Invoice is an invoice as the tools show it.
 type Invoice struct {
@@ -32,21 +62,20 @@ type Row struct {
 	Invoice Invoice `json:"invoice"`
 }
 
-// Store is the tool server's own database: an append-only table of invoice
-// rows, in a file (one JSON row a line, fsynced) or in memory. It has no
-// unique constraint on the idempotency key: a write the guard failed to
-// deduplicate shows as a second row for one key. It is safe for concurrent
-// use.
-type Store struct {
+// File is an invoice database in a file (one JSON row a line, fsynced)
+// or in memory. It is safe for concurrent use.
+type File struct {
 	mu   sync.Mutex
 	f    *os.File // nil in memory
 	rows []Row
 }
 
-// OpenStore opens the store in the file at path, creating it, or an
-// empty store in memory when path is "".
-func OpenStore(path string) (*Store, error) {
-	s := &Store{}
+var _ DB = (*File)(nil)
+
+// OpenFile opens the database in the file at path, creating it, or an
+// empty one in memory when path is "".
+func OpenFile(path string) (*File, error) {
+	s := &File{}
 	if path == "" {
 		return s, nil
 	}
@@ -83,16 +112,15 @@ func OpenStore(path string) (*Store, error) {
 }
 
 // Close closes the file.
-func (s *Store) Close() error {
+func (s *File) Close() error {
 	if s.f == nil {
 		return nil
 	}
 	return s.f.Close()
 }
 
-// Insert writes a new invoice for the tenant, numbered after the tenant's
-// last, and returns it once it is durable.
-func (s *Store) Insert(tenant, key string, token uint64, build func(number int64) Invoice) (Invoice, error) {
+// Insert implements DB; File has no fence, and ignores answer.
+func (s *File) Insert(_ context.Context, tenant, key string, token uint64, build func(number int64) Invoice, _ func(Invoice) any) (Invoice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n int64
@@ -118,32 +146,32 @@ func (s *Store) Insert(tenant, key string, token uint64, build func(number int64
 	return row.Invoice, nil
 }
 
-// FindByKey returns the first invoice a tenant's key wrote.
-func (s *Store) FindByKey(tenant, key string) (Invoice, bool) {
+// FindByKey implements DB.
+func (s *File) FindByKey(_ context.Context, tenant, key string) (Invoice, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range s.rows {
 		if r.Tenant == tenant && r.Key == key {
-			return r.Invoice, true
+			return r.Invoice, true, nil
 		}
 	}
-	return Invoice{}, false
+	return Invoice{}, false, nil
 }
 
-// Get returns a tenant's invoice by id.
-func (s *Store) Get(tenant, id string) (Invoice, bool) {
+// Get implements DB.
+func (s *File) Get(_ context.Context, tenant, id string) (Invoice, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range s.rows {
 		if r.Tenant == tenant && r.Invoice.ID == id {
-			return r.Invoice, true
+			return r.Invoice, true, nil
 		}
 	}
-	return Invoice{}, false
+	return Invoice{}, false, nil
 }
 
-// List returns a tenant's invoices in the order they were written.
-func (s *Store) List(tenant string) []Invoice {
+// List implements DB.
+func (s *File) List(_ context.Context, tenant string) ([]Invoice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Invoice
@@ -152,12 +180,15 @@ func (s *Store) List(tenant string) []Invoice {
 			out = append(out, r.Invoice)
 		}
 	}
-	return out
+	return out, nil
 }
 
-// Rows returns a copy of every row.
-func (s *Store) Rows() []Row {
+// Rows implements DB.
+func (s *File) Rows(context.Context) ([]Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]Row(nil), s.rows...)
+	return append([]Row(nil), s.rows...), nil
 }
+
+// Fence implements DB: File has none.
+func (s *File) Fence() *fencepgx.Table { return nil }

@@ -1,6 +1,6 @@
 // Package mcpinvoice is the example MCP tool server: create_invoice,
 // get_invoice and list_invoices over an invoice table of its own
-// (invoicedb.Store), and charge, which asks the user to confirm before it
+// (invoicedb.DB), and charge, which asks the user to confirm before it
 // charges, with create_invoice and charge made idempotent by the ledger's
 // MCP adapter (package mcpguard). A takeover of create_invoice is
 // reconciled by looking for the earlier attempt's row by key, so a crash
@@ -58,7 +58,7 @@ type ListResult struct {
 
 // Tools is the tool server.
 type Tools struct {
-	Store *invoicedb.Store
+	Store invoicedb.DB
 	// Tenant finds the tenant of a call (the same function the guard
 	// uses).
 	Tenant mcpguard.TenantFunc
@@ -73,14 +73,20 @@ type Tools struct {
 }
 
 // Policy is create_invoice's protection: a duplicate waits for the first
-// attempt's answer, and a takeover is reconciled by key.
+// attempt's answer. On Postgres the invoice is fenced, and a takeover
+// finds an earlier attempt's commit in the fence; on a File, a takeover
+// is reconciled by key.
 func (t *Tools) Policy() mcpguard.Tool {
 	lease := t.Lease
 	if lease <= 0 {
 		lease = 10 * time.Second
 	}
 	tool := mcpguard.NewTool(guard.Policy{Lease: lease})
-	tool.Reconcile = t.Reconcile
+	if f := t.Store.Fence(); f != nil {
+		tool.Policy.Fence = f
+	} else {
+		tool.Reconcile = t.Reconcile
+	}
 	tool.StructuredOutput = true
 	return tool
 }
@@ -157,11 +163,14 @@ func (t *Tools) create(ctx context.Context, req *mcp.CallToolRequest, args Creat
 	if t.BeforeWrite != nil {
 		t.BeforeWrite(ctx)
 	}
-	inv, err := t.Store.Insert(c.Tenant, c.Key, c.Token, func(n int64) invoicedb.Invoice {
+	inv, err := t.Store.Insert(ctx, c.Tenant, c.Key, c.Token, func(n int64) invoicedb.Invoice {
 		return invoicedb.Invoice{
 			ID: fmt.Sprintf("inv_%s_%06d", c.Tenant, n), Number: n, Customer: args.Customer,
 			Currency: args.Currency, AmountCents: args.AmountCents, CreatedAt: time.Now().UTC(),
 		}
+	}, func(inv invoicedb.Invoice) any {
+		res, _ := Result(InvoiceResult{Invoice: inv}) // what the SDK answers for the tool's output
+		return res
 	})
 	if err != nil {
 		return nil, InvoiceResult{}, err
@@ -205,9 +214,9 @@ func (t *Tools) Reconcile(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.Cal
 	if !ok {
 		return nil, fmt.Errorf("reconcile runs behind the idempotency guard")
 	}
-	inv, ok := t.Store.FindByKey(c.Tenant, c.Key)
-	if !ok {
-		return nil, nil
+	inv, ok, err := t.Store.FindByKey(ctx, c.Tenant, c.Key)
+	if !ok || err != nil {
+		return nil, err
 	}
 	return Result(InvoiceResult{Invoice: inv})
 }
@@ -231,7 +240,10 @@ func (t *Tools) get(ctx context.Context, req *mcp.CallToolRequest, args getArgs)
 	if err != nil {
 		return nil, InvoiceResult{}, err
 	}
-	inv, ok := t.Store.Get(tenant, args.ID)
+	inv, ok, err := t.Store.Get(ctx, tenant, args.ID)
+	if err != nil {
+		return nil, InvoiceResult{}, err
+	}
 	if !ok {
 		return nil, InvoiceResult{}, fmt.Errorf("no invoice %q", args.ID)
 	}
@@ -243,5 +255,6 @@ func (t *Tools) list(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) 
 	if err != nil {
 		return nil, ListResult{}, err
 	}
-	return nil, ListResult{Invoices: t.Store.List(tenant)}, nil
+	invoices, err := t.Store.List(ctx, tenant)
+	return nil, ListResult{Invoices: invoices}, err
 }

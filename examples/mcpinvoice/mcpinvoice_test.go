@@ -1,12 +1,16 @@
 package mcpinvoice_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/examples/mcpinvoice"
@@ -14,20 +18,33 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/internal/nodetest"
+	"github.com/idemledger/idemledger/internal/pgtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 // serve starts the tool server over Streamable HTTP on loopback, against
-// a LedgerService on the memory store, and returns its endpoint.
+// a LedgerService on the memory store, its invoices in a PostgreSQL
+// database of the test's own, and returns its endpoint.
 func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 	t.Helper()
-	ledger := ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("invoices"))).Dial(t))
-	store, err := invoicedb.OpenStore(filepath.Join(t.TempDir(), "invoices.jsonl"))
+	tools := &mcpinvoice.Tools{}
+	return serveTools(t, tools, servertest.MemoryLedger("invoices")), tools
+}
+
+// serveTools serves tools, on a database of the test's own, against
+// ledger.
+func serveTools(t *testing.T, tools *mcpinvoice.Tools, ledgerService ledgerv1.LedgerServiceServer) string {
+	t.Helper()
+	ledger := ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(ledgerService)).Dial(t))
+	store, err := invoicedb.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	tools := &mcpinvoice.Tools{Store: store, Tenant: mcpguard.Tenant("acme")}
+	tools.Store, tools.Tenant = store, mcpguard.Tenant("acme")
 	gd, err := guard.New(ledger)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +59,53 @@ func serve(t *testing.T) (string, *mcpinvoice.Tools) {
 	}
 	srv := httptest.NewServer(mcpinvoice.Handler(s))
 	t.Cleanup(srv.Close)
-	return srv.URL, tools
+	return srv.URL
+}
+
+// TestAnInvoiceCommittedBeforeACrashIsReplayed: the first attempt commits
+// its invoice with its fence and then hangs before the ledger hears of it,
+// as a process that died there would; once its lease has run out, the
+// retry finds the fence, and the key is completed with that invoice:
+// replayed, not written twice.
+func TestAnInvoiceCommittedBeforeACrashIsReplayed(t *testing.T) {
+	clock := ledgertest.NewClock(time.Now())
+	hung, release := make(chan struct{}), make(chan struct{})
+	tools := &mcpinvoice.Tools{Lease: time.Minute, AfterWrite: func(ctx context.Context) {
+		if c, _ := guard.ClaimFromContext(ctx); c.Attempt == 1 {
+			close(hung)
+			<-release
+		}
+	}}
+	url := serveTools(t, tools, servertest.MemoryLedgerAt("invoices", clock.Now))
+	session, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).
+		Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: url}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer session.Close()
+	call := func() (*mcp.CallToolResult, error) {
+		return session.CallTool(t.Context(), &mcp.CallToolParams{Name: "create_invoice",
+			Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200},
+			Meta:      mcp.Meta{mcpguard.KeyMeta: "inv-1"}})
+	}
+	first := make(chan error, 1)
+	go func() { _, err := call(); first <- err }()
+	<-hung
+	clock.Advance(time.Minute + time.Second)
+	res, err := call()
+	close(release)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got mcpinvoice.InvoiceResult
+	b, _ := json.Marshal(res.StructuredContent)
+	rows := storeRows(t, tools)
+	if res.IsError || json.Unmarshal(b, &got) != nil || res.Meta[mcpguard.ReplayedMeta] != true || len(rows) != 1 || got.Invoice.ID != rows[0].Invoice.ID {
+		t.Fatalf("the retry: %+v, rows %+v; want the committed invoice replayed", res, rows)
+	}
+	if err := <-first; err != nil {
+		t.Logf("the hung attempt's caller: %v", err)
+	}
 }
 
 // node runs a script of examples/mcp-ts with the official TypeScript SDK
@@ -99,7 +162,7 @@ func TestTypeScriptClientSEP3182(t *testing.T) {
 	if out.ArgumentWins.Meta[mcpguard.ReplayedMeta] != true || out.ParamOnly.IsError || out.ParamOnly.Meta[mcpguard.ReplayedMeta] == true {
 		t.Fatalf("argument over parameter: %+v, then the parameter alone: %+v", out.ArgumentWins, out.ParamOnly)
 	}
-	if rows := tools.Store.Rows(); len(rows) != 2 {
+	if rows := storeRows(t, tools); len(rows) != 2 {
 		t.Fatalf("%d invoice rows, want 2", len(rows))
 	}
 }
@@ -130,7 +193,7 @@ func TestTypeScriptClient(t *testing.T) {
 			t.Errorf("%s: %+v, want an error result %s", name, tt.res, tt.code)
 		}
 	}
-	if rows := tools.Store.Rows(); len(rows) != 1 {
+	if rows := storeRows(t, tools); len(rows) != 1 {
 		t.Fatalf("%d invoice rows, want 1", len(rows))
 	}
 }
@@ -183,9 +246,19 @@ func TestV2Client(t *testing.T) {
 			if out.Asked != 1 {
 				t.Errorf("asked %d times to confirm the charge, want once", out.Asked)
 			}
-			if rows, charges := len(tools.Store.Rows()), len(tools.Charges()); rows != 2*(i+1) || charges != i+1 {
+			if rows, charges := len(storeRows(t, tools)), len(tools.Charges()); rows != 2*(i+1) || charges != i+1 {
 				t.Errorf("%d invoices and %d charges; want %d and %d", rows, charges, 2*(i+1), i+1)
 			}
 		})
 	}
+}
+
+// storeRows counts the invoice rows.
+func storeRows(t *testing.T, tools *mcpinvoice.Tools) []invoicedb.Row {
+	t.Helper()
+	rows, err := tools.Store.Rows(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
 }

@@ -34,8 +34,8 @@ import (
 )
 
 type config struct {
-	listen, ledger, tokenFile, data, tenant, tenantHeader string
-	stdio                                                 bool
+	listen, ledger, tokenFile, data, databaseURL, tenant, tenantHeader string
+	stdio                                                              bool
 }
 
 func main() {
@@ -44,7 +44,8 @@ func main() {
 	flag.BoolVar(&c.stdio, "stdio", false, "serve MCP on stdin and stdout instead")
 	flag.StringVar(&c.ledger, "ledger", "127.0.0.1:7070", "ledgerd's gRPC address")
 	flag.StringVar(&c.tokenFile, "ledger-token-file", "", "file holding the bearer token for ledgerd; empty for dev mode")
-	flag.StringVar(&c.data, "data", "", "the invoice table's file (JSON lines); empty keeps it in memory")
+	flag.StringVar(&c.databaseURL, "database-url", "", "the PostgreSQL or CockroachDB URL of the invoice tables: every invoice is written with its key's fence")
+	flag.StringVar(&c.data, "data", "", "without --database-url, the invoice table's file (JSON lines); empty keeps it in memory")
 	flag.StringVar(&c.tenant, "tenant", "acme", "the tenant every call acts for, without --tenant-header")
 	flag.StringVar(&c.tenantHeader, "tenant-header", "", "the HTTP header that names a call's tenant")
 	flag.Parse()
@@ -75,7 +76,7 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 	defer conn.Close()
 	ledger := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledger.Close()
-	store, err := invoicedb.OpenStore(c.data)
+	store, err := openDB(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -124,4 +125,13 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 		return err
 	}
 	return nil
+}
+
+// openDB opens the invoice database: PostgreSQL with --database-url, or
+// the file of --data.
+func openDB(ctx context.Context, c config) (invoicedb.DB, error) {
+	if c.databaseURL != "" {
+		return invoicedb.OpenPostgres(ctx, c.databaseURL)
+	}
+	return invoicedb.OpenFile(c.data)
 }
