@@ -162,13 +162,17 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 
-	store, err := invoicedb.OpenStore(data)
+	store, err := invoicedb.OpenFile(data)
 	if err != nil {
 		return rep, err
 	}
 	defer store.Close()
+	all, err := store.Rows(ctx)
+	if err != nil {
+		return rep, err
+	}
 	rows := map[string][]string{}
-	for _, r := range store.Rows() {
+	for _, r := range all {
 		rows[r.Key] = append(rows[r.Key], r.Invoice.ID)
 		rep.Invoices++
 	}
@@ -427,7 +431,7 @@ func Serve(args []string) error {
 		return err
 	}
 	defer conn.Close()
-	store, err := invoicedb.OpenStore(*data)
+	store, err := invoicedb.OpenFile(*data)
 	if err != nil {
 		return err
 	}
