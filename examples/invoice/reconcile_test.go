@@ -15,32 +15,56 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
-// TestReconcileAfterACrash: the handler writes its invoice and crashes
+// TestACrashAfterTheCommit: the handler writes its invoice and crashes
 // before the ledger hears of it. The retry takes over once the lease ran
-// out; with the service's Reconcile, the interceptor finds the row by key
-// and answers with it: one row, the handler ran once, and the store had
-// no fence. Without Reconcile (the control), the unfenced store gets a
-// second row.
-func TestReconcileAfterACrash(t *testing.T) {
-	for name, reconcile := range map[string]bool{"Reconciled": true, "NotReconciled": false} {
-		t.Run(name, func(t *testing.T) {
-			store := invoice.NewStore()
-			store.Unfenced = true
-			svc := &invoice.Service{Store: store}
+// out. On PostgreSQL with the fence, the takeover finds the fence and
+// answers with the first invoice; in memory, the service's Reconcile
+// finds the row by key. Either way: one row, the handler ran once. Without
+// either (the controls), the retry writes a second row.
+func TestACrashAfterTheCommit(t *testing.T) {
+	for _, tt := range []struct {
+		name                       string
+		postgres, fence, reconcile bool
+		rows                       int
+	}{
+		{name: "Fenced", postgres: true, fence: true, rows: 1},
+		{name: "Reconciled", reconcile: true, rows: 1},
+		{name: "NeitherOnPostgres", postgres: true, rows: 2},
+		{name: "NeitherInMemory", rows: 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}}
+			svc := &invoice.Service{}
+			if tt.postgres {
+				db, err := invoice.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(db.Close)
+				db.Unfenced = !tt.fence
+				if tt.fence {
+					policy.Policy.Fence = db.Fence()
+				}
+				svc.Store = db
+			} else {
+				store := invoice.NewStore()
+				store.Unfenced = true
+				svc.Store = store
+			}
+			if tt.reconcile {
+				policy.Reconcile = svc.Reconcile
+			}
 			var runs int
 			svc.AfterWrite = func(ctx context.Context) {
 				runs++
 				if c, _ := guard.ClaimFromContext(ctx); c.Attempt == 1 {
 					panic("the process dies after the invoice row committed")
 				}
-			}
-			policy := grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond}}
-			if reconcile {
-				policy.Reconcile = svc.Reconcile
 			}
 			clock := ledgertest.NewClock(time.Now())
 			client := invoiceClient(t, svc, policy, clock.Now)
@@ -56,18 +80,21 @@ func TestReconcileAfterACrash(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows := store.Rows()
-			if !reconcile {
-				if len(rows) != 2 || runs != 2 {
-					t.Fatalf("without Reconcile: %d rows, %d runs; want the duplicate an unfenced store suffers", len(rows), runs)
-				}
+			rows, err := svc.Store.Rows(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) != tt.rows || runs != tt.rows {
+				t.Fatalf("%d rows, %d runs; want %d", len(rows), runs, tt.rows)
+			}
+			if tt.rows == 2 {
 				return
 			}
-			if len(rows) != 1 || runs != 1 || !proto.Equal(res.GetInvoice(), rows[0].Invoice) {
-				t.Fatalf("reconciled: %d rows, %d runs, answer %v; want the first row, once", len(rows), runs, res)
+			if !proto.Equal(res.GetInvoice(), rows[0].Invoice) {
+				t.Fatalf("the retry answered %v; want the first row's invoice", res)
 			}
 			again, err := client.CreateInvoice(t.Context(), req)
-			if err != nil || !proto.Equal(again, res) || len(store.Rows()) != 1 {
+			if rows, _ := svc.Store.Rows(t.Context()); err != nil || !proto.Equal(again, res) || len(rows) != 1 {
 				t.Fatalf("the replay: %v, %v", again, err)
 			}
 		})
@@ -101,3 +128,5 @@ func invoiceClient(t *testing.T, svc *invoice.Service, policy grpcguard.Method, 
 		grpc.ChainUnaryInterceptor(recovered, icpt)).Dial(t)
 	return invoicev1.NewInvoiceServiceClient(conn)
 }
+
+func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -31,7 +31,19 @@ type Row struct {
 	Token   uint64
 }
 
-// Store is the service's own database: a table of invoice rows and a
+// DB is the service's own database: Postgres, where each invoice is
+// written with its key's fence, or the in-memory Store.
+type DB interface {
+	// Write writes the invoice of one attempt, numbered after the
+	// tenant's last, and returns it.
+	Write(ctx context.Context, c guard.Claim, build func(number int64) *invoicev1.Invoice) (*invoicev1.Invoice, error)
+	// Find returns the invoice a tenant's key wrote, if any.
+	Find(ctx context.Context, tenant, key string) (*invoicev1.Invoice, bool, error)
+	// Rows returns every row.
+	Rows(ctx context.Context) ([]Row, error)
+}
+
+// Store is the service's database in memory: a table of invoice rows and a
 // counter of invoice numbers per tenant. It has no unique constraint on the
 // idempotency key, so a write the ledger failed to deduplicate would show
 // as a second row for one key. It is safe for concurrent use.
@@ -55,7 +67,7 @@ func NewStore() *Store { return &Store{next: map[string]int64{}, byKey: map[stri
 // answer; when a later attempt (a higher token) wrote it, this attempt has
 // lost its claim and fails. This check is what the ledger's token is for:
 // it closes the window between a handler's commit and its Complete.
-func (s *Store) Write(c guard.Claim, build func(number int64) *invoicev1.Invoice) (*invoicev1.Invoice, error) {
+func (s *Store) Write(_ context.Context, c guard.Claim, build func(number int64) *invoicev1.Invoice) (*invoicev1.Invoice, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := c.Tenant + "/" + c.Key
@@ -76,27 +88,27 @@ func (s *Store) Write(c guard.Claim, build func(number int64) *invoicev1.Invoice
 
 // Find returns the invoice a tenant's key wrote, if any: the lookup that
 // reconciles an earlier attempt (Service.Reconcile).
-func (s *Store) Find(tenant, key string) (*invoicev1.Invoice, bool) {
+func (s *Store) Find(_ context.Context, tenant, key string) (*invoicev1.Invoice, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i, ok := s.byKey[tenant+"/"+key]
 	if !ok {
-		return nil, false
+		return nil, false, nil
 	}
-	return s.rows[i].Invoice, true
+	return s.rows[i].Invoice, true, nil
 }
 
 // Rows returns a copy of every row.
-func (s *Store) Rows() []Row {
+func (s *Store) Rows(context.Context) ([]Row, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]Row(nil), s.rows...)
+	return append([]Row(nil), s.rows...), nil
 }
 
 // Service is the InvoiceService.
 type Service struct {
 	invoicev1.UnimplementedInvoiceServiceServer
-	Store *Store
+	Store DB
 	// BeforeWrite and AfterWrite, when set, run around the write; the demo
 	// crashes the handler there.
 	BeforeWrite, AfterWrite func(ctx context.Context)
@@ -113,10 +125,11 @@ func (s *Service) Reconcile(ctx context.Context, _ proto.Message) (proto.Message
 	if !ok {
 		return nil, status.Error(codes.FailedPrecondition, "Reconcile runs behind the idempotency interceptor")
 	}
-	if inv, ok := s.Store.Find(c.Tenant, c.Key); ok {
-		return &invoicev1.CreateInvoiceResponse{Invoice: inv}, nil
+	inv, ok, err := s.Store.Find(ctx, c.Tenant, c.Key)
+	if !ok || err != nil {
+		return nil, err
 	}
-	return nil, nil
+	return &invoicev1.CreateInvoiceResponse{Invoice: inv}, nil
 }
 
 // CreateInvoice writes an invoice. It must run behind the idempotency
@@ -136,7 +149,7 @@ func (s *Service) CreateInvoice(ctx context.Context, req *invoicev1.CreateInvoic
 	if s.BeforeWrite != nil {
 		s.BeforeWrite(ctx)
 	}
-	inv, err := s.Store.Write(c, func(n int64) *invoicev1.Invoice {
+	inv, err := s.Store.Write(ctx, c, func(n int64) *invoicev1.Invoice {
 		return &invoicev1.Invoice{
 			Id: fmt.Sprintf("inv_%s_%06d", req.GetTenant(), n), Tenant: req.GetTenant(), Number: n,
 			CustomerId: req.GetCustomerId(), Currency: req.GetCurrency(), TotalMicros: total,

@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	final := w.pass(ctx, func(i int) [][]byte {
 		return runIntent(ctx, w.client, keys[i], i, newLocked(uint64(i)+1), time.Minute)
 	})
-	w.verdict(keys, answers, final)
+	w.verdict(ctx, keys, answers, final)
 	w.rep.Elapsed = time.Since(start)
 	return w.rep, nil
 }
@@ -444,7 +444,7 @@ func (w *world) startFaults(ctx context.Context) *sync.WaitGroup {
 
 // verdict fills the report from the answers of both passes and the
 // service's store.
-func (w *world) verdict(keys []string, answers, final [][][]byte) {
+func (w *world) verdict(ctx context.Context, keys []string, answers, final [][][]byte) {
 	rep := &w.rep
 	for i := range w.cfg.Intents {
 		if len(answers[i]) > 0 {
@@ -467,7 +467,7 @@ func (w *world) verdict(keys []string, answers, final [][][]byte) {
 		}
 	}
 	perKey := map[string]int{}
-	rows := w.store.Rows()
+	rows, _ := w.store.Rows(ctx) // in memory: no error
 	for _, row := range rows {
 		perKey[row.Key]++
 	}

@@ -254,7 +254,7 @@ func Demo(ctx context.Context, cfg DemoConfig) (DemoReport, error) {
 			rep.Mismatched++
 		}
 	}
-	rows := store.Rows()
+	rows, _ := store.Rows(ctx) // in memory: no error
 	keys := map[string]bool{}
 	for _, r := range rows {
 		keys[r.Invoice.GetTenant()+"/"+r.Key] = true

@@ -35,12 +35,13 @@ func main() {
 	listen := flag.String("listen", envOr("INVOICE_LISTEN", "127.0.0.1:8080"), "gRPC address (INVOICE_LISTEN)")
 	ledgerAddr := flag.String("ledger", envOr("INVOICE_LEDGER", "127.0.0.1:7070"), "ledgerd address (INVOICE_LEDGER)")
 	tokenFile := flag.String("ledger-token-file", os.Getenv("INVOICE_LEDGER_TOKEN_FILE"), "file holding the bearer token for ledgerd (INVOICE_LEDGER_TOKEN_FILE); empty for dev mode")
+	databaseURL := flag.String("database-url", os.Getenv("INVOICE_DATABASE_URL"), "PostgreSQL or CockroachDB URL of the invoice tables (INVOICE_DATABASE_URL): each invoice is written with its key's fence; empty keeps them in memory")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	lis, err := net.Listen("tcp", *listen)
 	if err == nil {
-		err = run(ctx, lis, *ledgerAddr, *tokenFile, log)
+		err = run(ctx, lis, *ledgerAddr, *tokenFile, *databaseURL, log)
 	}
 	stop()
 	if err != nil {
@@ -50,7 +51,7 @@ func main() {
 }
 
 // run serves on lis until ctx ends.
-func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, log *slog.Logger) error {
+func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile, databaseURL string, log *slog.Logger) error {
 	// The ledger's calls go on a Stream (ledger/ledgerclient), which
 	// carries the token.
 	var opts []ledgerclient.Option
@@ -68,18 +69,28 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile string, lo
 	defer conn.Close()
 	ledgerClient := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn), opts...)
 	defer ledgerClient.Close()
-	// A duplicate waits for the first attempt's answer; a takeover first
-	// looks for the earlier attempt's invoice row by key.
-	svc := &invoice.Service{Store: invoice.NewStore()}
+	// A duplicate waits for the first attempt's answer. On PostgreSQL each
+	// invoice is written with its key's fence, and a takeover finds an
+	// earlier attempt's commit there; in memory, a takeover looks for the
+	// earlier attempt's invoice row by key.
+	method := grpcguard.Method{Policy: guard.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour}}
+	svc := &invoice.Service{}
+	if databaseURL != "" {
+		db, err := invoice.OpenPostgres(ctx, databaseURL)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		svc.Store, method.Policy.Fence = db, db.Fence()
+	} else {
+		svc.Store, method.Reconcile = invoice.NewStore(), svc.Reconcile
+	}
 	g, err := guard.New(ledgerClient, guard.WithLogger(log))
 	if err != nil {
 		return err
 	}
 	icpt, err := grpcguard.UnaryServerInterceptor(g,
-		grpcguard.WithMethod(invoice.CreateInvoiceMethod, grpcguard.Method{
-			Policy:    guard.Policy{Lease: 30 * time.Second, Retention: 24 * time.Hour},
-			Reconcile: svc.Reconcile,
-		}),
+		grpcguard.WithMethod(invoice.CreateInvoiceMethod, method),
 		grpcguard.WithKeyField("request_id"))
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -22,9 +23,12 @@ import (
 	"github.com/idemledger/idemledger/server"
 )
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 // TestServesOverTheLedgerStream runs invoice-server against a real ledger
-// that takes bearer tokens: with the right token file a retried request
-// gets the same invoice; with a wrong one the write is refused.
+// that takes bearer tokens: with the right token file (and its invoices
+// on PostgreSQL) a retried request gets the same invoice; with a wrong
+// one (in memory) the write is refused.
 func TestServesOverTheLedgerStream(t *testing.T) {
 	tokens, err := server.ParseTokens(strings.NewReader(server.HashToken("s3cret") + " invoices *\n"))
 	if err != nil {
@@ -39,7 +43,7 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 	go func() { _ = ledgerSrv.Serve(ledgerLis) }()
 	t.Cleanup(ledgerSrv.Stop)
 
-	serve := func(token string) invoicev1.InvoiceServiceClient {
+	serve := func(token, databaseURL string) invoicev1.InvoiceServiceClient {
 		file := filepath.Join(t.TempDir(), "token")
 		if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
@@ -50,7 +54,9 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- run(ctx, lis, ledgerLis.Addr().String(), file, slog.New(slog.DiscardHandler)) }()
+		go func() {
+			done <- run(ctx, lis, ledgerLis.Addr().String(), file, databaseURL, slog.New(slog.DiscardHandler))
+		}()
 		t.Cleanup(func() {
 			cancel()
 			if err := <-done; err != nil {
@@ -69,7 +75,7 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 
-	good := serve("s3cret")
+	good := serve("s3cret", pgtest.NewDatabase(t)) // its invoices on PostgreSQL, fenced
 	first, err := good.CreateInvoice(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +85,7 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 		t.Fatalf("the retry = %v, %v; want invoice %s again", again, err, first.GetInvoice().GetId())
 	}
 
-	bad := serve("wrong")
+	bad := serve("wrong", "")
 	_, err = bad.CreateInvoice(ctx, &invoicev1.CreateInvoiceRequest{RequestId: "req-2", Tenant: "acme", CustomerId: "cus_1", Currency: "EUR",
 		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: 1, UnitAmountMicros: 1}}})
 	// The ledger refused the service (UNAUTHENTICATED); its caller is told
