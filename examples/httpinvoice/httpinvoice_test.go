@@ -38,6 +38,9 @@ func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock
 	t.Helper()
 	clock := ledgertest.NewClock(time.Now())
 	store, err := invoicedb.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
+	if err == nil {
+		err = store.Migrate(t.Context())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,22 +49,28 @@ type Postgres struct {
 
 var _ DB = (*Postgres)(nil)
 
-// OpenPostgres connects to the database at url and applies the service's
-// tables and the fence table's migration.
+// OpenPostgres connects to the database at url, which holds the tables
+// (Migrate).
 func OpenPostgres(ctx context.Context, url string) (*Postgres, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, err
 	}
+	return &Postgres{pool: pool, fences: fencepgx.New(pool)}, nil
+}
+
+// Migrate applies the service's tables and the fence table's migration,
+// as a service's migration tool would before it starts: DDL takes locks
+// that a replica starting beside others writing must not wait on.
+func (p *Postgres) Migrate(ctx context.Context) error {
 	fences, err := fs.ReadFile(fence.Migrations, "migrations/postgres/0001_idemledger_fences.up.sql")
 	if err == nil {
-		_, err = pool.Exec(ctx, string(fences)+";"+schema)
+		_, err = p.pool.Exec(ctx, string(fences)+";"+schema)
 	}
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("invoice: apply the schema: %w", err)
+		return fmt.Errorf("invoice: apply the schema: %w", err)
 	}
-	return &Postgres{pool: pool, fences: fencepgx.New(pool)}, nil
+	return nil
 }
 
 // Close closes the pool.

@@ -42,6 +42,9 @@ func TestACrashAfterTheCommit(t *testing.T) {
 			svc := &invoice.Service{}
 			if tt.postgres {
 				db, err := invoice.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
+				if err == nil {
+					err = db.Migrate(t.Context())
+				}
 				if err != nil {
 					t.Fatal(err)
 				}

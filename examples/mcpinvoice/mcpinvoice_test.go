@@ -40,6 +40,9 @@ func serveTools(t *testing.T, tools *mcpinvoice.Tools, ledgerService ledgerv1.Le
 	t.Helper()
 	ledger := ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(ledgerService)).Dial(t))
 	store, err := invoicedb.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
+	if err == nil {
+		err = store.Migrate(t.Context())
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -185,7 +185,7 @@ type world struct {
 	rep      Report // counted atomically while the faults run
 	rng      *locked
 	closers  []func()
-	ld       *ledgerd
+	ld       *child
 	svcProxy *faultproxy.Proxy
 	proxies  []*faultproxy.Proxy // every hop: service, ledgerd, and the database if any
 	store    *invoice.Store
@@ -275,7 +275,7 @@ func (w *world) startLedgerd(ctx context.Context, dir string) (*grpc.ClientConn,
 	} else {
 		args = append(args, "--data-dir", filepath.Join(dir, "ledger"))
 	}
-	ld, err := startLedgerd(ctx, w.cfg.Ledgerd, filepath.Join(dir, "ledgerd.log"), args)
+	ld, err := startChild(ctx, w.cfg.Ledgerd, filepath.Join(dir, "ledgerd.log"), listenFirst(args))
 	if err != nil {
 		return nil, err
 	}
@@ -517,31 +517,41 @@ func runIntent(ctx context.Context, client invoicev1.InvoiceServiceClient, key s
 	return answers
 }
 
-// ledgerd is the child process.
-type ledgerd struct {
+// child is a child process that serves gRPC health: ledgerd, or the fence
+// run's invoice service.
+type child struct {
 	bin, log string
 	args     []string
 	addr     string
 	mu       sync.Mutex
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when cmd has exited
+	killed   bool          // the harness sent the last SIGKILL
+	state    func() *os.ProcessState // how the process ended, once it has
 }
 
-func startLedgerd(ctx context.Context, bin, log string, args []string) (*ledgerd, error) {
+// startChild starts bin with args(addr), addr a free loopback port it is
+// to listen on, and waits for it to serve.
+func startChild(ctx context.Context, bin, log string, args func(addr string) []string) (*child, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	addr := lis.Addr().String()
 	_ = lis.Close()
-	ld := &ledgerd{bin: bin, log: log, args: append([]string{"--listen", addr}, args...), addr: addr}
-	if err := ld.start(ctx); err != nil {
+	c := &child{bin: bin, log: log, args: args(addr), addr: addr}
+	if err := c.start(ctx); err != nil {
 		return nil, err
 	}
-	return ld, nil
+	return c, nil
 }
 
-func (l *ledgerd) start(ctx context.Context) error {
+// listenFirst is startChild's args for ledgerd: --listen, then args.
+func listenFirst(args []string) func(string) []string {
+	return func(addr string) []string { return append([]string{"--listen", addr}, args...) }
+}
+
+func (l *child) start(ctx context.Context) error {
 	f, err := os.OpenFile(l.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
@@ -554,14 +564,16 @@ func (l *ledgerd) start(ctx context.Context) error {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); _ = f.Close(); close(exited) }()
+	l.state = func() *os.ProcessState { return cmd.ProcessState }
 	l.mu.Lock()
 	l.cmd, l.exited = cmd, exited
 	l.mu.Unlock()
-	return l.waitServing(ctx, 30*time.Second)
+	return l.waitServing(ctx, exited, 30*time.Second)
 }
 
-// waitServing waits for gRPC health to say SERVING.
-func (l *ledgerd) waitServing(ctx context.Context, d time.Duration) error {
+// waitServing waits for gRPC health to say SERVING, or the process to
+// exit.
+func (l *child) waitServing(ctx context.Context, exited <-chan struct{}, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -574,21 +586,30 @@ func (l *ledgerd) waitServing(ctx context.Context, d time.Duration) error {
 		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			return nil
 		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(l.log)
+			l.mu.Lock()
+			state := l.state()
+			l.mu.Unlock()
+			return fmt.Errorf("%s exited before it served (%s)\n%s", filepath.Base(l.bin), state.String(), tail(log))
+		default:
+		}
 		if ctx.Err() != nil {
 			log, _ := os.ReadFile(l.log)
-			return fmt.Errorf("ledgerd did not serve within %s: %w\n%s", d, err, tail(log))
+			return fmt.Errorf("%s did not serve within %s: %w\n%s", filepath.Base(l.bin), d, err, tail(log))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// restart kills ledgerd with SIGKILL and starts it again.
-func (l *ledgerd) restart(ctx context.Context) error {
+// restart kills the process with SIGKILL and starts it again.
+func (l *child) restart(ctx context.Context) error {
 	l.kill()
 	return l.start(ctx)
 }
 
-func (l *ledgerd) kill() {
+func (l *child) kill() {
 	l.mu.Lock()
 	cmd, exited := l.cmd, l.exited
 	l.mu.Unlock()
@@ -598,7 +619,46 @@ func (l *ledgerd) kill() {
 	}
 }
 
-func (l *ledgerd) stop() { l.kill() }
+func (l *child) stop() { l.kill() }
+
+// signal sends sig to the process while it runs, and says whether it did;
+// a SIGKILL it sent is the harness's (takeKilled).
+func (l *child) signal(sig syscall.Signal) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.exited:
+		return false
+	default:
+	}
+	if sig == syscall.SIGKILL {
+		l.killed = true
+	}
+	return l.cmd.Process.Signal(sig) == nil
+}
+
+// exitedBy says whether the process that exited last was ended by sig.
+func (l *child) exitedBy(sig syscall.Signal) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.exited:
+	default:
+		return false
+	}
+	ws, ok := l.state().Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
+}
+
+// takeKilled says whether the harness killed the process that exited last,
+// and forgets it.
+func (l *child) takeKilled() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.killed
+	l.killed = false
+	return k
+}
 
 func tail(b []byte) []byte {
 	if len(b) > 2000 {

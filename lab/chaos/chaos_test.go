@@ -12,19 +12,21 @@ import (
 	"github.com/idemledger/idemledger/lab/chaos"
 )
 
-var ledgerd string
+var ledgerd, ledgerchaos string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "chaos-test")
 	if err != nil {
 		panic(err)
 	}
-	ledgerd = filepath.Join(dir, "ledgerd")
-	build := exec.Command("go", "build", "-o", ledgerd, ".")
-	build.Dir = "../../cmd/ledgerd" // a module of its own
-	if out, err := build.CombinedOutput(); err != nil {
-		os.Stderr.Write(out)
-		panic(err)
+	ledgerd, ledgerchaos = filepath.Join(dir, "ledgerd"), filepath.Join(dir, "ledgerchaos")
+	for bin, pkg := range map[string]string{ledgerd: "../../cmd/ledgerd", ledgerchaos: "../cmd/ledgerchaos"} {
+		build := exec.Command("go", "build", "-o", bin, ".")
+		build.Dir = pkg // ledgerd: a module of its own
+		if out, err := build.CombinedOutput(); err != nil {
+			os.Stderr.Write(out)
+			panic(err)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
@@ -88,5 +90,31 @@ func TestPostgreSQLUnderFaults(t *testing.T) {
 	check(t, rep)
 	if rep.DatabaseRestarts == 0 {
 		t.Error("PostgreSQL was never restarted")
+	}
+}
+
+// TestFenceUnderKills is the short run of ledgerchaos -fence: the invoice
+// service on PostgreSQL, its processes killed with SIGKILL, killing
+// themselves between their commit and Complete, and frozen past a lease;
+// with the fence, no intent ends with two invoices or an unknown outcome.
+func TestFenceUnderKills(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	if testing.Short() {
+		t.Skip("kills service processes for several seconds")
+	}
+	pg := pgtest.NewCluster(t)
+	rep, err := chaos.RunFence(t.Context(), chaos.FenceConfig{Ledgerd: ledgerd, Service: ledgerchaos, DatabaseURL: pg.URL, LedgerOnPostgres: true,
+		Intents: 300, Agents: 8, Fence: true, CrashAfterCommit: 0.05, Seed: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	rep.Table(&table)
+	t.Logf("\n%s%s", table.String(), rep.Line())
+	if !rep.OK() {
+		t.Fatal("the fence's promise broke")
+	}
+	if rep.Kills == 0 || rep.Pauses == 0 {
+		t.Errorf("%d kills and %d pauses: the faults did not happen", rep.Kills, rep.Pauses)
 	}
 }

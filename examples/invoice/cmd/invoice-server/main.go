@@ -36,12 +36,13 @@ func main() {
 	ledgerAddr := flag.String("ledger", envOr("INVOICE_LEDGER", "127.0.0.1:7070"), "ledgerd address (INVOICE_LEDGER)")
 	tokenFile := flag.String("ledger-token-file", os.Getenv("INVOICE_LEDGER_TOKEN_FILE"), "file holding the bearer token for ledgerd (INVOICE_LEDGER_TOKEN_FILE); empty for dev mode")
 	databaseURL := flag.String("database-url", os.Getenv("INVOICE_DATABASE_URL"), "PostgreSQL or CockroachDB URL of the invoice tables (INVOICE_DATABASE_URL): each invoice is written with its key's fence; empty keeps them in memory")
+	migrate := flag.Bool("migrate", false, "apply the invoice tables and the fence table's migration to --database-url before serving")
 	flag.Parse()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	lis, err := net.Listen("tcp", *listen)
 	if err == nil {
-		err = run(ctx, lis, *ledgerAddr, *tokenFile, *databaseURL, log)
+		err = run(ctx, lis, *ledgerAddr, *tokenFile, *databaseURL, *migrate, log)
 	}
 	stop()
 	if err != nil {
@@ -51,7 +52,7 @@ func main() {
 }
 
 // run serves on lis until ctx ends.
-func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile, databaseURL string, log *slog.Logger) error {
+func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile, databaseURL string, migrate bool, log *slog.Logger) error {
 	// The ledger's calls go on a Stream (ledger/ledgerclient), which
 	// carries the token.
 	var opts []ledgerclient.Option
@@ -81,6 +82,11 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile, databaseU
 			return err
 		}
 		defer db.Close()
+		if migrate {
+			if err := db.Migrate(ctx); err != nil {
+				return err
+			}
+		}
 		svc.Store, method.Policy.Fence = db, db.Fence()
 	} else {
 		svc.Store, method.Reconcile = invoice.NewStore(), svc.Reconcile

@@ -55,7 +55,7 @@ func TestServesOverTheLedgerStream(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- run(ctx, lis, ledgerLis.Addr().String(), file, databaseURL, slog.New(slog.DiscardHandler))
+			done <- run(ctx, lis, ledgerLis.Addr().String(), file, databaseURL, true, slog.New(slog.DiscardHandler))
 		}()
 		t.Cleanup(func() {
 			cancel()

@@ -35,7 +35,7 @@ import (
 
 type config struct {
 	listen, ledger, tokenFile, data, databaseURL, tenant, tenantHeader string
-	stdio                                                              bool
+	stdio, migrate                                                     bool
 }
 
 func main() {
@@ -45,6 +45,7 @@ func main() {
 	flag.StringVar(&c.ledger, "ledger", "127.0.0.1:7070", "ledgerd's gRPC address")
 	flag.StringVar(&c.tokenFile, "ledger-token-file", "", "file holding the bearer token for ledgerd; empty for dev mode")
 	flag.StringVar(&c.databaseURL, "database-url", "", "the PostgreSQL or CockroachDB URL of the invoice tables: every invoice is written with its key's fence")
+	flag.BoolVar(&c.migrate, "migrate", false, "apply the invoice tables and the fence table's migration to --database-url before serving")
 	flag.StringVar(&c.data, "data", "", "without --database-url, the invoice table's file (JSON lines); empty keeps it in memory")
 	flag.StringVar(&c.tenant, "tenant", "acme", "the tenant every call acts for, without --tenant-header")
 	flag.StringVar(&c.tenantHeader, "tenant-header", "", "the HTTP header that names a call's tenant")
@@ -131,7 +132,17 @@ func run(ctx context.Context, c config, lis net.Listener, log *slog.Logger) erro
 // the file of --data.
 func openDB(ctx context.Context, c config) (invoicedb.DB, error) {
 	if c.databaseURL != "" {
-		return invoicedb.OpenPostgres(ctx, c.databaseURL)
+		db, err := invoicedb.OpenPostgres(ctx, c.databaseURL)
+		if err != nil {
+			return nil, err
+		}
+		if c.migrate {
+			if err := db.Migrate(ctx); err != nil {
+				_ = db.Close()
+				return nil, err
+			}
+		}
+		return db, nil
 	}
 	return invoicedb.OpenFile(c.data)
 }
