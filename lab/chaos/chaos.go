@@ -525,8 +525,8 @@ type child struct {
 	addr     string
 	mu       sync.Mutex
 	cmd      *exec.Cmd
-	exited   chan struct{} // closed when cmd has exited
-	killed   bool          // the harness sent the last SIGKILL
+	exited   chan struct{}           // closed when cmd has exited
+	killed   bool                    // the harness sent the last SIGKILL
 	state    func() *os.ProcessState // how the process ended, once it has
 }
 
