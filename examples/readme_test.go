@@ -78,6 +78,8 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -86,6 +88,7 @@ import (
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/interceptors/fence/fencepgx"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
@@ -99,7 +102,12 @@ var (
 	addr                 = "127.0.0.1:8080"
 	req                  = &invoicev1.CreateInvoiceRequest{}
 	createInvoiceHandler = http.NotFoundHandler()
+	pool                 *pgxpool.Pool
+	inv                  = &invoicev1.Invoice{}
+	resp                 = &invoicev1.CreateInvoiceResponse{}
 )
+
+func insertInvoice(context.Context, pgx.Tx, *invoicev1.Invoice) error { return nil }
 
 type invoiceArgs struct {
 	Customer string ` + "`json:\"customer\"`" + `
@@ -115,7 +123,7 @@ func main() {
 	for _, s := range snippets {
 		main.WriteString(s[1])
 	}
-	main.WriteString("\t_, _, _, _ = res, srv, server, mux\n}\n")
+	main.WriteString("\t_, _, _, _, _ = res, srv, server, mux, policy\n}\n")
 	dir := t.TempDir()
 	src := filepath.Join(dir, "main.go")
 	if err := os.WriteFile(src, []byte(main.String()), 0o644); err != nil {

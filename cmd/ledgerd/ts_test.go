@@ -9,13 +9,15 @@ import (
 	"testing"
 
 	"github.com/idemledger/idemledger/internal/nodetest"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/server"
 )
 
 // TestTypeScriptClient runs the TypeScript package's tests
 // (sdk/typescript, with Node's test runner: its ledger client over the
 // Connect protocol and over gRPC, and its MCP guard inside a TypeScript
-// SDK server driven by the SDK's client) against this ledgerd, with a
+// SDK server driven by the SDK's client; its fence with node-postgres on a
+// PostgreSQL database of the test's own) against this ledgerd, with a
 // bearer token. Without node or
 // the npm packages (make npm) it skips, except under CI=true.
 func TestTypeScriptClient(t *testing.T) {
@@ -33,7 +35,8 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), node, append([]string{"--import", "tsx", "--test"}, tests...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_TOKEN=ts-secret")
+	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_TOKEN=ts-secret",
+		"FENCE_DATABASE_URL="+pgtest.NewDatabase(t)) // the fence's tests, with node-postgres
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the TypeScript tests failed: %v\n%s", err, out)
@@ -75,7 +78,8 @@ func TestTypeScriptPackage(t *testing.T) {
 		t.Fatalf("npm pack made %v (%v)", tarballs, err)
 	}
 	listing := string(run(packed, "tar", "-tzf", tarballs[0]))
-	for _, f := range []string{"package/dist/index.js", "package/dist/index.d.ts", "package/README.md", "package/LICENSE"} {
+	for _, f := range []string{"package/dist/index.js", "package/dist/index.d.ts", "package/README.md", "package/LICENSE",
+		"package/migrations/postgres/0001_idemledger_fences.up.sql", "package/migrations/cockroach/0001_idemledger_fences.up.sql"} {
 		if !strings.Contains(listing, f+"\n") {
 			t.Errorf("the tarball lacks %s:\n%s", f, listing)
 		}

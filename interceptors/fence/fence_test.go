@@ -1,8 +1,12 @@
 package fence_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the database/sql driver of the tests
@@ -13,6 +17,34 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestTheNpmPackageShipsTheseMigrations: @idemledger/guard ships the
+// fence table's migrations (sdk/typescript/migrations) as this module
+// does, byte for byte: one table, whichever guard writes it.
+func TestTheNpmPackageShipsTheseMigrations(t *testing.T) {
+	n := 0
+	err := fs.WalkDir(fence.Migrations, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		n++
+		ours, err := fs.ReadFile(fence.Migrations, path)
+		if err != nil {
+			return err
+		}
+		theirs, err := os.ReadFile(filepath.Join("../../sdk/typescript", path))
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(ours, theirs) {
+			t.Errorf("sdk/typescript/%s differs from this module's: copy it (cp -r interceptors/fence/migrations sdk/typescript/)", path)
+		}
+		return nil
+	})
+	if err != nil || n != 4 {
+		t.Fatalf("%d migration files (%v), want 4", n, err)
+	}
+}
 
 func TestDatabaseSQL(t *testing.T) {
 	fencetest.Run(t, func(t *testing.T) fencetest.DB {

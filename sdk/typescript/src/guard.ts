@@ -3,12 +3,13 @@
 // stored outcome; the run goes on under the claim, its lease extended
 // every half lease; its outcome is completed (or, when transient,
 // released) whatever became of its caller.
-import { create, toBinary } from "@bufbuild/protobuf";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { anyUnpack, type Any, durationFromMs, timestampFromMs, timestampMs } from "@bufbuild/protobuf/wkt";
 import { ConnectError, Code } from "@connectrpc/connect";
 import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
-import { BeginRequestSchema, OnLeaseExpiry, OutcomeSchema, type BeginRequest, type Outcome as WireOutcome } from "./gen/idemledger/v1/ledger_pb.js";
+import { BeginRequestSchema, OnLeaseExpiry, OutcomeSchema, type BeginRequest, type Claim as WireClaim, type Outcome as WireOutcome } from "./gen/idemledger/v1/ledger_pb.js";
 import { codeName, LedgerError, ledgerError } from "./errors.js";
+import { FencedRun, withFence, type FenceRow, type FenceTable } from "./fence.js";
 import type { Ledger } from "./ledger.js";
 
 /** What a duplicate does while the first attempt runs: wait for its answer, or get IN_PROGRESS at once. */
@@ -30,6 +31,13 @@ export interface Policy {
   onLeaseExpiry?: OnLeaseExpiryPolicy;
   /** How long a run may go on, outliving its caller (1 min when absent); past it its outcome is unknown. */
   runTimeoutMs?: number;
+  /**
+   * The fence table of the database the write lands in: the run writes
+   * its key's fence in its write's transaction (writeFence), and no crash
+   * leaves a second effect or an unknown outcome. A fenced call takes
+   * "takeover" and no reconcile function.
+   */
+  fence?: FenceTable;
 }
 
 /** One call under the guard. */
@@ -43,6 +51,8 @@ export interface Call {
   keySource?: string;
   /** Asked on a takeover whether the earlier attempt applied: its outcome if it did, undefined if it did not. */
   reconcile?: (signal: AbortSignal) => Promise<Outcome | undefined>;
+  /** Turns what a fenced handler hands writeFence into the outcome the adapter stores; absent, it must be an Outcome. */
+  encode?: (result: unknown) => Outcome;
 }
 
 /** The claim a run goes on under: its fencing token and attempt. */
@@ -59,11 +69,12 @@ export interface Outcome {
   transient?: boolean;
 }
 
-/** What the guard answers: the outcome, whether it is a replay, whether it ran under a claim. */
+/** What the guard answers: the outcome, whether it is a replay, whether it ran under a claim, whether it is the one the run's fence holds (answer from it, not from the handler's own result). */
 export interface Result {
   outcome: Outcome;
   replayed: boolean;
   protected: boolean;
+  fenced: boolean;
 }
 
 /** The run: it gets its claim (undefined when unprotected) and a signal that ends at the run timeout or a lost lease. */
@@ -108,12 +119,15 @@ export class Guard {
   async do(call: Call, run: Run, signal?: AbortSignal): Promise<Result> {
     if (call.key === "") {
       if (call.policy.keyOptional) {
-        return { outcome: await run(undefined, AbortSignal.timeout(call.policy.runTimeoutMs ?? defaultRunTimeoutMs)), replayed: false, protected: false };
+        return { outcome: await run(undefined, AbortSignal.timeout(call.policy.runTimeoutMs ?? defaultRunTimeoutMs)), replayed: false, protected: false, fenced: false };
       }
       throw new LedgerError(ErrorCode.KEY_MISSING, "the call has no idempotency key");
     }
     if (call.tenant === "") {
       throw new LedgerError(ErrorCode.VALIDATION_FAILED, "the call names no tenant");
+    }
+    if (call.policy.fence && (call.reconcile || call.policy.onLeaseExpiry === "hold")) {
+      throw new LedgerError(ErrorCode.INTERNAL, "internal error: a fenced call takes no reconcile function and no hold, its fence says whether an earlier attempt committed");
     }
     const req = begin(call);
     const waitUntil = Date.now() + (call.policy.maxWaitMs ?? defaultMaxWaitMs);
@@ -130,11 +144,11 @@ export class Guard {
       }
       switch (res.result.case) {
         case "replay":
-          return { outcome: fromWire(res.result.value.outcome), replayed: true, protected: true };
+          return { outcome: fromWire(res.result.value.outcome), replayed: true, protected: true, fenced: false };
         case "claim": {
           const c = res.result.value;
           const lease = c.leaseExpiresAt ? timestampMs(c.leaseExpiresAt) : Date.now();
-          return this.run(call, { token: c.token, attempt: c.attempt, leaseExpiresAtMs: lease }, run);
+          return this.run(call, { token: c.token, attempt: c.attempt, leaseExpiresAtMs: lease }, c, run);
         }
       }
       throw new LedgerError(ErrorCode.INTERNAL, "the ledger's answer to Begin is neither a claim nor a replay");
@@ -178,11 +192,12 @@ export class Guard {
   // run runs the call under claim c and records its outcome. The run
   // outlives its caller: its signal ends only at the run timeout or when
   // another attempt took over.
-  private async run(call: Call, c: Claim, run: Run): Promise<Result> {
+  private async run(call: Call, c: Claim, wire: WireClaim, run: Run): Promise<Result> {
     const runTimeout = call.policy.runTimeoutMs ?? defaultRunTimeoutMs;
     const ctl = new AbortController();
     const timer = setTimeout(() => ctl.abort(new OutcomeUnknownError("the run timed out")), runTimeout);
     const stop = this.keepAlive(call, c, ctl);
+    const fenced = call.policy.fence && this.fencedRun(call, c, wire);
     try {
       if (c.attempt > 1 && call.reconcile) {
         let earlier: Outcome | undefined;
@@ -194,32 +209,115 @@ export class Guard {
         }
         if (earlier) {
           await this.complete(c, call, earlier);
-          return { outcome: earlier, replayed: true, protected: true };
+          return { outcome: earlier, replayed: true, protected: true, fenced: false };
         }
       }
-      let out: Outcome;
+      if (c.attempt > 1 && fenced) {
+        // A takeover reserves the fence before it runs: an earlier attempt
+        // that committed left its outcome there, and a later commit of an
+        // earlier attempt now fails.
+        let row: FenceRow;
+        try {
+          row = await call.policy.fence!.reserve(fenced.scope, c.token);
+        } catch (err) {
+          throw new LedgerError(ErrorCode.UNAVAILABLE, "cannot tell yet whether an earlier attempt of this call committed",
+            { retryAfterMs: Math.max(100, c.leaseExpiresAtMs - Date.now()), cause: err });
+        }
+        switch (verdict(row, fenced.scope, c.token)) {
+          case "committed": {
+            const earlier = fromFence(row.outcome!);
+            await this.complete(c, call, earlier);
+            return { outcome: earlier, replayed: true, protected: true, fenced: false };
+          }
+          case "taken":
+            throw takenOver();
+        }
+      }
+      let out: Outcome | undefined;
+      let failure: unknown;
       try {
-        out = await run(c, ctl.signal);
+        out = fenced ? await withFence(fenced, () => run(c, ctl.signal)) : await run(c, ctl.signal);
       } catch (err) {
-        if (ctl.signal.aborted || isUnknown(err)) {
+        failure = err;
+      }
+      if (fenced?.attempted) {
+        const answer = await this.settle(call, c, fenced, out, failure);
+        if (answer) {
+          return answer;
+        }
+        if (fenced.written && (ctl.signal.aborted || isUnknown(failure))) {
+          // Known now: the write did not commit, and cannot.
+          await this.record(() => this.ledger.release({ tenant: call.tenant, key: call.key, token: c.token }));
+          throw new LedgerError(ErrorCode.UNAVAILABLE, "the write did not commit, and its fence now keeps it from committing: retry with the same key", { retryAfterMs: 100, cause: failure });
+        }
+      }
+      if (failure !== undefined) {
+        if (ctl.signal.aborted || isUnknown(failure)) {
           const timedOut = ctl.signal.reason instanceof OutcomeUnknownError;
           throw new LedgerError(ErrorCode.UNAVAILABLE, timedOut
             ? `the service's handler did not finish within its run timeout (${runTimeout} ms), so nobody knows whether this call was done: retry with the same key once its lease has run out`
             : "the service's handler could not tell whether this call was done: retry with the same key once its lease has run out",
-          { retryAfterMs: Math.max(100, c.leaseExpiresAtMs - Date.now()), cause: err });
+          { retryAfterMs: Math.max(100, c.leaseExpiresAtMs - Date.now()), cause: failure });
         }
-        throw err;
+        throw failure;
       }
-      if (out.transient) {
+      if (out!.transient) {
         await this.record(() => this.ledger.release({ tenant: call.tenant, key: call.key, token: c.token }));
-        return { outcome: out, replayed: false, protected: true };
+        return { outcome: out!, replayed: false, protected: true, fenced: false };
       }
-      await this.complete(c, call, out);
-      return { outcome: out, replayed: false, protected: true };
+      await this.complete(c, call, out!);
+      return { outcome: out!, replayed: false, protected: true, fenced: false };
     } finally {
       clearTimeout(timer);
       stop();
     }
+  }
+
+  // fencedRun is the fencing of claim c of call: its scope, and its
+  // encoding of what the handler hands writeFence, as the ledger stores it.
+  private fencedRun(call: Call, c: Claim, wire: WireClaim): FencedRun {
+    const lease = call.policy.leaseMs ?? Math.max(0, c.leaseExpiresAtMs - Date.now());
+    const created = wire.createdAt ? wire.createdAt.seconds * 1_000_000n + BigInt(Math.floor(wire.createdAt.nanos / 1000)) : 0n;
+    const expires = Math.max(wire.expiresAt ? timestampMs(wire.expiresAt) : 0, c.leaseExpiresAtMs);
+    const scope = { namespace: wire.namespace, tenant: call.tenant, key: call.key, method: call.method, createdUs: created, expiresAt: new Date(expires) };
+    const encode = (result: unknown): Uint8Array => {
+      const out = call.encode ? call.encode(result) : (result as Outcome);
+      if (!out || out.transient || (!out.response && !out.status)) {
+        throw new LedgerError(ErrorCode.INTERNAL, "a fence holds an outcome to store, not a transient or empty one, so the write does not commit");
+      }
+      const bytes = toBinary(OutcomeSchema, toWire(out));
+      return bytes.length > this.maxOutcomeBytes ? toBinary(OutcomeSchema, notKept(ErrorCode.OUTCOME_TOO_LARGE, bytes.length, this.maxOutcomeBytes)) : bytes;
+    };
+    return new FencedRun(scope, c.token, encode, () => new Date(Math.max(expires, Date.now() + lease)));
+  }
+
+  // settle decides a fenced run that wrote or was refused its fence. One
+  // that answered a response committed it: the key is completed with the
+  // fenced outcome. Any other closes the fence to its own token and reads
+  // it: committed, the fenced outcome answers; a run the fence refused
+  // lost its key; otherwise (undefined) the run's own answer stands.
+  private async settle(call: Call, c: Claim, fenced: FencedRun, out: Outcome | undefined, failure: unknown): Promise<Result | undefined> {
+    if (failure === undefined && out && !out.transient && out.response && fenced.written) {
+      const answer = fromFence(fenced.written);
+      await this.complete(c, call, answer);
+      return { outcome: answer, replayed: false, protected: true, fenced: true };
+    }
+    let row: FenceRow;
+    try {
+      row = await call.policy.fence!.reserve(fenced.scope, c.token + 1n);
+    } catch (err) {
+      throw new LedgerError(ErrorCode.UNAVAILABLE, "the service's handler failed, and its fence cannot say whether its write committed: retry with the same key once its lease has run out",
+        { retryAfterMs: Math.max(100, c.leaseExpiresAtMs - Date.now()), cause: err });
+    }
+    if (verdict(row, fenced.scope, c.token + 1n) === "committed") {
+      const answer = fromFence(row.outcome!);
+      await this.complete(c, call, answer);
+      return { outcome: answer, replayed: false, protected: true, fenced: true };
+    }
+    if (!fenced.written) {
+      throw takenOver();
+    }
+    return undefined;
   }
 
   // complete stores the outcome; one the ledger cannot keep is replaced by
@@ -307,6 +405,27 @@ function beginError(err: unknown): LedgerError {
     return new LedgerError(ErrorCode.INTERNAL, "internal error", { cause: err });
   }
   return le;
+}
+
+// verdict is what a fence row read by reserve says of the record's
+// attempt token: it holds the fence, uncommitted; the record committed it;
+// a later attempt or record holds it.
+function verdict(row: FenceRow, scope: { createdUs: bigint }, token: bigint): "ours" | "committed" | "taken" {
+  if (row.createdUs !== scope.createdUs) {
+    return row.createdUs > scope.createdUs ? "taken" : "ours";
+  }
+  if (row.outcome) {
+    return "committed";
+  }
+  return row.token === token ? "ours" : "taken";
+}
+
+function fromFence(b: Uint8Array): Outcome {
+  return fromWire(fromBinary(OutcomeSchema, b));
+}
+
+function takenOver(): LedgerError {
+  return new LedgerError(ErrorCode.IN_PROGRESS, "another attempt took over this key", { retryAfterMs: 100 });
 }
 
 function toWire(o: Outcome): WireOutcome {

@@ -88,7 +88,15 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
         const r = await opts.reconcile!(req);
         return r && { response: encode({ status: r.status, headers: r.headers ?? {}, body: Buffer.from(r.body ?? ""), overflow: false, unknown: false, send: () => {} }, stored) };
       });
-      const res2 = await guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource: "header" }, async (claim) => {
+      // What a fenced handler hands writeFence: the response it sends.
+      const encodeFenced = (r: unknown): Outcome => {
+        const f = r as { status?: unknown; headers?: Record<string, string | string[]>; body?: Buffer | string };
+        if (typeof f?.status !== "number") {
+          throw new LedgerError(ErrorCode.INTERNAL, "a fence of an HTTP route holds a response { status, headers, body }");
+        }
+        return { response: encode({ status: f.status, headers: f.headers ?? {}, body: Buffer.from(f.body ?? ""), overflow: false, unknown: false, send: () => {} }, stored) };
+      };
+      const res2 = await guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource: "header", encode: encodeFenced }, async (claim) => {
         if (!claim) {
           await handler(req, res); // no key, key optional: unprotected, unbuffered
           return {};
@@ -104,6 +112,10 @@ export function httpGuard(guard: Guard, opts: HttpRouteOptions) {
         return { response: encode(live, stored), transient: release(live.status) };
       });
       if (!res2.protected) {
+        return;
+      }
+      if (res2.fenced) {
+        replay(res, res2.outcome, opts.stripe ?? false, false); // the outcome its fence holds
         return;
       }
       if (!res2.replayed && live && !live.overflow) {
@@ -272,16 +284,21 @@ function canonical(h: string): string {
   return h.toLowerCase().replace(/(^|-)([a-z])/g, (_m, d: string, c: string) => d + c.toUpperCase());
 }
 
-function replay(res: ServerResponse, o: Outcome, stripe: boolean): void {
+// replay writes a stored outcome: a replay's (marked), or a fenced run's.
+function replay(res: ServerResponse, o: Outcome, stripe: boolean, replayed = true): void {
   if (!o.response || o.response.typeUrl !== responseTypeUrl) {
     (stripe ? stripeError : problem)(res, o.status ? statusError(o.status) : new LedgerError(ErrorCode.INTERNAL, "the key holds an outcome of another kind"));
     return;
   }
   const r = JSON.parse(new TextDecoder().decode(o.response.value)) as { status: number; header?: Record<string, string[]>; body?: string };
   for (const [k, v] of Object.entries(r.header ?? {})) res.setHeader(k, v);
-  res.setHeader(ReplayedHeader, "true");
+  if (replayed) {
+    res.setHeader(ReplayedHeader, "true");
+  }
   if (stripe) {
-    res.setHeader("Idempotent-Replayed", "true");
+    if (replayed) {
+      res.setHeader("Idempotent-Replayed", "true");
+    }
     res.setHeader("Stripe-Should-Retry", "false"); // a retry gets this same answer
   }
   res.writeHead(r.status);

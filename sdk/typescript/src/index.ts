@@ -6,6 +6,7 @@ export { createLedger, type Ledger, type LedgerOptions } from "./ledger.js";
 export { fingerprintJSON } from "./fingerprint.js";
 export { Guard, OutcomeUnknownError, statusError, type Call, type Claim, type GuardOptions, type OnInProgress, type OnLeaseExpiryPolicy, type Outcome, type Policy, type Result, type Run } from "./guard.js";
 export * from "./mcp.js";
+export { FenceTable, writeFence, type FenceRow, type FenceScope, type Queryable } from "./fence.js";
 export { mintKey } from "./keys.js";
 export { callTool, type CallToolOptions, type ToolClient } from "./client.js";
 export { defaultRelease, DefaultStoredHeaders, FirstAttemptHeader, httpGuard, KeyHeader, markOutcomeUnknown, ReplayedHeader, requestKey, type GuardedRequest, type HttpRouteOptions, type Problem } from "./http.js";

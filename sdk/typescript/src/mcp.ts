@@ -181,7 +181,8 @@ export class McpGuard {
           const r = await opts.reconcile!(args, call);
           return r && outcomeOf(r, {});
         });
-        const res = await this.guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource }, async (claim) => {
+        const encode = (r: unknown): Outcome => outcomeOf(r as CallToolResult, opts); // what a fenced handler hands writeFence
+        const res = await this.guard.do({ tenant, key, fingerprint, method, policy, reconcile, keySource, encode }, async (claim) => {
           const forwarded = claim ? withClaim(extra, { token: Number(claim.token), attempt: claim.attempt }) : extra;
           try {
             live = await handler(args, forwarded);

@@ -109,15 +109,20 @@ func Run(t *testing.T, open func(t *testing.T) DB) {
 	}
 }
 
-// call is a call of the suite's method with key.
+// call is a call of the suite's method with key, fenced by the case's
+// table.
 func (e *env) call(key string) guard.Call {
-	sum := sha256.Sum256([]byte(key))
-	return guard.Call{Method: "/billing.v1.Invoices/Create", Key: key, Tenant: "acme", Fingerprint: "v1:" + hex.EncodeToString(sum[:]),
-		Policy: guard.Policy{Lease: lease, Fence: e.db.Fences}}
+	return Call(key, guard.Policy{Lease: lease, Fence: e.db.Fences})
 }
 
-// outcome is the response a run answers for amount.
-func outcome(amount int) guard.Outcome {
+// Call is a call of the suite's method with key, under policy.
+func Call(key string, policy guard.Policy) guard.Call {
+	sum := sha256.Sum256([]byte(key))
+	return guard.Call{Method: "/billing.v1.Invoices/Create", Key: key, Tenant: "acme", Fingerprint: "v1:" + hex.EncodeToString(sum[:]), Policy: policy}
+}
+
+// Outcome is the response a run answers for amount.
+func Outcome(amount int) guard.Outcome {
 	return guard.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: fmt.Appendf(nil, "invoice of %d", amount)}}
 }
 
@@ -127,7 +132,7 @@ func (e *env) write(ctx context.Context, tx Tx, amount int) error {
 	if err := tx.Exec(ctx, "INSERT INTO invoices (idem_key, token, amount) VALUES ($1, $2, $3)", c.Key, int64(c.Token), amount); err != nil {
 		return err
 	}
-	return tx.Fence(ctx, outcome(amount))
+	return tx.Fence(ctx, Outcome(amount))
 }
 
 // commitRun is a run that writes amount's invoice and commits it.
@@ -145,7 +150,7 @@ func (e *env) commitRun(amount int) guard.RunFunc {
 		if err := tx.Commit(ctx); err != nil {
 			return guard.Outcome{}, fmt.Errorf("%w: %w", guard.ErrOutcomeUnknown, err)
 		}
-		return outcome(amount), nil
+		return Outcome(amount), nil
 	}
 }
 
@@ -195,11 +200,11 @@ func same(a, b guard.Outcome) bool {
 
 func firstAttempt(e *env) {
 	res := e.do("k1", e.commitRun(100))
-	if !res.Fenced || res.Replayed || !same(res.Outcome, outcome(100)) {
+	if !res.Fenced || res.Replayed || !same(res.Outcome, Outcome(100)) {
 		e.t.Fatalf("first attempt: %+v, want the fenced outcome of 100", res)
 	}
 	again := e.do("k1", e.commitRun(999))
-	if !again.Replayed || !same(again.Outcome, outcome(100)) || e.runs.Load() != 1 {
+	if !again.Replayed || !same(again.Outcome, Outcome(100)) || e.runs.Load() != 1 {
 		e.t.Fatalf("retry: %+v after %d runs, want the replay of 100 after one", again, e.runs.Load())
 	}
 	if n := e.invoices("k1"); n != 1 {
@@ -223,14 +228,14 @@ func crashAfterCommit(e *env) {
 	})
 	e.clock.Advance(lease + time.Second)
 	res := e.do("k1", e.commitRun(999))
-	if !res.Replayed || !same(res.Outcome, outcome(100)) {
+	if !res.Replayed || !same(res.Outcome, Outcome(100)) {
 		e.t.Fatalf("takeover: %+v, want the replay of the committed 100", res)
 	}
 	if e.runs.Load() != 1 || e.invoices("k1") != 1 {
 		e.t.Fatalf("%d runs and %d invoices, want 1 and 1", e.runs.Load(), e.invoices("k1"))
 	}
 	again := e.do("k1", e.commitRun(999))
-	if !again.Replayed || !same(again.Outcome, outcome(100)) {
+	if !again.Replayed || !same(again.Outcome, Outcome(100)) {
 		e.t.Fatalf("after the takeover: %+v, want the ledger's replay of 100", again)
 	}
 }
@@ -249,7 +254,7 @@ func crashBeforeCommit(e *env) {
 	})
 	e.clock.Advance(lease + time.Second)
 	res := e.do("k1", e.commitRun(200))
-	if res.Replayed || !res.Fenced || !same(res.Outcome, outcome(200)) {
+	if res.Replayed || !res.Fenced || !same(res.Outcome, Outcome(200)) {
 		e.t.Fatalf("takeover: %+v, want its own run's 200", res)
 	}
 	if e.runs.Load() != 2 || e.invoices("k1") != 1 {
@@ -278,7 +283,7 @@ func zombie(e *env) {
 			if err := tx.Commit(ctx); err != nil {
 				return guard.Outcome{}, err
 			}
-			return outcome(100), nil
+			return Outcome(100), nil
 		})
 	}()
 	select {
@@ -293,10 +298,10 @@ func zombie(e *env) {
 	if errcode.Of(zombieErr) != errcode.LeaseLost {
 		e.t.Fatalf("the zombie's fence write: %v, want LEASE_LOST", zombieErr)
 	}
-	if !second.Fenced || !same(second.Outcome, outcome(200)) {
+	if !second.Fenced || !same(second.Outcome, Outcome(200)) {
 		e.t.Fatalf("the takeover: %+v, want its own 200", second)
 	}
-	if firstErr != nil || !same(first.Outcome, outcome(200)) {
+	if firstErr != nil || !same(first.Outcome, Outcome(200)) {
 		e.t.Fatalf("the zombie's caller: %+v, %v, want the takeover's 200", first, firstErr)
 	}
 	if n := e.invoices("k1"); n != 1 {
@@ -343,7 +348,7 @@ func takeoverWaits(e *env) {
 	close(commit) // before or after the takeover reserves: it waits for this commit either way
 	<-done
 	<-diedDone
-	if err != nil || !res.Replayed || !same(res.Outcome, outcome(100)) {
+	if err != nil || !res.Replayed || !same(res.Outcome, Outcome(100)) {
 		e.t.Fatalf("takeover: %+v, %v, want the replay of the committed 100", res, err)
 	}
 	if e.runs.Load() != 1 || e.invoices("k1") != 1 {
@@ -358,11 +363,11 @@ func failsAfterCommit(e *env) {
 		}
 		return guard.Outcome{}, guard.UnknownOutcome("the reply was lost", nil)
 	})
-	if !res.Fenced || !same(res.Outcome, outcome(100)) {
+	if !res.Fenced || !same(res.Outcome, Outcome(100)) {
 		e.t.Fatalf("%+v, want the fenced 100", res)
 	}
 	again := e.do("k1", e.commitRun(999))
-	if !again.Replayed || !same(again.Outcome, outcome(100)) || e.invoices("k1") != 1 {
+	if !again.Replayed || !same(again.Outcome, Outcome(100)) || e.invoices("k1") != 1 {
 		e.t.Fatalf("retry: %+v with %d invoices, want the replay of 100 and 1", again, e.invoices("k1"))
 	}
 }
@@ -401,15 +406,15 @@ func unknownCommit(e *env) {
 		}
 		<-done
 		switch {
-		case commits && (doErr != nil || !res.Fenced || !same(res.Outcome, outcome(100))):
+		case commits && (doErr != nil || !res.Fenced || !same(res.Outcome, Outcome(100))):
 			e.t.Fatalf("a commit that landed: %+v, %v, want the fenced 100", res, doErr)
 		case !commits && (doErr != nil || !res.Outcome.Transient || ledgerstatus.FromError(res.Outcome.Status.Err()).Code != errcode.Unavailable):
 			e.t.Fatalf("a commit that did not land: %+v, %v, want a released UNAVAILABLE", res, doErr)
 		}
 		again := e.do(key, e.commitRun(200))
-		want := outcome(200)
+		want := Outcome(200)
 		if commits {
-			want = outcome(100)
+			want = Outcome(100)
 		}
 		if !same(again.Outcome, want) || e.invoices(key) != 1 {
 			e.t.Fatalf("retry: %+v with %d invoices, want %s and 1", again, e.invoices(key), want.Response.GetValue())
@@ -445,7 +450,7 @@ func cannotBeWritten(e *env) {
 		e.t.Fatal(err)
 	}
 	res := e.do("k1", e.commitRun(200))
-	if !res.Fenced || !same(res.Outcome, outcome(200)) || e.invoices("k1") != 1 {
+	if !res.Fenced || !same(res.Outcome, Outcome(200)) || e.invoices("k1") != 1 {
 		e.t.Fatalf("the retry once the table is back: %+v with %d invoices, want 200 and 1", res, e.invoices("k1"))
 	}
 }
@@ -517,7 +522,7 @@ func newRecord(e *env) {
 	}
 	e.clock.Advance(2 * lease) // the record is gone, its fence not yet swept
 	res, err := e.g.Do(context.Background(), c, e.commitRun(200))
-	if err != nil || !res.Fenced || !same(res.Outcome, outcome(200)) {
+	if err != nil || !res.Fenced || !same(res.Outcome, Outcome(200)) {
 		e.t.Fatalf("the key's new record: %+v, %v, want its own run's 200", res, err)
 	}
 	if e.invoices("k1") != 2 {
@@ -531,7 +536,7 @@ func outsideARun(e *env) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := tx.Fence(ctx, outcome(1)); err != nil {
+	if err := tx.Fence(ctx, Outcome(1)); err != nil {
 		e.t.Fatalf("outside a guarded run: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
