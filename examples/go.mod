@@ -3,6 +3,7 @@ module github.com/idemledger/idemledger/examples
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/google/jsonschema-go v0.4.3
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
@@ -30,6 +31,7 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gowebpki/jcs v1.0.2 // indirect
+	github.com/idemledger/idemledger/interceptors/connectguard v0.0.0-00010101000000-000000000000
 	github.com/segmentio/asm v1.1.3 // indirect
 	github.com/segmentio/encoding v0.5.4 // indirect
 	github.com/yosida95/uritemplate/v3 v3.0.2 // indirect
@@ -53,3 +55,5 @@ replace github.com/idemledger/idemledger/interceptors/mcpguard => ../interceptor
 replace github.com/idemledger/idemledger => ..
 
 replace github.com/idemledger/idemledger/interceptors/fence => ../interceptors/fence
+
+replace github.com/idemledger/idemledger/interceptors/connectguard => ../interceptors/connectguard

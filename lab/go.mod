@@ -98,3 +98,5 @@ replace github.com/idemledger/idemledger/interceptors/mcpguard => ../interceptor
 replace github.com/idemledger/idemledger/ledger/pebble => ../ledger/pebble
 
 replace github.com/idemledger/idemledger/interceptors/fence => ../interceptors/fence
+
+replace github.com/idemledger/idemledger/interceptors/connectguard => ../interceptors/connectguard

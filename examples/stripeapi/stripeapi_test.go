@@ -10,7 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stripe/stripe-go/v82"
 	"google.golang.org/grpc"
 
@@ -18,8 +20,10 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -90,10 +94,29 @@ type world struct {
 	client *stripe.Client
 }
 
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
 func newWorld(t *testing.T, route httpguard.Route) *world {
 	t.Helper()
-	w := &world{api: &stripeapi.API{Accounts: map[string]string{secretKey: "acct_acme"}}, wire: &wire{}, down: &ledgerDown{}}
-	srv := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("payments")), grpc.UnaryInterceptor(w.down.intercept))
+	w, _ := newClockedWorld(t, route)
+	return w
+}
+
+// newClockedWorld is newWorld, its charges on a PostgreSQL database of the
+// test's own (each with its key's fence), its ledger's clock the test's.
+func newClockedWorld(t *testing.T, route httpguard.Route) (*world, *ledgertest.Clock) {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	w := &world{api: &stripeapi.API{Accounts: map[string]string{secretKey: "acct_acme"}, DB: pool}, wire: &wire{}, down: &ledgerDown{}}
+	if err := w.api.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	clock := ledgertest.NewClock(time.Now())
+	srv := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("payments", clock.Now)), grpc.UnaryInterceptor(w.down.intercept))
 	g, err := guard.New(ledgerv1.NewLedgerServiceClient(srv.Dial(t)))
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +134,44 @@ func newWorld(t *testing.T, route httpguard.Route) *world {
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})
 	w.client = stripe.NewClient(secretKey, stripe.WithBackends(backends))
-	return w
+	return w, clock
+}
+
+// charges are the charges the API made.
+func (w *world) charges(t *testing.T) []stripeapi.Charge {
+	t.Helper()
+	cs, err := w.api.Charges(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestStripeGoAfterACrash: the API commits the charge with its fence and
+// dies before the ledger hears of it; stripe-go retries with the same key
+// once the lease has run out, and gets that charge, replayed, not a
+// second one.
+func TestStripeGoAfterACrash(t *testing.T) {
+	w, clock := newClockedWorld(t, httpguard.Route{Policy: guard.Policy{Lease: time.Second}})
+	var crashed atomic.Bool
+	w.api.AfterWrite = func(*http.Request) {
+		if crashed.CompareAndSwap(false, true) {
+			panic(http.ErrAbortHandler) // the process dies after its commit
+		}
+	}
+	w.wire.before = func(n int) {
+		if n == 2 {
+			clock.Advance(2 * time.Second) // the crashed attempt's lease runs out
+		}
+	}
+	c, err := w.charge(t, 100, "order-crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, charges := w.wire.sent(), w.charges(t)
+	if len(sent) != 2 || sent[1].header.Get("Idempotent-Replayed") != "true" || len(charges) != 1 || charges[0].ID != c.ID {
+		t.Fatalf("attempts %+v, charges %+v, stripe-go got %s; want the committed charge replayed", sent, charges, c.ID)
+	}
 }
 
 func (w *world) charge(t *testing.T, amount int64, key string) (*stripe.Charge, error) {
@@ -154,7 +214,7 @@ func TestStripeGoOwnKeys(t *testing.T) {
 		h.Get("Stripe-Should-Retry") != "false" || again.LastResponse.RequestID != second.LastResponse.RequestID || again.LastResponse.RequestID == "" {
 		t.Fatalf("the replay: %s %v, first %s %s", again.ID, h, second.ID, second.LastResponse.RequestID)
 	}
-	if n := len(w.api.Charges()); n != 2 {
+	if n := len(w.charges(t)); n != 2 {
 		t.Fatalf("%d charges, want 2", n)
 	}
 }
@@ -173,7 +233,7 @@ func TestStripeGoDroppedAnswer(t *testing.T) {
 	if len(sent) != 2 || sent[0].key != sent[1].key || sent[1].header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("attempts: %+v", sent)
 	}
-	if charges := w.api.Charges(); len(charges) != 1 || c.ID != charges[0].ID {
+	if charges := w.charges(t); len(charges) != 1 || c.ID != charges[0].ID {
 		t.Fatalf("charges %+v, stripe-go got %s", charges, c.ID)
 	}
 }
@@ -214,8 +274,8 @@ func TestStripeGoWhileTheFirstRuns(t *testing.T) {
 	if len(sent) != 3 || sent[1].status != http.StatusConflict || sent[1].header.Get("Stripe-Should-Retry") != "true" || sent[2].status != http.StatusOK {
 		t.Fatalf("attempts: %+v", sent)
 	}
-	if c == nil || c.ID != dup.ID || len(w.api.Charges()) != 1 {
-		t.Fatalf("the first %+v, the duplicate %+v, charges %+v", c, dup, w.api.Charges())
+	if c == nil || c.ID != dup.ID || len(w.charges(t)) != 1 {
+		t.Fatalf("the first %+v, the duplicate %+v, charges %+v", c, dup, w.charges(t))
 	}
 }
 
@@ -239,7 +299,7 @@ func TestStripeGoReusedKey(t *testing.T) {
 	if sent := w.wire.sent(); len(sent) != 2 || sent[1].header.Get("Stripe-Should-Retry") != "false" {
 		t.Fatalf("attempts: %+v", sent)
 	}
-	if n := len(w.api.Charges()); n != 1 {
+	if n := len(w.charges(t)); n != 1 {
 		t.Fatalf("%d charges, want 1", n)
 	}
 }
@@ -265,7 +325,7 @@ func TestStripeGoLedgerUnavailable(t *testing.T) {
 		sent[1].key != sent[0].key || sent[1].status != http.StatusOK {
 		t.Fatalf("attempts: %+v", sent)
 	}
-	if charges := w.api.Charges(); len(charges) != 1 || charges[0].ID != c.ID {
+	if charges := w.charges(t); len(charges) != 1 || charges[0].ID != c.ID {
 		t.Fatalf("charges %+v, stripe-go got %+v", charges, c)
 	}
 
@@ -278,7 +338,7 @@ func TestStripeGoLedgerUnavailable(t *testing.T) {
 	if sent := w.wire.sent(); len(sent) != 2+3 {
 		t.Fatalf("%d attempts, want 1 + 2 retries", len(sent)-2)
 	}
-	if n := len(w.api.Charges()); n != 1 {
+	if n := len(w.charges(t)); n != 1 {
 		t.Fatalf("%d charges, want 1", n)
 	}
 }
