@@ -3,15 +3,13 @@ package invoice
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/proto"
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
-	"github.com/idemledger/idemledger/interceptors/fence"
+	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/interceptors/fence/fencepgx"
 	"github.com/idemledger/idemledger/interceptors/guard"
 )
@@ -63,14 +61,7 @@ func OpenPostgres(ctx context.Context, url string) (*Postgres, error) {
 // as a service's migration tool would before it starts: DDL takes locks
 // that a replica starting beside others writing must not wait on.
 func (p *Postgres) Migrate(ctx context.Context) error {
-	fences, err := fs.ReadFile(fence.Migrations, "migrations/postgres/0001_idemledger_fences.up.sql")
-	if err == nil {
-		_, err = p.pool.Exec(ctx, string(fences)+";"+schema)
-	}
-	if err != nil {
-		return fmt.Errorf("invoice: apply the schema: %w", err)
-	}
-	return nil
+	return invoicedb.ApplySchema(ctx, p.pool, schema)
 }
 
 // Close closes the pool.

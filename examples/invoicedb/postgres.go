@@ -55,16 +55,20 @@ func OpenPostgres(ctx context.Context, url string) (*Postgres, error) {
 	return &Postgres{pool: pool, fences: fencepgx.New(pool)}, nil
 }
 
-// Migrate applies the service's tables and the fence table's migration,
-// as a service's migration tool would before it starts: DDL takes locks
-// that a replica starting beside others writing must not wait on.
-func (p *Postgres) Migrate(ctx context.Context) error {
+// Migrate applies the invoice tables and the fence table's migration, as
+// a service's migration tool would before it starts: DDL takes locks that
+// a replica starting beside others writing must not wait on.
+func (p *Postgres) Migrate(ctx context.Context) error { return ApplySchema(ctx, p.pool, schema) }
+
+// ApplySchema applies the fence table's migration for PostgreSQL and then
+// schema, an example's own tables.
+func ApplySchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	fences, err := fs.ReadFile(fence.Migrations, "migrations/postgres/0001_idemledger_fences.up.sql")
 	if err == nil {
-		_, err = p.pool.Exec(ctx, string(fences)+";"+schema)
+		_, err = pool.Exec(ctx, string(fences)+";"+schema)
 	}
 	if err != nil {
-		return fmt.Errorf("invoicedb: apply the schema: %w", err)
+		return fmt.Errorf("apply the schema: %w", err)
 	}
 	return nil
 }

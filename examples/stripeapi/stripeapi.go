@@ -9,7 +9,6 @@ package stripeapi
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemledger/idemledger/interceptors/fence"
+	"github.com/idemledger/idemledger/examples/invoicedb"
 	"github.com/idemledger/idemledger/interceptors/fence/fencepgx"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
@@ -61,13 +60,7 @@ CREATE TABLE IF NOT EXISTS stripe_charges (
 
 // Migrate applies the charges' table and the fence table's migration to
 // DB, as a service's migration tool would.
-func (a *API) Migrate(ctx context.Context) error {
-	fences, err := fs.ReadFile(fence.Migrations, "migrations/postgres/0001_idemledger_fences.up.sql")
-	if err == nil {
-		_, err = a.DB.Exec(ctx, string(fences)+";"+schema)
-	}
-	return err
-}
+func (a *API) Migrate(ctx context.Context) error { return invoicedb.ApplySchema(ctx, a.DB, schema) }
 
 // Charges are the charges made, in order.
 func (a *API) Charges(ctx context.Context) ([]Charge, error) {

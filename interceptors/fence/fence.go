@@ -38,7 +38,6 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
 	"time"
 
 	"github.com/idemledger/idemledger/interceptors/fence/internal/fencesql"
@@ -55,34 +54,33 @@ var Migrations embed.FS
 // Table is the fence table of a database/sql database, for
 // guard.Policy.Fence. It is safe for concurrent use.
 type Table struct {
-	db *sql.DB
+	d fencesql.Driver
 }
 
 // New returns the fence table of db, which must hold the table
 // (Migrations).
-func New(db *sql.DB) *Table { return &Table{db: db} }
+func New(db *sql.DB) *Table {
+	return &Table{d: fencesql.Driver{
+		QueryRow: func(ctx context.Context, q string, args ...any) fencesql.Row {
+			return db.QueryRowContext(ctx, q, args...)
+		},
+		Exec: func(ctx context.Context, q string, args ...any) (int64, error) {
+			res, err := db.ExecContext(ctx, q, args...)
+			if err != nil {
+				return 0, err
+			}
+			return res.RowsAffected()
+		},
+		NoRows: sql.ErrNoRows,
+	}}
+}
 
 var _ fencing.Table = (*Table)(nil)
 
 // Reserve is the guard's (guard.Policy.Fence): a statement of its own
 // transaction.
 func (t *Table) Reserve(ctx context.Context, s fencing.Scope, token uint64) (fencing.Row, error) {
-	args, err := fencesql.ReserveArgs(s, token)
-	if err != nil {
-		return fencing.Row{}, err
-	}
-	var row fencing.Row
-	err = fencesql.Retry(ctx, func() error {
-		var created, tok int64
-		var outcome []byte
-		err := t.db.QueryRowContext(ctx, fencesql.Reserve, args...).Scan(&created, &tok, &outcome)
-		if errors.Is(err, sql.ErrNoRows) {
-			err = t.db.QueryRowContext(ctx, fencesql.Read, fencesql.Scope(s)...).Scan(&created, &tok, &outcome)
-		}
-		row = fencesql.Row(created, tok, outcome)
-		return err
-	})
-	return row, err
+	return t.d.ReserveFence(ctx, s, token)
 }
 
 // Write writes the fence of the guarded run ctx belongs to in tx, the
@@ -126,14 +124,5 @@ func Write(ctx context.Context, tx *sql.Tx, result any) error {
 // first, and returns how many it deleted: call it until it deletes fewer
 // than batch, then again later (a ticker of a minute or so).
 func (t *Table) Sweep(ctx context.Context, now time.Time, batch int) (int, error) {
-	var n int64
-	err := fencesql.Retry(ctx, func() error {
-		res, err := t.db.ExecContext(ctx, fencesql.Sweep, now, batch)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
-	})
-	return int(n), err
+	return t.d.SweepFences(ctx, now, batch)
 }

@@ -5,7 +5,6 @@ package fencepgx
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,34 +24,28 @@ type DB interface {
 // Table is the fence table of a pgx database, for guard.Policy.Fence.
 // It is safe for concurrent use when its DB is.
 type Table struct {
-	db DB
+	d fencesql.Driver
 }
 
 // New returns the fence table of db, which must hold the table
 // (fence.Migrations).
-func New(db DB) *Table { return &Table{db: db} }
+func New(db DB) *Table {
+	return &Table{d: fencesql.Driver{
+		QueryRow: func(ctx context.Context, q string, args ...any) fencesql.Row { return db.QueryRow(ctx, q, args...) },
+		Exec: func(ctx context.Context, q string, args ...any) (int64, error) {
+			tag, err := db.Exec(ctx, q, args...)
+			return tag.RowsAffected(), err
+		},
+		NoRows: pgx.ErrNoRows,
+	}}
+}
 
 var _ fencing.Table = (*Table)(nil)
 
 // Reserve is the guard's (guard.Policy.Fence): a statement of its own
 // transaction.
 func (t *Table) Reserve(ctx context.Context, s fencing.Scope, token uint64) (fencing.Row, error) {
-	args, err := fencesql.ReserveArgs(s, token)
-	if err != nil {
-		return fencing.Row{}, err
-	}
-	var row fencing.Row
-	err = fencesql.Retry(ctx, func() error {
-		var created, tok int64
-		var outcome []byte
-		err := t.db.QueryRow(ctx, fencesql.Reserve, args...).Scan(&created, &tok, &outcome)
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = t.db.QueryRow(ctx, fencesql.Read, fencesql.Scope(s)...).Scan(&created, &tok, &outcome)
-		}
-		row = fencesql.Row(created, tok, outcome)
-		return err
-	})
-	return row, err
+	return t.d.ReserveFence(ctx, s, token)
 }
 
 // Write is fence.Write for a pgx transaction: it writes the fence of the
@@ -85,11 +78,5 @@ func Write(ctx context.Context, tx pgx.Tx, result any) error {
 // first, and returns how many it deleted: call it until it deletes fewer
 // than batch, then again later.
 func (t *Table) Sweep(ctx context.Context, now time.Time, batch int) (int, error) {
-	var n int64
-	err := fencesql.Retry(ctx, func() error {
-		tag, err := t.db.Exec(ctx, fencesql.Sweep, now, batch)
-		n = tag.RowsAffected()
-		return err
-	})
-	return int(n), err
+	return t.d.SweepFences(ctx, now, batch)
 }

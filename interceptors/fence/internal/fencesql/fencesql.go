@@ -105,9 +105,48 @@ func (p *Pending) Written(rows int64) error {
 	return nil
 }
 
-// Row is a fence as Reserve and Read return it.
-func Row(createdUS, token int64, outcome []byte) fencing.Row {
-	return fencing.Row{RecordCreatedAt: time.UnixMicro(createdUS), Token: uint64(max(token, 0)), Outcome: outcome}
+// Row is a row of a query, as *sql.Row and pgx.Row are.
+type Row interface{ Scan(dest ...any) error }
+
+// Driver is what the statements of the fence's own transactions need of
+// a database: a query of one row, a statement's rows changed, and the
+// driver's error for no row.
+type Driver struct {
+	QueryRow func(ctx context.Context, sql string, args ...any) Row
+	Exec     func(ctx context.Context, sql string, args ...any) (rows int64, err error)
+	NoRows   error
+}
+
+// ReserveFence runs Reserve (and Read, when it changed nothing) for
+// token of s's record, retried, and returns the fence as it stands.
+func (d Driver) ReserveFence(ctx context.Context, s fencing.Scope, token uint64) (fencing.Row, error) {
+	args, err := ReserveArgs(s, token)
+	if err != nil {
+		return fencing.Row{}, err
+	}
+	var row fencing.Row
+	err = Retry(ctx, func() error {
+		var created, tok int64
+		var outcome []byte
+		err := d.QueryRow(ctx, Reserve, args...).Scan(&created, &tok, &outcome)
+		if errors.Is(err, d.NoRows) {
+			err = d.QueryRow(ctx, Read, Scope(s)...).Scan(&created, &tok, &outcome)
+		}
+		row = fencing.Row{RecordCreatedAt: time.UnixMicro(created), Token: uint64(max(tok, 0)), Outcome: outcome}
+		return err
+	})
+	return row, err
+}
+
+// SweepFences runs Sweep, retried, and returns the fences it deleted.
+func (d Driver) SweepFences(ctx context.Context, now time.Time, batch int) (int, error) {
+	var n int64
+	err := Retry(ctx, func() error {
+		var err error
+		n, err = d.Exec(ctx, Sweep, now, batch)
+		return err
+	})
+	return int(n), err
 }
 
 // WriteFailed is Write's error when its statement failed: the database
