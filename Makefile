@@ -37,9 +37,9 @@ test: npm ## Run every test of every module with the race detector (starts a thr
 floors: ## Run the write-service modules' tests at their floors: each module's own go.mod, outside the workspace.
 	@set -e; for m in $(FLOOR_MODULES); do echo "floors: $$m"; (cd $$m && GOWORK=off go test -race -count=1 ./...); done
 
-release: ## Tag every module at VERSION (make release VERSION=v0.1.0) on a release commit; push the tags it prints.
-	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z"; exit 1; }
-	cd tools/release && GOWORK=off go run . -version $(VERSION)
+release: ## Tag every module at VERSION (make release VERSION=v0.1.0 [PROXY=dir]) on a release commit; push the tags it prints. PROXY also writes them as a file module proxy.
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=vX.Y.Z [PROXY=dir]"; exit 1; }
+	cd tools/release && GOWORK=off go run . -version $(VERSION)$(if $(PROXY), -proxy $(abspath $(PROXY)))
 
 node: ## Install Node 22 from the npm registry into tools/node where the machine's Node is older (x86-64).
 	@if command -v npm >/dev/null && [ "$$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)" -lt 22 ]; then \
