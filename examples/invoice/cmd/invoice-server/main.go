@@ -2,7 +2,10 @@
 // the idempotency interceptor against a ledgerd, for the compose file and
 // the Kubernetes manifests under deploy/.
 //
-//	invoice-server --listen :8080 --ledger ledgerd:7070 [--ledger-token-file /run/secrets/ledger-token]
+//	invoice-server --listen :8080 --ledger ledgerd:7070 [--ledger-token-file /run/secrets/ledger-token] [--database-url postgres://… --migrate]
+//
+// It serves gRPC reflection, so that grpcurl calls it without the
+// service's .proto files.
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
 
 	invoicev1 "github.com/idemledger/idemledger/examples/gen/invoice/v1"
 	"github.com/idemledger/idemledger/examples/invoice"
@@ -105,6 +109,7 @@ func run(ctx context.Context, lis net.Listener, ledgerAddr, tokenFile, databaseU
 	invoicev1.RegisterInvoiceServiceServer(gs, svc)
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(gs, h)
+	reflection.Register(gs) // grpcurl, as the README shows, needs no .proto files
 	go func() {
 		<-ctx.Done()
 		h.Shutdown()
