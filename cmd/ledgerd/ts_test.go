@@ -35,7 +35,7 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), node, append([]string{"--import", "tsx", "--test"}, tests...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_TOKEN=ts-secret",
+	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_ADMIN=http://"+p.admin, "LEDGER_TOKEN=ts-secret",
 		"FENCE_DATABASE_URL="+pgtest.NewDatabase(t)) // the fence's tests, with node-postgres
 	out, err := cmd.CombinedOutput()
 	if err != nil {

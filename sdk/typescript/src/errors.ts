@@ -56,6 +56,9 @@ export function ledgerError(err: unknown): LedgerError | undefined {
     return err;
   }
   const ce = ConnectError.from(err);
+  if (ce.cause instanceof LedgerError) {
+    return ce.cause; // an interceptor's own typed error, such as a misconfigured baseUrl
+  }
   const [detail] = ce.findDetails(ErrorDetailSchema);
   if (detail === undefined) {
     return undefined;

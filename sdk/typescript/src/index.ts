@@ -2,7 +2,7 @@
 export * from "./gen/idemledger/v1/ledger_pb.js";
 export * from "./gen/idemledger/v1/errors_pb.js";
 export { codeName, LedgerError, ledgerError } from "./errors.js";
-export { createLedger, type Ledger, type LedgerOptions } from "./ledger.js";
+export { createLedger, LedgerConfigError, type Ledger, type LedgerOptions } from "./ledger.js";
 export { fingerprintJSON } from "./fingerprint.js";
 export { Guard, OutcomeUnknownError, statusError, type Call, type Claim, type GuardOptions, type OnInProgress, type OnLeaseExpiryPolicy, type Outcome, type Policy, type Result, type Run } from "./guard.js";
 export * from "./mcp.js";

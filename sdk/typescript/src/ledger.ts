@@ -1,14 +1,16 @@
 // The LedgerService client: Connect or gRPC to ledgerd, with the write
 // service's bearer token and a deadline on every call.
-import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
+import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { LedgerService } from "./gen/idemledger/v1/ledger_pb.js";
+import { LedgerError } from "./errors.js";
 
 /** A LedgerService client. */
 export type Ledger = Client<typeof LedgerService>;
 
 export interface LedgerOptions {
-  /** ledgerd's HTTP listener (Connect), or its gRPC listener with protocol "grpc": "http://127.0.0.1:7071". */
+  /** ledgerd's HTTP listener (Connect, --http-listen): "http://127.0.0.1:7072"; or its gRPC listener (7070) with protocol "grpc". Never the admin listener (7071). */
   baseUrl: string;
   /** "connect" (the default) or "grpc". */
   protocol?: "connect" | "grpc";
@@ -16,11 +18,26 @@ export interface LedgerOptions {
   token?: string;
   /** The deadline of each call in milliseconds, unless the call sets its own (5 s when absent; 0: none). */
   timeoutMs?: number;
+  /** Where a configuration error is written, once per client (console.error when absent). */
+  log?: (message: string) => void;
+}
+
+/**
+ * LedgerConfigError is the cause of the INTERNAL error that a call gets
+ * when baseUrl does not answer as ledgerd's LedgerService: a 404, or an
+ * answer that is not Connect or gRPC (the admin listener, another
+ * server). It is the service's configuration, not a retryable outage.
+ */
+export class LedgerConfigError extends Error {
+  constructor(message: string, opts: { cause?: unknown } = {}) {
+    super(message, opts);
+    this.name = "LedgerConfigError";
+  }
 }
 
 /** createLedger connects to ledgerd. */
 export function createLedger(opts: LedgerOptions): Ledger {
-  const interceptors: Interceptor[] = [];
+  const interceptors: Interceptor[] = [misconfigured(opts)];
   if (opts.token) {
     const header = `Bearer ${opts.token}`;
     interceptors.push((next) => (req) => {
@@ -34,4 +51,38 @@ export function createLedger(opts: LedgerOptions): Ledger {
     ? createGrpcTransport(common)
     : createConnectTransport({ ...common, httpVersion: "1.1" });
   return createClient(LedgerService, transport);
+}
+
+// misconfigured turns an answer that no ledgerd gives (a 404 without the
+// ledger's error detail, or a body that is neither Connect nor gRPC) into
+// an INTERNAL LedgerError whose cause, a LedgerConfigError, says what to
+// fix; it is written to opts.log the first time. A 503 from a proxy or a
+// refused connection stays what it is: UNAVAILABLE, retryable.
+function misconfigured(opts: LedgerOptions): Interceptor {
+  let logged = false;
+  const log = opts.log ?? ((m: string) => console.error(m));
+  return (next) => async (req) => {
+    try {
+      return await next(req);
+    } catch (err) {
+      const ce = ConnectError.from(err);
+      const contentType = ce.metadata.get("content-type") ?? "";
+      const ours = /^application\/(json|proto|grpc|connect)/.test(contentType) || ce.findDetails(ErrorDetailSchema).length > 0;
+      const foreign = ce.code === Code.Unimplemented || (ce.code === Code.Unknown && contentType !== "");
+      if (ours || !foreign) {
+        throw err;
+      }
+      const what = ce.code === Code.Unimplemented ? ce.rawMessage : `an answer of type ${contentType}`;
+      const cause = new LedgerError(ErrorCode.INTERNAL, "internal error", {
+        cause: new LedgerConfigError(
+          `idemledger: ${opts.baseUrl} is not ledgerd's LedgerService (${what} to ${req.method.name}): ` +
+          `set baseUrl to ledgerd's HTTP listener (--http-listen, 7072 by default), not its admin listener (7071)`, { cause: err }),
+      });
+      if (!logged) {
+        logged = true;
+        log(String((cause.cause as Error).message));
+      }
+      throw cause;
+    }
+  };
 }

@@ -2,7 +2,7 @@
 // HTTP listener) and over gRPC (its gRPC listener), and decodes
 // KEY_REUSED and IN_PROGRESS with their details. The Go test
 // TestTypeScriptClient (cmd/ledgerd) starts ledgerd and runs this with
-// LEDGER_HTTP, LEDGER_GRPC and LEDGER_TOKEN set.
+// LEDGER_HTTP, LEDGER_GRPC, LEDGER_ADMIN and LEDGER_TOKEN set.
 import { strict as assert } from "node:assert";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
@@ -12,7 +12,7 @@ import { anyPack, anyUnpack, StringValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { createLedger, ErrorCode, LedgerService, ledgerError } from "../src/index.js";
+import { createLedger, ErrorCode, Guard, LedgerConfigError, LedgerError, LedgerService, ledgerError } from "../src/index.js";
 
 const token = process.env.LEDGER_TOKEN ?? "";
 const bearer: Interceptor = (next) => (req) => {
@@ -78,4 +78,34 @@ test("timeoutMs 0 is no deadline, not one already past", async () => {
   const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token, timeoutMs: 0 });
   const claimed = await ledger.begin({ tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
   assert.equal(claimed.result.case, "claim");
+});
+
+test("a baseUrl that is not the ledger is a configuration error, said once, never UNAVAILABLE", async () => {
+  // ledgerd's admin listener answers 404 to the LedgerService.
+  const logged: string[] = [];
+  const ledger = createLedger({ baseUrl: process.env.LEDGER_ADMIN!, token, log: (m) => logged.push(m) });
+  const guard = new Guard(ledger);
+  const call = { tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: {} };
+  for (let i = 0; i < 2; i++) {
+    let ran = false;
+    const err = await guard.do({ ...call }, async () => { ran = true; return {}; }).then(
+      () => assert.fail("a call through a wrong endpoint succeeded"),
+      (e: unknown) => e,
+    );
+    assert.equal(ran, false, "the write does not run");
+    assert.ok(err instanceof LedgerError);
+    assert.equal(err.code, ErrorCode.INTERNAL, `got ${err.codeName}: ${err.message}`);
+    assert.equal(err.retryable, false);
+    assert.equal(err.message, "internal error", "the caller is not told the service's configuration");
+    assert.ok(err.cause instanceof LedgerConfigError);
+  }
+  assert.equal(logged.length, 1, "said once");
+  assert.match(logged[0], /is not ledgerd's LedgerService \(HTTP 404 to Begin\).*--http-listen, 7072/);
+
+  // A port where nothing listens is an outage: UNAVAILABLE, retryable, nothing said.
+  const closed = createLedger({ baseUrl: "http://127.0.0.1:1", log: (m) => logged.push(m) });
+  const down = await new Guard(closed).do({ ...call }, async () => ({})).then(() => assert.fail("succeeded"), (e: unknown) => e);
+  assert.ok(down instanceof LedgerError);
+  assert.equal(down.code, ErrorCode.UNAVAILABLE);
+  assert.equal(logged.length, 1);
 });
