@@ -11,10 +11,12 @@ import (
 
 // TestLocalClusterCommands runs the runbook's "Local cluster" commands as
 // written, against compose's ledgerd and invoice service started as
-// TestComposeStartsLedgerd starts them: grpcurl is this module's tool, and
+// TestComposeStartsLedgerd starts them, from the repository's root:
+// grpcurl is this module's tool, curl and go run are the machine's, and
 // only the published addresses move to where the services listen here.
 // docker compose itself cannot run here. A command marked "twice" runs
-// twice and must answer the same both times.
+// twice and must answer the same both times; each command's answer is
+// checked for what the runbook says it shows.
 func TestLocalClusterCommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs ledgerd and the invoice service on PostgreSQL")
@@ -25,19 +27,40 @@ func TestLocalClusterCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	published := startCompose(t, true)
-	ran := 0
+	for _, port := range []string{"7070", "7071", "7072"} {
+		if published["localhost:"+port] == "" {
+			t.Errorf("compose's ledgerd does not publish %s", port)
+		}
+	}
+	// What each command must print, by what it runs.
+	want := []struct{ prefix, shows string }{
+		{"grpcurl -plaintext -import-path proto ", `"claim"`},
+		{"grpcurl -plaintext -import-path examples/proto ", `"invoice"`},
+		{"curl -s localhost:7072/", `{"claim":`},
+		{"go run ./cmd/idemctl ", "k-2"},
+		{"curl -s -o /dev/null -w ", "303"},
+	}
+	ran := map[string]bool{}
 	for _, c := range commands {
 		if strings.HasPrefix(c, "docker compose ") {
 			continue
 		}
-		if !strings.HasPrefix(c, "grpcurl ") {
-			t.Errorf("a command this test does not know how to run: %s", c)
+		shows := ""
+		for _, w := range want {
+			if strings.HasPrefix(c, w.prefix) {
+				shows, ran[w.prefix] = w.shows, true
+			}
+		}
+		if shows == "" {
+			t.Errorf("a command this test does not know: %s", c)
 			continue
 		}
 		line, comment, _ := strings.Cut(c, "#")
-		line = grpcurl + strings.TrimPrefix(line, "grpcurl")
+		if strings.HasPrefix(line, "grpcurl ") {
+			line = grpcurl + strings.TrimPrefix(line, "grpcurl")
+		}
 		for host, addr := range published {
-			line = strings.ReplaceAll(line, " "+host+" ", " "+addr+" ")
+			line = strings.ReplaceAll(line, host, addr)
 		}
 		times := 1
 		if strings.Contains(comment, "twice") {
@@ -51,16 +74,20 @@ func TestLocalClusterCommands(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", c, err, out)
 			}
+			if !strings.Contains(string(out), shows) {
+				t.Errorf("%s: want %s in its answer:\n%s", c, shows, out)
+			}
 			if i == 0 {
 				first = string(out)
 			} else if string(out) != first {
 				t.Errorf("%s: the second answer differs:\n%s\nthen:\n%s", c, first, out)
 			}
 		}
-		ran++
 	}
-	if ran == 0 {
-		t.Fatal("the runbook's Local cluster section has no grpcurl command")
+	for _, w := range want {
+		if !ran[w.prefix] {
+			t.Errorf("the runbook's Local cluster section has no %q command", w.prefix)
+		}
 	}
 }
 
