@@ -27,3 +27,28 @@ func TestDocsListEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsListEveryMetric: docs/ledgerd.md's Metrics names every
+// idemledger_* family that a ledgerd on its embedded store exports (the
+// SQL families are checked by name in TestPostgreSQLStore).
+func TestDocsListEveryMetric(t *testing.T) {
+	t.Parallel() // its own process and directory
+	doc, err := os.ReadFile("../../docs/ledgerd.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(doc), "\n## Metrics\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	p := start(t, "--data-dir", t.TempDir())
+	p.waitServing(t, p.dial(t))
+	families := regexp.MustCompile(`(?m)^# TYPE (idemledger_[a-z_]+) `).FindAllStringSubmatch(p.metrics(t), -1)
+	if len(families) < 10 {
+		t.Fatalf("ledgerd exported %d idemledger families", len(families))
+	}
+	for _, f := range families {
+		name := f[1]
+		if !strings.Contains(section, "`"+name) && !strings.Contains(section, "`_"+strings.TrimPrefix(name, "idemledger_sql_")) {
+			t.Errorf("docs/ledgerd.md's Metrics does not name %s", name)
+		}
+	}
+}

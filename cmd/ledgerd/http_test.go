@@ -169,7 +169,8 @@ func TestStoreMetrics(t *testing.T) {
 		for _, want := range []string{
 			`idemledger_records{state="completed"} 1`,
 			`idemledger_records{state="in_progress"} 1`,
-			`idemledger_store_seconds_bucket{home="",op="claim",le=`,
+			`idemledger_store_seconds_count{home="",op="claim"} 2`, // the two Begins; not the readiness canary's
+			`idemledger_store_seconds_count{home="",op="canary"} `,
 			`idemledger_store_seconds_count{home="",op="complete"} 1`,
 			`idemledger_outcome_bytes_count 1`,
 		} {

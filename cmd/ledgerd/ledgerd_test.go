@@ -563,8 +563,8 @@ func TestPostgreSQLStore(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	if syncs := metricValue(t, m, "idemledger_pebble_wal_sync_seconds_count"); syncs != 0 {
-		t.Errorf("ledgerd on a SQL store counts %v syncs of an embedded store's log", syncs)
+	if strings.Contains(m, "idemledger_pebble_") {
+		t.Error("ledgerd on a SQL store exports the embedded store's metrics")
 	}
 
 	q := start(t, "--database-url", url)

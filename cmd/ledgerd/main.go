@@ -261,8 +261,10 @@ func (d *daemon) storeMetrics(ctx context.Context) {
 	if d.cfg.databaseURL != "" && d.cfg.sqlBatching {
 		d.reg.MustRegister(d.store.batchMetrics()...)
 	}
-	d.reg.MustRegister(d.store.stallMetrics()...)
-	d.reg.MustRegister(d.store.walSyncMetric())
+	if d.cfg.databaseURL == "" { // the embedded store's own; a SQL ledgerd has no Pebble to report
+		d.reg.MustRegister(d.store.stallMetrics()...)
+		d.reg.MustRegister(d.store.walSyncMetric())
+	}
 	if d.cfg.followerReads > 0 {
 		d.reg.MustRegister(d.store.followerMetrics()...)
 	}
@@ -525,7 +527,7 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.Ping(pctx)
 		if err == nil {
-			err = canary.write(pctx, st)
+			err = st.canaryWrite(pctx, canary)
 		}
 		cancel()
 		if ctx.Err() != nil {

@@ -65,8 +65,8 @@ func (l *lateStore) batchMetrics() []prometheus.Collector {
 
 // stallMetrics are the embedded store's write stalls:
 // idemledger_pebble_write_stalls_total and
-// idemledger_pebble_write_stall_seconds_total. Zero until it is open, and
-// for the SQL store.
+// idemledger_pebble_write_stall_seconds_total. Zero until it is open;
+// registered for the embedded store only.
 func (l *lateStore) stallMetrics() []prometheus.Collector {
 	stalls := func() pebble.WriteStalls {
 		if s, err := l.get(); err == nil {
@@ -90,7 +90,7 @@ func (l *lateStore) stallMetrics() []prometheus.Collector {
 
 // walSyncs is the embedded store's log syncs as the histogram
 // idemledger_pebble_wal_sync_seconds, read from the store at each
-// scrape. Empty until it is open, and for the SQL store.
+// scrape. Empty until it is open; registered for the embedded store only.
 type walSyncs struct {
 	l    *lateStore
 	desc *prometheus.Desc
@@ -153,7 +153,7 @@ func newStoreMetrics(reg prometheus.Registerer) *storeMetrics {
 	m := &storeMetrics{
 		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "idemledger", Name: "store_seconds",
-			Help:    "Latency of the store's calls by operation (claim, complete, release, extend, resolve, get, get_many, list, purge, census) and by the home region of the call's tenant (with --homes; empty otherwise).",
+			Help:    "Latency of the store's calls by operation (claim, complete, release, extend, resolve, get, get_many, list, purge, census; canary: the readiness check's claim and release of a key of its own) and by the home region of the call's tenant (with --homes; empty otherwise).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18), // 100 µs to 13 s
 		}, []string{"op", "home"}),
 		outcome: prometheus.NewHistogram(prometheus.HistogramOpts{
