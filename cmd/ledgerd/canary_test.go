@@ -82,7 +82,8 @@ func (*failed) Ping(context.Context) error {
 
 // TestLivenessAsksForARestart: /healthz is 200 while the store works or
 // is merely full, and 503 once the store says only a restart mends it, so
-// that the supervisor restarts ledgerd.
+// that the supervisor restarts ledgerd; the health listener's "liveness"
+// service (the Kubernetes liveness probe's) says the same.
 func TestLivenessAsksForARestart(t *testing.T) {
 	st := newLateStore(config{}, slog.New(slog.DiscardHandler))
 	h := health.NewServer()
@@ -91,6 +92,7 @@ func TestLivenessAsksForARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	p := probes{Server: h, mustRestart: st.mustRestart}
 	live := func() int {
 		t.Helper()
 		r, err := http.Get("http://" + srv.Addr + "/healthz")
@@ -98,6 +100,13 @@ func TestLivenessAsksForARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Body.Close()
+		res, err := p.Check(t.Context(), &healthpb.HealthCheckRequest{Service: livenessService})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if grpcLive := res.GetStatus() == healthpb.HealthCheckResponse_SERVING; grpcLive != (r.StatusCode == http.StatusOK) {
+			t.Fatalf("/healthz answers %d, the liveness service %v", r.StatusCode, res.GetStatus())
+		}
 		return r.StatusCode
 	}
 	if got := live(); got != http.StatusOK {

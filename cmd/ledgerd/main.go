@@ -201,7 +201,7 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 		return nil, err
 	}
 	d.setServing(healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(d.grpc, d.health)
+	healthpb.RegisterHealthServer(d.grpc, probes{Server: d.health, mustRestart: d.store.mustRestart})
 	d.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "idemledger", Name: "ready",
 		Help: "1 while ledgerd serves (its store takes writes), 0 while it reports NOT_SERVING."}, func() float64 {
 		res, err := d.health.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -270,6 +270,30 @@ func (d *daemon) storeMetrics(ctx context.Context) {
 	}
 }
 
+// livenessService is the grpc.health.v1 service a liveness probe asks for:
+// SERVING unless the store must be reopened by a restart, as /healthz.
+const livenessService = "liveness"
+
+// probes is grpc.health.v1 as ledgerd serves it: livenessService answers
+// what /healthz answers (a liveness probe on the health listener, which
+// the NetworkPolicy opens to the kubelet, needs no admin port), every
+// other service what the health server holds (readiness: the canary).
+type probes struct {
+	*health.Server
+	mustRestart func(context.Context) error
+}
+
+func (p probes) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if req.GetService() != livenessService {
+		return p.Server.Check(ctx, req)
+	}
+	status := healthpb.HealthCheckResponse_SERVING
+	if p.mustRestart(ctx) != nil { // said as the status, not as the call's error
+		status = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	return &healthpb.HealthCheckResponse{Status: status}, nil
+}
+
 // setServing reports st for the whole server and for LedgerService.
 func (d *daemon) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 	d.health.SetServingStatus("", st)
@@ -298,7 +322,7 @@ func (d *daemon) listen(ctx context.Context) (err error) {
 		}
 		d.healthAddr = hl.Addr().String()
 		d.healthOnly = grpc.NewServer()
-		healthpb.RegisterHealthServer(d.healthOnly, d.health)
+		healthpb.RegisterHealthServer(d.healthOnly, probes{Server: d.health, mustRestart: d.store.mustRestart})
 		go func() { _ = d.healthOnly.Serve(hl) }()
 	}
 	if d.cfg.httpListen != "" {

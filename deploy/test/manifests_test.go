@@ -21,6 +21,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -253,7 +255,7 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 		listeners[name] = value
 	}
 	health := checkListeners(t, d.Name, listeners)
-	for name, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe} {
+	for name, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		if probe == nil || probe.GRPC == nil || fmt.Sprint(probe.GRPC.Port) != health {
 			t.Errorf("%s: the %s probe is not gRPC on --health-listen's port %s", d.Name, name, health)
 		}
@@ -272,6 +274,7 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 // Deployments' pods.
 func checkSelectors(t *testing.T, objs map[string]any) {
 	t.Helper()
+	checkNetwork(t, objs)
 	var podLabels []map[string]string
 	for _, o := range objs {
 		if d, ok := o.(*appsv1.Deployment); ok {
@@ -404,4 +407,199 @@ func TestComposeFile(t *testing.T) {
 		t.Fatal("the compose file's ledgerd has no LEDGER_* environment")
 	}
 	checkListeners(t, "compose", listeners)
+}
+
+// pod is a pod a NetworkPolicy is asked about: its namespace's labels and
+// its own; node is the kubelet, which no pod selector matches.
+type pod struct {
+	ns, labels map[string]string
+	node       bool
+}
+
+var (
+	kubelet      = pod{node: true}
+	clientPod    = pod{ns: map[string]string{"kubernetes.io/metadata.name": "billing"}, labels: map[string]string{"app": "billing", "idemledger.io/client": "true"}}
+	otherPod     = pod{ns: map[string]string{"kubernetes.io/metadata.name": "billing"}, labels: map[string]string{"app": "billing"}}
+	prometheus   = pod{ns: map[string]string{"kubernetes.io/metadata.name": "monitoring"}, labels: map[string]string{"app.kubernetes.io/name": "prometheus"}}
+	cockroachPod = pod{ns: map[string]string{"kubernetes.io/metadata.name": "cockroach"}, labels: map[string]string{"app.kubernetes.io/name": "cockroachdb"}}
+	dnsPod       = pod{ns: map[string]string{"kubernetes.io/metadata.name": "kube-system"}, labels: map[string]string{"k8s-app": "kube-dns"}}
+	collector    = pod{ns: map[string]string{"kubernetes.io/metadata.name": "monitoring"}, labels: map[string]string{"app.kubernetes.io/name": "opentelemetry-collector"}}
+)
+
+// policiesOf are the NetworkPolicies of objs that select d's pods.
+func policiesOf(t *testing.T, objs map[string]any, d *appsv1.Deployment) []*networkingv1.NetworkPolicy {
+	t.Helper()
+	var nps []*networkingv1.NetworkPolicy
+	for _, o := range objs {
+		np, ok := o.(*networkingv1.NetworkPolicy)
+		if !ok || np.Namespace != d.Namespace {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+			nps = append(nps, np)
+		}
+	}
+	return nps
+}
+
+// matches reports whether peers (a rule's from or to; none: everyone)
+// take p, for a policy in namespace ns.
+func matches(t *testing.T, peers []networkingv1.NetworkPolicyPeer, ns string, p pod) bool {
+	t.Helper()
+	if len(peers) == 0 {
+		return true
+	}
+	sel := func(s *metav1.LabelSelector, l map[string]string) bool {
+		x, err := metav1.LabelSelectorAsSelector(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x.Matches(labels.Set(l))
+	}
+	for _, peer := range peers {
+		if p.node || peer.IPBlock != nil {
+			continue
+		}
+		nsOK := p.ns["kubernetes.io/metadata.name"] == ns
+		if peer.NamespaceSelector != nil {
+			nsOK = sel(peer.NamespaceSelector, p.ns)
+		}
+		if nsOK && (peer.PodSelector == nil || sel(peer.PodSelector, p.labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// reaches reports whether the NetworkPolicies let traffic between d's pods
+// and p on port: in (p to the pod) or out (the pod to p).
+func reaches(t *testing.T, nps []*networkingv1.NetworkPolicy, ns string, p pod, port string, in bool) bool {
+	t.Helper()
+	for _, np := range nps {
+		if in {
+			for _, r := range np.Spec.Ingress {
+				if matches(t, r.From, ns, p) && slices.ContainsFunc(r.Ports, func(pp networkingv1.NetworkPolicyPort) bool { return pp.Port.String() == port }) {
+					return true
+				}
+			}
+			continue
+		}
+		for _, r := range np.Spec.Egress {
+			if matches(t, r.To, ns, p) && slices.ContainsFunc(r.Ports, func(pp networkingv1.NetworkPolicyPort) bool { return pp.Port.String() == port }) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkNetwork: the NetworkPolicies that select each ledgerd pod let its
+// clients reach gRPC and Connect, Prometheus the admin port, the kubelet
+// every probe's port, and the pod reach CockroachDB and DNS; and they keep
+// out a pod that is not a client.
+func checkNetwork(t *testing.T, objs map[string]any) {
+	t.Helper()
+	for _, o := range objs {
+		d, ok := o.(*appsv1.Deployment)
+		if !ok {
+			continue
+		}
+		nps := policiesOf(t, objs, d)
+		if len(nps) == 0 {
+			t.Errorf("%s: no NetworkPolicy selects its pods", d.Name)
+			continue
+		}
+		c := d.Spec.Template.Spec.Containers[0]
+		probes := map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe}
+		for name, probe := range probes {
+			port := ""
+			switch {
+			case probe == nil:
+				continue
+			case probe.GRPC != nil:
+				port = fmt.Sprint(probe.GRPC.Port)
+			case probe.HTTPGet != nil:
+				port = probe.HTTPGet.Port.String()
+				for _, cp := range c.Ports {
+					if cp.Name == port {
+						port = fmt.Sprint(cp.ContainerPort)
+					}
+				}
+			}
+			if !reaches(t, nps, d.Namespace, kubelet, port, true) {
+				t.Errorf("%s: the %s probe's port %s is closed to the kubelet by the NetworkPolicy", d.Name, name, port)
+			}
+		}
+		for _, c := range []struct {
+			what string
+			p    pod
+			port string
+			in   bool
+			want bool
+		}{
+			{"a client to gRPC", clientPod, "7070", true, true},
+			{"a client to Connect", clientPod, "7072", true, true},
+			{"a pod that is no client to gRPC", otherPod, "7070", true, false},
+			{"Prometheus to the admin port", prometheus, "7071", true, true},
+			{"a client to the admin port", clientPod, "7071", true, false},
+			{"ledgerd to CockroachDB", cockroachPod, "26257", false, true},
+			{"ledgerd to DNS", dnsPod, "53", false, true},
+		} {
+			if got := reaches(t, nps, d.Namespace, c.p, c.port, c.in); got != c.want {
+				t.Errorf("%s: %s on %s: allowed %v, want %v", d.Name, c.what, c.port, got, c.want)
+			}
+		}
+	}
+}
+
+// TestNetworkKnobs renders single-region with the two components that
+// deploy/README.md's "Network" adds (testdata/knobs): ledgerd's pods may
+// then reach a database outside the cluster on CockroachDB's and
+// PostgreSQL's ports, and an OpenTelemetry collector on OTLP's, and
+// ledgerd is told where the collector is; the probes stay open.
+func TestNetworkKnobs(t *testing.T) {
+	objs := render(t, "testdata/knobs")
+	d := objs["Deployment/ledgerd"].(*appsv1.Deployment)
+	checkDeployment(t, d)
+	checkSelectors(t, objs)
+	nps := policiesOf(t, objs, d)
+	for _, c := range []struct {
+		what string
+		p    pod
+		port string
+	}{
+		{"a database outside the cluster (CockroachDB)", pod{node: true}, "26257"},
+		{"a database outside the cluster (PostgreSQL)", pod{node: true}, "5432"},
+		{"the collector (OTLP/gRPC)", collector, "4317"},
+		{"the collector (OTLP/HTTP)", collector, "4318"},
+	} {
+		if !reaches(t, nps, d.Namespace, c.p, c.port, false) && !reachesAddress(nps, c.port) {
+			t.Errorf("ledgerd may not reach %s on %s", c.what, c.port)
+		}
+	}
+	env := map[string]string{}
+	for _, e := range d.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	if !strings.HasSuffix(env["OTEL_EXPORTER_OTLP_ENDPOINT"], ":4317") || env["OTEL_EXPORTER_OTLP_PROTOCOL"] != "grpc" {
+		t.Errorf("ledgerd is not told where the collector is: %v", env)
+	}
+}
+
+// reachesAddress reports whether an egress rule to an IP block opens port.
+func reachesAddress(nps []*networkingv1.NetworkPolicy, port string) bool {
+	for _, np := range nps {
+		for _, r := range np.Spec.Egress {
+			for _, to := range r.To {
+				if to.IPBlock != nil && slices.ContainsFunc(r.Ports, func(pp networkingv1.NetworkPolicyPort) bool { return pp.Port.String() == port }) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

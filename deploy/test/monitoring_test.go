@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -182,23 +183,48 @@ func exports(families map[string]string, name string) bool {
 var exported map[string]string
 
 // exportedMetrics runs ledgerd on PostgreSQL (so that the SQL batch
-// metrics are there), makes a claim, a completion and a replay, and
-// returns the metric families on its /metrics with their types.
+// metrics are there) and on its embedded store (the Pebble metrics), makes
+// a claim, a completion and a replay on each, and returns the metric
+// families on their /metrics with their types: a rule or a panel may read
+// what either exports.
 func exportedMetrics(t *testing.T) map[string]string {
 	t.Helper()
 	if exported != nil {
 		return exported
 	}
 	if testing.Short() {
-		t.Skip("builds and runs ledgerd on PostgreSQL")
+		t.Skip("builds and runs ledgerd on PostgreSQL and on its embedded store")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "ledgerd")
+	bin := filepath.Join(t.TempDir(), "ledgerd")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/ledgerd").CombinedOutput(); err != nil {
 		t.Fatalf("build ledgerd: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "",
-		"--database-url", pgtest.NewDatabase(t), "--migrate", "--census-interval", "100ms")
+	all := map[string]string{}
+	for store, c := range map[string]struct {
+		args []string
+		want string
+	}{
+		"PostgreSQL": {[]string{"--database-url", pgtest.NewDatabase(t), "--migrate"}, "idemledger_sql_batches_total"},
+		"embedded":   {[]string{"--data-dir", t.TempDir()}, "idemledger_pebble_wal_sync_seconds"},
+	} {
+		families := ledgerdFamilies(t, bin, store, c.args...)
+		for _, want := range []string{"idemledger_decisions_total", "idemledger_store_seconds", "idemledger_records", c.want} {
+			if _, ok := families[want]; !ok {
+				t.Fatalf("ledgerd on %s does not export %s", store, want)
+			}
+		}
+		maps.Copy(all, families)
+	}
+	exported = all
+	return exported
+}
+
+// ledgerdFamilies runs bin with args, claims, completes and replays a key,
+// waits for the census, and returns the families on its /metrics.
+func ledgerdFamilies(t *testing.T, bin, store string, args ...string) map[string]string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "",
+		"--census-interval", "100ms"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +250,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 	case a := <-addrs:
 		grpcAddr, admin = a[0], a[1]
 	case <-time.After(30 * time.Second):
-		t.Fatal("ledgerd did not listen")
+		t.Fatalf("ledgerd on %s did not listen", store)
 	}
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -246,6 +272,9 @@ func exportedMetrics(t *testing.T) map[string]string {
 	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := client.Begin(ctx, req); err != nil {
+		t.Fatal(err)
+	}
 	// The census runs as soon as the store is open and every 100ms after;
 	// on a loaded machine the first may take a while.
 	var body []byte
@@ -258,19 +287,14 @@ func exportedMetrics(t *testing.T) map[string]string {
 		}
 		time.Sleep(100 * time.Millisecond) // poll the other process until it answers
 	}
-	exported = map[string]string{}
-	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+) (\S+)$`).FindAllStringSubmatch(string(body), -1) {
-		exported[m[1]] = m[2]
-	}
-	for _, want := range []string{"idemledger_decisions_total", "idemledger_store_seconds", "idemledger_records", "idemledger_sql_batches_total"} {
-		if _, ok := exported[want]; !ok {
-			t.Fatalf("ledgerd does not export %s:\n%s\nledgerd's log:\n%s", want, body, logged.String())
-		}
-	}
 	if strings.Contains(logged.String(), "census failed") {
-		t.Fatalf("the census failed on PostgreSQL:\n%s", logged.String())
+		t.Fatalf("the census failed on %s:\n%s", store, logged.String())
 	}
-	return exported
+	families := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+) (\S+)$`).FindAllStringSubmatch(string(body), -1) {
+		families[m[1]] = m[2]
+	}
+	return families
 }
 
 func scrape(url string) ([]byte, error) {
