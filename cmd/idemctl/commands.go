@@ -37,9 +37,17 @@ func scopeFlags(fs *flag.FlagSet, withKey bool) *scope {
 	return s
 }
 
+// helpError is a command's -h or --help: run prints the command's usage
+// to standard output and exits 0.
+type helpError struct{ fs *flag.FlagSet }
+
+func (helpError) Error() string { return "help requested" }
+
 func parse(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return helpError{fs}
+	} else if err != nil {
 		return usageError{fmt.Errorf("%s: %w", fs.Name(), err)}
 	}
 	if fs.NArg() > 0 {

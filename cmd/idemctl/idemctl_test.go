@@ -185,3 +185,25 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("idemctl --version: exit %d, %q %q", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestCommandHelp: idemctl <command> --help (or -h) and idemctl help
+// <command> print that command's flags to standard output and exit 0,
+// reaching no ledger; help of an unknown command is a usage error.
+func TestCommandHelp(t *testing.T) {
+	for cmd, flag := range map[string]string{"list": "-state", "get": "-key", "resolve": "-not-applied", "purge": "-all-records", "hash-token": "-admin"} {
+		for _, args := range [][]string{{cmd, "--help"}, {cmd, "-h"}, {"help", cmd}, {"--addr", "127.0.0.1:1", cmd, "--help"}} {
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), args, strings.NewReader(""), &stdout, &stderr)
+			if code != 0 || !strings.Contains(stdout.String(), "usage: idemctl [flags] "+cmd+" [flags]") || !strings.Contains(stdout.String(), flag) || stderr.Len() != 0 {
+				t.Errorf("idemctl %s: exit %d, stdout %q, stderr %q", strings.Join(args, " "), code, stdout.String(), stderr.String())
+			}
+		}
+	}
+	var stdout bytes.Buffer
+	if code := run(t.Context(), []string{"help"}, strings.NewReader(""), &stdout, &bytes.Buffer{}); code != 0 || !strings.Contains(stdout.String(), "hash-token") {
+		t.Errorf("idemctl help: exit %d, %q", code, stdout.String())
+	}
+	if code := run(t.Context(), []string{"help", "nope"}, strings.NewReader(""), &bytes.Buffer{}, &bytes.Buffer{}); code != 2 {
+		t.Errorf("idemctl help nope: exit %d, want 2", code)
+	}
+}

@@ -16,8 +16,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,6 +32,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/buildinfo"
+	"github.com/idemledger/idemledger/internal/clienttls"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
@@ -51,17 +50,25 @@ type global struct {
 	timeout                                                   time.Duration
 }
 
-const usage = `usage: idemctl [flags] <command> [flags]
+// usage is idemctl's help: its commands, then its flags.
+var usage = func() string {
+	var b strings.Builder
+	b.WriteString("usage: idemctl [flags] <command> [flags]\n\ncommands:\n")
+	for _, c := range []string{"list", "get", "resolve", "purge", "hash-token"} {
+		fmt.Fprintf(&b, "  %-11s %s\n", c, commands[c])
+	}
+	b.WriteString("  help        print a command's flags: idemctl help <command> (or idemctl <command> --help)\n\nflags:\n")
+	return b.String()
+}()
 
-commands:
-  list        list records of a namespace (and tenant, state), a page at a time
-  get         show one record, with its token
-  resolve     settle a record whose outcome is unknown: --applied '<Outcome JSON>' or --not-applied
-  purge       erase one record (--key), or a tenant's records (--all-records --yes)
-  hash-token  print the token-file entry of a token read from standard input
-
-flags:
-`
+// commands are what each command does, for its --help.
+var commands = map[string]string{
+	"list":       "list records of a namespace (and tenant, state), a page at a time",
+	"get":        "show one record, with its token",
+	"resolve":    "settle a record whose outcome is unknown: --applied '<Outcome JSON>' or --not-applied",
+	"purge":      "erase one record (--key), or a tenant's records (--all-records --yes)",
+	"hash-token": "print the token-file entry of a token read from standard input",
+}
 
 // run runs idemctl and returns its exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -99,6 +106,18 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 2
 	}
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	if cmd == "help" {
+		if len(rest) != 1 || commands[rest[0]] == "" {
+			fs.SetOutput(stdout)
+			_, _ = io.WriteString(stdout, usage)
+			fs.PrintDefaults()
+			if len(rest) == 0 {
+				return 0
+			}
+			return 2
+		}
+		cmd, rest = rest[0], []string{"--help"}
+	}
 	var err error
 	switch cmd {
 	case "hash-token":
@@ -120,8 +139,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = usageError{fmt.Errorf("unknown command %q", cmd)}
 	}
 	var ue usageError
+	var help helpError
 	switch {
 	case err == nil:
+		return 0
+	case errors.As(err, &help):
+		_, _ = fmt.Fprintf(stdout, "usage: idemctl [flags] %s [flags]\n\n%s\n\nflags:\n", cmd, commands[cmd])
+		help.fs.SetOutput(stdout)
+		help.fs.PrintDefaults()
+		_, _ = io.WriteString(stdout, "\nidemctl --help lists the flags before the command (the address, the credentials).\n")
 		return 0
 	case errors.As(err, &ue):
 		_, _ = fmt.Fprintln(stderr, "idemctl:", err)
@@ -156,26 +182,9 @@ func describe(err error) string {
 func withAdmin(ctx context.Context, g global, f func(context.Context, ledgerv1.AdminServiceClient) error) error {
 	creds := insecure.NewCredentials()
 	if g.tls || g.ca != "" || g.cert != "" {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: g.serverName}
-		if g.ca != "" {
-			pem, err := os.ReadFile(g.ca)
-			if err != nil {
-				return usageError{fmt.Errorf("--ca: %w", err)}
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return usageError{fmt.Errorf("--ca: no certificate in %s", g.ca)}
-			}
-		}
-		if (g.cert == "") != (g.key == "") {
-			return usageError{errors.New("--cert and --key go together")}
-		}
-		if g.cert != "" {
-			cert, err := tls.LoadX509KeyPair(g.cert, g.key)
-			if err != nil {
-				return usageError{fmt.Errorf("--cert, --key: %w", err)}
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		tc, err := clienttls.Config(clienttls.Options{CAFile: g.ca, CertFile: g.cert, KeyFile: g.key, ServerName: g.serverName})
+		if err != nil {
+			return usageError{fmt.Errorf("--ca, --cert, --key: %w", err)}
 		}
 		creds = credentials.NewTLS(tc)
 	}
