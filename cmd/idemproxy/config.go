@@ -24,6 +24,11 @@ import (
 //	ledger:
 //	  address: 127.0.0.1:7070
 //	  token_file: /run/secrets/ledger-token
+//	  tls:                                    # ledgerd over TLS; mutual with cert_file and key_file
+//	    ca_file: /etc/idemproxy/ca.crt
+//	    cert_file: /etc/idemproxy/tls.crt
+//	    key_file: /etc/idemproxy/tls.key
+//	    server_name: ledgerd.idemledger.svc
 //	mcp:
 //	  upstream:
 //	    url: http://127.0.0.1:8090/mcp        # Streamable HTTP, or:
@@ -49,11 +54,26 @@ import (
 //	    "POST /v1/invoices": {lease: 30s, release: [408, 429, 503]}
 type fileConfig struct {
 	Ledger struct {
-		Address   string `yaml:"address"`
-		TokenFile string `yaml:"token_file"`
+		Address   string    `yaml:"address"`
+		TokenFile string    `yaml:"token_file"`
+		TLS       ledgerTLS `yaml:"tls"`
 	} `yaml:"ledger"`
 	MCP  *mcpConfig  `yaml:"mcp"`
 	HTTP *httpConfig `yaml:"http"`
+}
+
+// ledgerTLS is how the proxy reaches a ledgerd that serves TLS (as
+// deploy/kubernetes does): on when enabled or when any file is named.
+type ledgerTLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+func (t ledgerTLS) on() bool {
+	return t.Enabled || t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != ""
 }
 
 // httpConfig is the HTTP mode: a reverse proxy in front of an HTTP API.

@@ -3,11 +3,14 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,10 +71,15 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 	if cfg.MaxBodyBytes > 0 {
 		opts = append(opts, httpguard.WithMaxBodyBytes(cfg.MaxBodyBytes))
 	}
-	for pattern, rc := range cfg.Routes {
+	for _, pattern := range slices.Sorted(maps.Keys(cfg.Routes)) {
+		rc := cfg.Routes[pattern]
 		route, err := rc.route(time.Duration(cfg.RunTimeout), cfg.Stripe)
 		if err != nil {
 			return nil, err
+		}
+		if method, _, ok := strings.Cut(pattern, " "); (!ok || method == "") && len(rc.Methods) == 0 {
+			log.Warn("a protected route names no method: only POST and PATCH are guarded, every other method passes to the upstream unguarded; name the method in the pattern (\"POST /v1/invoices\") or list methods",
+				"route", pattern)
 		}
 		opts = append(opts, httpguard.WithRoute(pattern, route))
 	}
@@ -105,15 +113,23 @@ func observeHTTP(reg prometheus.Registerer, routes map[string]routeConfig, mux *
 		Name: "idemproxy_http_requests_total",
 		Help: "HTTP requests by protected route, status and replayed (true: the stored response was replayed).",
 	}, []string{"route", "status", "replayed"})
-	reg.MustRegister(requests)
+	seconds := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idemproxy_http_request_seconds",
+		Help:    "Latency of HTTP requests as the proxy answered them, by protected route ((other): the rest) and replayed.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	}, []string{"route", "replayed"})
+	reg.MustRegister(requests, seconds)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		mux.ServeHTTP(sw, r)
 		route := r.Pattern
 		if _, ok := routes[route]; !ok {
 			route = "(other)"
 		}
-		requests.WithLabelValues(route, strconv.Itoa(sw.status), strconv.FormatBool(sw.Header().Get(httpguard.ReplayedHeader) == "true")).Inc()
+		replayed := strconv.FormatBool(sw.Header().Get(httpguard.ReplayedHeader) == "true")
+		requests.WithLabelValues(route, strconv.Itoa(sw.status), replayed).Inc()
+		seconds.WithLabelValues(route, replayed).Observe(time.Since(start).Seconds())
 	})
 }
 

@@ -14,6 +14,9 @@
 // An upstream that can fence its own writes with the token may do so.
 //
 //	idemproxy --config idemproxy.yaml [--listen 127.0.0.1:8091] [--admin-listen 127.0.0.1:8092]
+//
+// Every flag may be set by its environment variable instead: IDEMPROXY_
+// and the flag's name in capitals, - as _ (IDEMPROXY_LEDGER_CA).
 package main
 
 import (
@@ -34,11 +37,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/peterbourgon/ff/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
@@ -46,14 +51,21 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/internal/buildinfo"
+	"github.com/idemledger/idemledger/internal/clienttls"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
-// flags are the command line.
+// flags are the command line. Each may also be set by its environment
+// variable, IDEMPROXY_ and its name in capitals with _ for -
+// (IDEMPROXY_ADMIN_LISTEN); a flag on the command line wins.
 type flags struct {
 	config, listen, adminListen, ledger string
+	ledgerTokenFile                     string
+	ledgerTLS                           bool
+	ledgerCA, ledgerCert, ledgerKey     string
+	ledgerServerName                    string
 	drainTimeout                        time.Duration
-	logLevel                            string
+	logLevel, logFormat                 string
 	version                             bool
 }
 
@@ -65,16 +77,43 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8091", "the proxy's address (in MCP mode the endpoint is /mcp)")
 	fs.StringVar(&f.adminListen, "admin-listen", "127.0.0.1:8092", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
 	fs.StringVar(&f.ledger, "ledger", "", "ledgerd's gRPC address (overrides the file's ledger.address)")
+	fs.StringVar(&f.ledgerTokenFile, "ledger-token-file", "", "a file holding the namespace's bearer token for ledgerd (overrides ledger.token_file)")
+	fs.BoolVar(&f.ledgerTLS, "ledger-tls", false, "connect to ledgerd with TLS (ledger.tls.enabled; on when any of the files below is given)")
+	fs.StringVar(&f.ledgerCA, "ledger-ca", "", "CA bundle (PEM) that ledgerd's certificate chains to (ledger.tls.ca_file; default: the system's)")
+	fs.StringVar(&f.ledgerCert, "ledger-cert", "", "client certificate (PEM) for mutual TLS with ledgerd (ledger.tls.cert_file)")
+	fs.StringVar(&f.ledgerKey, "ledger-key", "", "the client certificate's private key (PEM) (ledger.tls.key_file)")
+	fs.StringVar(&f.ledgerServerName, "ledger-server-name", "", "the name ledgerd's certificate must carry (ledger.tls.server_name; default: from the address)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for calls in flight")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("IDEMPROXY")); err != nil {
 		return f, err
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	return f, nil
+}
+
+// apply puts the flags that override the file into cfg.
+func (f flags) apply(cfg *fileConfig) {
+	t := &cfg.Ledger.TLS
+	for _, o := range []struct {
+		flag string
+		file *string
+	}{
+		{f.ledger, &cfg.Ledger.Address}, {f.ledgerTokenFile, &cfg.Ledger.TokenFile},
+		{f.ledgerCA, &t.CAFile}, {f.ledgerCert, &t.CertFile}, {f.ledgerKey, &t.KeyFile}, {f.ledgerServerName, &t.ServerName},
+	} {
+		if o.flag != "" {
+			*o.file = o.flag
+		}
+	}
+	t.Enabled = t.Enabled || f.ledgerTLS
+	if cfg.Ledger.Address == "" {
+		cfg.Ledger.Address = "127.0.0.1:7070"
+	}
 }
 
 func main() {
@@ -96,18 +135,23 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprintln(stderr, "idemproxy: --log-level:", err)
 		return 2
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
+	switch f.logFormat {
+	case "json":
+		log = slog.New(slog.NewJSONHandler(stderr, opts))
+	case "text":
+		log = slog.New(slog.NewTextHandler(stderr, opts))
+	default:
+		_, _ = fmt.Fprintf(stderr, "idemproxy: --log-format is json or text, not %q\n", f.logFormat)
+		return 2
+	}
 	cfg, err := loadConfig(f.config)
 	if err != nil {
 		_, _ = fmt.Fprintln(stderr, "idemproxy:", err)
 		return 2
 	}
-	if f.ledger != "" {
-		cfg.Ledger.Address = f.ledger
-	}
-	if cfg.Ledger.Address == "" {
-		cfg.Ledger.Address = "127.0.0.1:7070"
-	}
+	f.apply(&cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := run(ctx, f, cfg, nil, log); err != nil {
@@ -146,7 +190,7 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 
 	reg := prometheus.NewRegistry()
 	bi := buildinfo.Read()
-	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "idemledger", Name: "build_info",
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Name: "idemproxy_build_info",
 		Help:        "The build of this process: its version, VCS revision and Go version, as labels; always 1.",
 		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}})
 	buildInfo.Set(1)
@@ -246,7 +290,15 @@ func dialLedger(cfg fileConfig) (*grpc.ClientConn, *ledgerclient.Client, error) 
 		}
 		opts = append(opts, ledgerclient.WithMetadata(metadata.Pairs("authorization", "Bearer "+strings.TrimSpace(string(b)))))
 	}
-	conn, err := grpc.NewClient(cfg.Ledger.Address, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	creds := insecure.NewCredentials()
+	if t := cfg.Ledger.TLS; t.on() {
+		tc, err := clienttls.Config(clienttls.Options{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName})
+		if err != nil {
+			return nil, nil, fmt.Errorf("ledger TLS: %w", err)
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(cfg.Ledger.Address, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -48,6 +48,8 @@ func httpStatus(le *errcode.Error) int {
 		return http.StatusGatewayTimeout
 	case errcode.OutcomeTooLarge:
 		return http.StatusConflict // the request ran; its answer was not kept
+	case errcode.PermissionDenied:
+		return http.StatusForbidden // the tenant the request names is not one this service's credentials cover
 	}
 	if le.Metadata["applied"] == "true" {
 		return http.StatusConflict
@@ -68,6 +70,7 @@ var titles = map[errcode.Code]string{
 	errcode.ValidationFailed: "The request cannot be guarded",
 	errcode.OutcomeTooLarge:  "The response was too large to keep",
 	errcode.UpstreamTimeout:  "The request ended before the idempotency ledger answered",
+	errcode.PermissionDenied: "The request's tenant is not one this service may write for",
 }
 
 // writeProblem answers err as a problem. A body over the limit is 413.
