@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	_ "google.golang.org/protobuf/types/known/wrapperspb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/recordstate"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -68,18 +70,10 @@ func (s *scope) need(cmd string, tenant, key bool) error {
 	return nil
 }
 
-var states = map[string]ledgerv1.State{
-	"":            ledgerv1.State_STATE_UNSPECIFIED,
-	"in-progress": ledgerv1.State_STATE_IN_PROGRESS,
-	"completed":   ledgerv1.State_STATE_COMPLETED,
-	"unknown":     ledgerv1.State_STATE_OUTCOME_UNKNOWN,
-	"expired":     ledgerv1.State_STATE_EXPIRED,
-}
-
 func list(ctx context.Context, admin ledgerv1.AdminServiceClient, args []string, out printer) error {
 	fs := flag.NewFlagSet("list", flag.ContinueOnError)
 	sc := scopeFlags(fs, false)
-	state := fs.String("state", "", "only records in this state: in-progress, completed, unknown or expired")
+	state := fs.String("state", "", "only records in this state: "+strings.Join(recordstate.Names, ", "))
 	pageSize := fs.Int("page-size", 100, "records a page, 1 to 1000")
 	pageToken := fs.String("page-token", "", "continue a listing where the page before ended")
 	all := fs.Bool("all", false, "follow every page")
@@ -90,9 +84,9 @@ func list(ctx context.Context, admin ledgerv1.AdminServiceClient, args []string,
 	if err := sc.need("list", false, false); err != nil {
 		return err
 	}
-	st, ok := states[*state]
+	st, keep, ok := recordstate.Filter(*state)
 	if !ok {
-		return usageError{fmt.Errorf("list: --state is in-progress, completed, unknown or expired, not %q", *state)}
+		return usageError{fmt.Errorf("list: --state is one of %s, not %q", strings.Join(recordstate.Names, ", "), *state)}
 	}
 	req := &ledgerv1.ListRecordsRequest{Namespace: sc.namespace, Tenant: sc.tenant, State: st,
 		PageSize: int32(*pageSize), PageToken: *pageToken, WithOutcomes: *outcomes} //nolint:gosec // the server bounds it
@@ -102,7 +96,12 @@ func list(ctx context.Context, admin ledgerv1.AdminServiceClient, args []string,
 		if err != nil {
 			return err
 		}
-		everything.Records = append(everything.Records, res.GetRecords()...)
+		now := time.Now()
+		for _, r := range res.GetRecords() {
+			if keep(r.GetRecord(), now) {
+				everything.Records = append(everything.Records, r)
+			}
+		}
 		everything.NextPageToken = res.GetNextPageToken()
 		if !*all || res.GetNextPageToken() == "" {
 			break
@@ -266,12 +265,38 @@ type printer struct {
 	json bool
 }
 
+// message writes m as JSON: protojson, with each record's state named as
+// recordstate names it (lease_expired included), as the table does.
 func (p printer) message(m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	b, err := protojson.Marshal(m)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(p.w, string(b))
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return err
+	}
+	now := time.Now()
+	name := func(v any, r *ledgerv1.AdminRecord) {
+		if rec, ok := v.(map[string]any)["record"].(map[string]any); ok {
+			rec["state"] = recordstate.Of(r.GetRecord(), now)
+		}
+	}
+	switch m := m.(type) {
+	case *ledgerv1.AdminRecord:
+		name(doc, m)
+	case *ledgerv1.ListRecordsResponse:
+		if list, ok := doc["records"].([]any); ok {
+			for i, r := range m.GetRecords() {
+				name(list[i], r)
+			}
+		}
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(p.w, string(out))
 	return err
 }
 
@@ -281,7 +306,7 @@ func (p printer) records(recs []*ledgerv1.AdminRecord) {
 	for _, r := range recs {
 		rec := r.GetRecord()
 		_, _ = fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.GetNamespace(), r.GetTenant(), r.GetKey(),
-			stateName(rec.GetState()), r.GetToken(), rec.GetAttempt(), rec.GetMethod(),
+			recordstate.Of(rec, time.Now()), r.GetToken(), rec.GetAttempt(), rec.GetMethod(),
 			stamp(rec.GetCreatedAt().AsTime()), stamp(rec.GetExpiresAt().AsTime()))
 	}
 	_ = tw.Flush()
@@ -301,7 +326,7 @@ func (p printer) record(r *ledgerv1.AdminRecord) error {
 	row("namespace", r.GetNamespace())
 	row("tenant", r.GetTenant())
 	row("key", r.GetKey())
-	row("state", stateName(rec.GetState()))
+	row("state", recordstate.Of(rec, time.Now()))
 	row("token", fmt.Sprint(r.GetToken()))
 	row("attempt", fmt.Sprint(rec.GetAttempt()))
 	row("method", rec.GetMethod())
@@ -328,10 +353,6 @@ func (p printer) record(r *ledgerv1.AdminRecord) error {
 		row("outcome", string(b))
 	}
 	return tw.Flush()
-}
-
-func stateName(s ledgerv1.State) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "STATE_")), "_", "-")
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

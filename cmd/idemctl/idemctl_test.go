@@ -88,18 +88,41 @@ func TestAgainstLedgerd(t *testing.T) {
 	if _, err := client.Complete(billing, &ledgerv1.CompleteRequest{Tenant: "globex", Key: "g-1", Token: g1.GetClaim().GetToken(), Outcome: out}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1100 * time.Millisecond) // charge-7's lease runs out: its outcome is unknown
+	// lapsed: a TAKEOVER attempt whose lease runs out with nobody completing it.
+	if _, err := client.Begin(billing, &ledgerv1.BeginRequest{Tenant: "acme", Key: "lapsed", Fingerprint: ledgertest.Fingerprint("p"),
+		Method: "mcp:tools/charge_card", Lease: durationpb.New(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	begin("acme", "running", false)
+	time.Sleep(1100 * time.Millisecond) // charge-7's and lapsed's leases run out: unknown, and lease_expired
 
 	// The runbook: find the unknown keys.
-	code, stdout, stderr := idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "unknown")
-	if code != 0 || !strings.Contains(stdout, "charge-7") || !strings.Contains(stdout, "unknown") || strings.Contains(stdout, "k-1") {
-		t.Fatalf("list --state unknown: %d\n%s%s", code, stdout, stderr)
+	code, stdout, stderr := idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "outcome_unknown")
+	if code != 0 || !strings.Contains(stdout, "charge-7") || !strings.Contains(stdout, "outcome_unknown") || strings.Contains(stdout, "k-1") || strings.Contains(stdout, "lapsed") {
+		t.Fatalf("list --state outcome_unknown: %d\n%s%s", code, stdout, stderr)
+	}
+	// A lease that ran out with nobody completing it reads lease_expired,
+	// in the table, in the JSON and in a search; in_progress is the rest.
+	code, stdout, stderr = idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "lease_expired")
+	if code != 0 || !regexp.MustCompile(`(?m)^billing +acme +lapsed +lease_expired `).MatchString(stdout) || strings.Contains(stdout, "running") {
+		t.Fatalf("list --state lease_expired: %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "in_progress")
+	if code != 0 || !regexp.MustCompile(`(?m)^billing +acme +running +in_progress `).MatchString(stdout) || strings.Contains(stdout, "lapsed") {
+		t.Fatalf("list --state in_progress: %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = idemctl(t, addr, "ops-secret", "-o", "json", "get", "--namespace", "billing", "--tenant", "acme", "--key", "lapsed")
+	var one struct {
+		Record struct{ State string } `json:"record"`
+	}
+	if code != 0 || json.Unmarshal([]byte(stdout), &one) != nil || one.Record.State != "lease_expired" {
+		t.Fatalf("get -o json of a lapsed lease: %d\n%s", code, stdout)
 	}
 	code, stdout, _ = idemctl(t, addr, "ops-secret", "-o", "json", "list", "--namespace", "billing", "--tenant", "acme", "--page-size", "2", "--all")
 	var listed struct {
 		Records []struct{ Key string } `json:"records"`
 	}
-	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed.Records) != 4 {
+	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed.Records) != 6 {
 		t.Fatalf("list --all -o json: %d\n%s", code, stdout)
 	}
 	code, stdout, _ = idemctl(t, addr, "ops-secret", "get", "--namespace", "billing", "--tenant", "acme", "--key", "charge-7")

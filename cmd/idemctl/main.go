@@ -1,7 +1,7 @@
 // Command idemctl is the operator's client of ledgerd's AdminService: it
 // lists, reads, resolves and purges records, and makes token-file entries.
 //
-//	idemctl [flags] list --namespace billing [--tenant acme] [--state unknown] [--all]
+//	idemctl [flags] list --namespace billing [--tenant acme] [--state outcome_unknown] [--all]
 //	idemctl [flags] get --namespace billing --tenant acme --key k-1
 //	idemctl [flags] resolve --namespace billing --tenant acme --key k-1 (--not-applied | --applied '<Outcome JSON>')
 //	idemctl [flags] purge --namespace billing --tenant acme (--key k-1 | --all-records --yes)

@@ -124,12 +124,12 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#signin")),
 		chromedp.WaitVisible(chromedp.CSS("#census")))
 	shot("overview")
-	do("search the tenant's OUTCOME_UNKNOWN keys",
+	do("search the tenant's outcome_unknown keys",
 		chromedp.Navigate(base+"records"),
 		chromedp.WaitVisible(chromedp.CSS("#namespace")),
 		chromedp.SendKeys(chromedp.CSS("#namespace"), "billing"),
 		chromedp.SendKeys(chromedp.CSS("#tenant"), "acme"),
-		chromedp.SetValue(chromedp.CSS("#state"), "OUTCOME_UNKNOWN"),
+		chromedp.SetValue(chromedp.CSS("#state"), "outcome_unknown"),
 		chromedp.Click(chromedp.CSS("#search")),
 		chromedp.WaitVisible(chromedp.CSS("#results")))
 	shot("search")
@@ -137,7 +137,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the unknown keys of acme: %q, want %s alone", text, keys.unknown)
 	}
 	do("open the unknown key", chromedp.Click(chromedp.CSS("a.key")), chromedp.WaitVisible(chromedp.CSS("#timeline")))
-	if text = textOf("#state"); text != "OUTCOME_UNKNOWN" {
+	if text = textOf("#state"); text != "outcome_unknown" {
 		t.Fatalf("the record's state: %q", text)
 	}
 

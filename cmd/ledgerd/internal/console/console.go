@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/recordstate"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -104,7 +105,10 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, pages: map[string]*template.Template{}, sessions: map[string]*session{}, mux: http.NewServeMux()}
 	for _, page := range []string{"login", "overview", "records", "record", "audit", "done"} {
-		t, err := template.New(page+".html").Funcs(funcs).ParseFS(templateFiles, "templates/layout.html", "templates/"+page+".html")
+		t, err := template.New(page+".html").Funcs(funcs).Funcs(template.FuncMap{
+			// state is a record's state as every reader names it (recordstate), read now.
+			"state": func(rec *ledgerv1.Record) string { return recordstate.Of(rec, c.cfg.Now()) },
+		}).ParseFS(templateFiles, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, err
 		}

@@ -244,7 +244,10 @@ func TestSearch(t *testing.T) {
 		{url.Values{"namespace": {"billing"}, "method": {"http:POST /v1/refunds"}}, "ref-1"},
 		{url.Values{"namespace": {"billing"}, "from": {"2026-12-02T10:30"}}, "inv-2 ref-1 inv-3"},
 		{url.Values{"namespace": {"billing"}, "to": {"2026-12-02T10:30"}}, "inv-1"},
-		{url.Values{"namespace": {"billing"}, "state": {"COMPLETED"}}, ""},
+		{url.Values{"namespace": {"billing"}, "state": {"completed"}}, ""},
+		// inv-1's hour-long lease ran out with nobody completing it.
+		{url.Values{"namespace": {"billing"}, "state": {"lease_expired"}}, "inv-1"},
+		{url.Values{"namespace": {"billing"}, "state": {"in_progress"}}, "inv-2 ref-1 inv-3"},
 		{url.Values{"namespace": {"other"}}, ""},
 	} {
 		if got := strings.Join(search(tc.q), " "); got != tc.want {
@@ -253,6 +256,16 @@ func TestSearch(t *testing.T) {
 	}
 	if res, body := get(t, c, base+"records?namespace=billing&from=yesterday"); res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "VALIDATION_FAILED") {
 		t.Fatalf("a bad time: %d", res.StatusCode)
+	}
+	if res, body := get(t, c, base+"records?namespace=billing&state=IN_PROGRESS"); res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "lease_expired") {
+		t.Fatalf("a state outside the vocabulary: %d", res.StatusCode)
+	}
+	if _, body := get(t, c, base+"records?namespace=billing&tenant=acme"); !strings.Contains(body, `<td class="state lease_expired">lease_expired</td>`) ||
+		!strings.Contains(body, `<td class="state in_progress">in_progress</td>`) {
+		t.Fatalf("the rows do not name lease_expired and in_progress:\n%s", body)
+	}
+	if _, body := get(t, c, base+"record?namespace=billing&tenant=acme&key=inv-1"); !strings.Contains(body, `<dd id="state" class="state lease_expired">lease_expired</dd>`) {
+		t.Fatalf("the record page of a lapsed lease:\n%s", body)
 	}
 }
 
@@ -280,9 +293,9 @@ func TestOverview(t *testing.T) {
 	post(t, cl, srv.URL+console.Prefix+"login", url.Values{"token": {"ops-secret"}})
 	_, body := get(t, cl, srv.URL+console.Prefix)
 	for _, want := range []string{
-		`<b>3</b> outcome unknown`, `<b>2</b> in progress`, `<b>7</b> completed`,
-		`href="/console/records?namespace=billing&amp;state=OUTCOME_UNKNOWN">3</a>`,
-		`href="/console/records?namespace=refunds&amp;state=IN_PROGRESS">2</a>`,
+		`<b>3</b> outcome_unknown`, `<b>2</b> in_progress`, `<b>7</b> completed`,
+		`href="/console/records?namespace=billing&amp;state=outcome_unknown">3</a>`,
+		`href="/console/records?namespace=refunds&amp;state=in_progress">2</a>`,
 		`42 decisions in the hour`, `embedded:/data`, `Counted at 2026-12-02 10:00:00 UTC`,
 	} {
 		if !strings.Contains(body, want) {

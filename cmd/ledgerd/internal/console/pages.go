@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/recordstate"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
@@ -25,9 +26,8 @@ var funcs = template.FuncMap{
 		}
 		return ts.AsTime().UTC().Format("2006-01-02 15:04:05.000 UTC")
 	},
-	"state":     stateName,
+	"state":     func(*ledgerv1.Record) string { return "" }, // each console's own, by its clock (New)
 	"keySource": keySource,
-	"upper":     strings.ToUpper,
 	"scanRows":  func() string { return strconv.Itoa(ledger.ListScanRows) },
 	"query": func(kv ...string) template.URL {
 		q := url.Values{}
@@ -67,11 +67,6 @@ func keySource(s string) string {
 	return s
 }
 
-// stateName is a state as the console writes it.
-func stateName(s ledgerv1.State) string {
-	return strings.TrimPrefix(s.String(), "STATE_")
-}
-
 // overviewData is the overview page's.
 type overviewData struct {
 	Namespaces []namespaceCount
@@ -89,13 +84,14 @@ type namespaceCount struct {
 }
 
 // censusOrder is the census's states as the overview lists them: the two
-// an operator acts on first.
-var censusOrder = []string{"outcome_unknown", "in_progress", "completed", "expired"}
+// an operator acts on first. The census counts stored states: its
+// in_progress holds the leases that ran out (lease_expired) too.
+var censusOrder = []string{recordstate.OutcomeUnknown, recordstate.InProgress, recordstate.Completed, recordstate.Expired}
 
 // CensusLabel names a state of the census as the overview and ledgerd's
-// idemledger_records gauge do.
-var CensusLabel = map[ledger.State]string{ledger.StateUnknown: "outcome_unknown", ledger.StateInProgress: "in_progress",
-	ledger.StateCompleted: "completed", ledger.StateExpired: "expired"}
+// idemledger_records gauge do (recordstate's names).
+var CensusLabel = map[ledger.State]string{ledger.StateUnknown: recordstate.OutcomeUnknown, ledger.StateInProgress: recordstate.InProgress,
+	ledger.StateCompleted: recordstate.Completed, ledger.StateExpired: recordstate.Expired}
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, s *session) {
 	d := overviewData{States: censusOrder, Totals: map[string]int{}, Store: c.cfg.Store, Ready: "serving"}
@@ -134,15 +130,13 @@ type recordsData struct {
 	Scanned                                  int
 }
 
-var searchStates = []string{"OUTCOME_UNKNOWN", "IN_PROGRESS", "COMPLETED", "EXPIRED"}
-
 // records searches a namespace, a page at a time as AdminService pages
 // it. The key prefix and the method narrow the page's records: a page may
 // be short, with a next page.
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	d := recordsData{Namespace: q.Get("namespace"), Tenant: q.Get("tenant"), State: q.Get("state"),
-		Prefix: q.Get("prefix"), Method: q.Get("method"), From: q.Get("from"), To: q.Get("to"), Page: q.Get("page"), States: searchStates}
+		Prefix: q.Get("prefix"), Method: q.Get("method"), From: q.Get("from"), To: q.Get("to"), Page: q.Get("page"), States: recordstate.Names}
 	from, to, err := timeRange(d.From, d.To)
 	if err != nil {
 		c.fail(w, s, err)
@@ -152,25 +146,23 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 		c.render(w, http.StatusOK, "records", view{Title: "Search", Who: s.who, CSRF: s.csrf, Data: d})
 		return
 	}
-	req := &ledgerv1.ListRecordsRequest{Namespace: d.Namespace, Tenant: d.Tenant, PageToken: d.Page, PageSize: 100}
-	if d.State != "" {
-		st, ok := ledgerv1.State_value["STATE_"+d.State]
-		if !ok {
-			c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "unknown state %q", d.State))
-			return
-		}
-		req.State = ledgerv1.State(st)
+	st, keep, ok := recordstate.Filter(d.State)
+	if !ok {
+		c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "unknown state %q: one of %s", d.State, strings.Join(recordstate.Names, ", ")))
+		return
 	}
+	req := &ledgerv1.ListRecordsRequest{Namespace: d.Namespace, Tenant: d.Tenant, PageToken: d.Page, PageSize: 100, State: st}
 	res, err := c.cfg.Admin.ListRecords(s.as(r), req)
 	if err != nil {
 		c.fail(w, s, err)
 		return
 	}
 	d.Searched, d.Next, d.Scanned = true, res.GetNextPageToken(), len(res.GetRecords())
+	now := c.cfg.Now()
 	for _, rec := range res.GetRecords() {
 		created := rec.GetRecord().GetCreatedAt().AsTime()
 		if strings.HasPrefix(rec.GetKey(), d.Prefix) && (d.Method == "" || rec.GetRecord().GetMethod() == d.Method) &&
-			!created.Before(from) && (to.IsZero() || created.Before(to)) {
+			!created.Before(from) && (to.IsZero() || created.Before(to)) && keep(rec.GetRecord(), now) {
 			d.Records = append(d.Records, rec)
 		}
 	}
