@@ -34,7 +34,7 @@ func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Au
 	transcoder, err := vanguardgrpc.NewTranscoder(gs, vanguard.WithDefaultServiceOptions(
 		// JSON carries a message's bytes as base64: the gate's bound.
 		vanguard.WithMaxMessageBufferBytes(uint32(jsonBodyLimit(cfg.maxRecvBytes))), //nolint:gosec // bounded by the flag's check
-	))
+	), vanguard.WithCodec(newOpaqueJSON))
 	if err != nil {
 		return nil, "", fmt.Errorf("http listener: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
@@ -311,5 +312,44 @@ func TestHTTPListenerSlowBodies(t *testing.T) {
 	_ = res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("an authenticated call beside them: %d", res.StatusCode)
+	}
+}
+
+// TestHTTPListenerCarriesUnknownTypesAsBytes: an outcome whose type
+// ledgerd does not know (an MCP result, a write service's own message)
+// travels over Connect JSON as {"@type": its URL, "value": base64 of its
+// bytes}, both ways: completed over JSON, it is stored as those bytes
+// (gRPC replays them as they were), and replayed over JSON the same way;
+// never an untyped error.
+func TestHTTPListenerCarriesUnknownTypesAsBytes(t *testing.T) {
+	t.Parallel() // its own process and directory
+	p, token := withToken(t)
+	conn := p.dial(t)
+	p.waitServing(t, conn)
+	value := []byte(`{"content":[{"type":"text","text":"inv_7"}]}`)
+	b64 := base64.StdEncoding.EncodeToString(value)
+	for _, url := range []string{"type.idemledger.io/mcp.CallToolResult", "type.googleapis.com/billing.v1.Invoice"} {
+		key := "opaque-" + url[len(url)-7:]
+		begin := `{"tenant":"acme","key":"` + key + `","fingerprint":"` + ledgertest.Fingerprint("p") + `","method":"/billing.v1.Invoices/Create"}`
+		if status, body := postJSON(t, p.http, "Begin", token, begin); status != http.StatusOK {
+			t.Fatalf("Begin: %d %s", status, body)
+		}
+		outcome := `{"response":{"@type":"` + url + `","value":"` + b64 + `"}}`
+		if status, body := postJSON(t, p.http, "Complete", token, `{"tenant":"acme","key":"`+key+`","token":"1","outcome":`+outcome+`}`); status != http.StatusOK {
+			t.Fatalf("Complete %s over JSON: %d %s", url, status, body)
+		}
+		status, body := postJSON(t, p.http, "Begin", token, begin)
+		if status != http.StatusOK || !bytes.Contains(body, []byte(`"@type":"`+url+`"`)) || !bytes.Contains(body, []byte(`"value":"`+b64+`"`)) {
+			t.Fatalf("the replay of %s over JSON: %d %s", url, status, body)
+		}
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token)
+		res, err := ledgerv1.NewLedgerServiceClient(conn).Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: key,
+			Fingerprint: ledgertest.Fingerprint("p"), Method: "/billing.v1.Invoices/Create"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.GetReplay().GetOutcome().GetResponse(); got.GetTypeUrl() != url || !bytes.Equal(got.GetValue(), value) {
+			t.Fatalf("the replay of %s over gRPC: %v", url, got)
+		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -155,7 +154,7 @@ func decodeRequest(md protoreflect.MethodDescriptor, codec string, body []byte) 
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, errors.New("the body is empty")
 	}
-	return msg, protojson.Unmarshal(body, msg)
+	return msg, newOpaqueJSON(protoregistry.GlobalTypes).Unmarshal(body, msg) // as the transcoder will read it
 }
 
 // callContext is ctx carrying r's credentials as the authenticators read

@@ -330,3 +330,92 @@ func TestRecordSaysWhereItsKeyCameFrom(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveApplied: "Resolve: applied" asks for the outcome the record's
+// method answers, and stores only what decodes as it: an HTTP response for
+// an http: method, a tool result for an mcp: method, and for a gRPC method
+// protojson of a type ledgerd knows or the message's bytes with its type
+// URL. What does not decode is refused, typed, and the key stays
+// outcome_unknown; what does is replayed as entered, with its type.
+func TestResolveApplied(t *testing.T) {
+	clock := ledgertest.NewClock(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	srv, l := serve(t, clock, false)
+	hold := func(key, method string) ledger.Scope {
+		sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: key}
+		if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: method,
+			Lease: time.Minute, OnLeaseExpiry: ledger.Hold}); err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	keys := map[string]string{"h": "http:POST /v1/invoices", "m": "mcp:tools/create_invoice", "g": "/billing.v1.Invoices/Create", "g2": "/billing.v1.Invoices/Create"}
+	for k, m := range keys {
+		hold(k, m)
+	}
+	clock.Advance(2 * time.Minute) // every lease runs out: outcome_unknown
+	c := browser(t, srv)
+	base := srv.URL + console.Prefix
+	post(t, c, base+"login", url.Values{"token": {"ops-secret"}})
+
+	for key, field := range map[string]string{"h": `name="status"`, "m": `name="result"`, "g": `name="value_base64"`} {
+		_, body := get(t, c, base+"record?namespace=billing&tenant=acme&key="+key)
+		if !strings.Contains(body, field) || strings.Contains(body, "mcp.CallToolResult") && key != "m" {
+			t.Errorf("the record page of %s (%s) does not ask for %s:\n%s", key, keys[key], field, body)
+		}
+	}
+	_, body := get(t, c, base)
+	csrf := csrfField.FindStringSubmatch(body)[1]
+	resolve := func(key string, fields url.Values) (*http.Response, string) {
+		f := url.Values{"csrf": {csrf}, "namespace": {"billing"}, "tenant": {"acme"}, "key": {key}, "confirm": {key}, "applied": {"yes"}}
+		for k, v := range fields {
+			f[k] = v
+		}
+		return post(t, c, base+"record/resolve", f)
+	}
+	for _, bad := range []struct {
+		key    string
+		fields url.Values
+	}{
+		{"h", url.Values{"status": {"two hundred"}}},
+		{"h", url.Values{"status": {"99"}}},
+		{"m", url.Values{"result": {"inv_7"}}},
+		{"m", url.Values{"result": {`{"text":"inv_7"}`}}},
+		{"m", url.Values{"result": {`{"content":[{"text":"inv_7"}]}`}}},
+		{"g", url.Values{"response_json": {`{"@type":"type.googleapis.com/billing.v1.Invoice","id":"inv_7"}`}}},
+		{"g", url.Values{"type_url": {"billing.v1.Invoice"}, "value_base64": {"CgVpbnZfNw=="}}},
+		{"g", url.Values{"type_url": {"type.googleapis.com/billing.v1.Invoice"}, "value_base64": {"not base64!"}}},
+	} {
+		res, body := resolve(bad.key, bad.fields)
+		if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, "VALIDATION_FAILED") {
+			t.Errorf("%s %v: %d, want 400 VALIDATION_FAILED", bad.key, bad.fields, res.StatusCode)
+		}
+		if rec, err := l.Get(t.Context(), ledger.Scope{Namespace: "billing", Tenant: "acme", Key: bad.key}); err != nil || rec.State != ledger.StateUnknown {
+			t.Fatalf("%s after a refused resolution: %v, %v", bad.key, rec.State, err)
+		}
+	}
+	for _, good := range []struct {
+		key, typeURL, value string
+		fields              url.Values
+	}{
+		{"h", "type.idemledger.io/http.Response", `{"status":201,"header":{"Content-Type":["application/json"]},"body":"eyJpZCI6Imludl83In0="}`,
+			url.Values{"status": {"201"}, "content_type": {"application/json"}, "body": {`{"id":"inv_7"}`}}},
+		{"m", "type.idemledger.io/mcp.CallToolResult", `{"content":[{"type":"text","text":"inv_7"}]}`,
+			url.Values{"result": {`{"content":[{"type":"text","text":"inv_7"}]}`}}},
+		{"g", "type.googleapis.com/billing.v1.Invoice", "\n\x05inv_7",
+			url.Values{"type_url": {"type.googleapis.com/billing.v1.Invoice"}, "value_base64": {"CgVpbnZfNw=="}}},
+		{"g2", "type.googleapis.com/google.protobuf.StringValue", "\n\x05inv_7",
+			url.Values{"response_json": {`{"@type":"type.googleapis.com/google.protobuf.StringValue","value":"inv_7"}`}}},
+	} {
+		if res, body := resolve(good.key, good.fields); res.StatusCode != http.StatusOK || !strings.Contains(body, "resolved as applied") {
+			t.Fatalf("%s: %d %s", good.key, res.StatusCode, body)
+		}
+		got, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: ledger.Scope{Namespace: "billing", Tenant: "acme", Key: good.key},
+			Fingerprint: ledgertest.Fingerprint("p"), Method: keys[good.key]})
+		if err != nil || got.Replay == nil {
+			t.Fatalf("%s: the retry after the resolution: %+v, %v", good.key, got, err)
+		}
+		if a := got.Replay.Outcome.Response; a.GetTypeUrl() != good.typeURL || string(a.GetValue()) != good.value {
+			t.Errorf("%s replays %s %q, want %s %q", good.key, a.GetTypeUrl(), a.GetValue(), good.typeURL, good.value)
+		}
+	}
+}

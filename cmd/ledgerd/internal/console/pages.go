@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
@@ -195,6 +194,9 @@ type recordData struct {
 	Rec      *ledgerv1.AdminRecord
 	Timeline []event
 	Outcome  decoded
+	// Kind is the kind of outcome the record's method stores: the form
+	// "Resolve: applied" asks for that one.
+	Kind string
 }
 
 // event is one line of a record's timeline.
@@ -208,7 +210,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	ar := res.GetRecord()
-	d := recordData{Rec: ar, Timeline: timeline(ar), Outcome: decode(ar.GetRecord().GetOutcome())}
+	d := recordData{Rec: ar, Timeline: timeline(ar), Outcome: decode(ar.GetRecord().GetOutcome()), Kind: outcomeKind(ar.GetRecord().GetMethod())}
 	if c.cfg.Audit != nil {
 		d.Timeline = withResolutions(d.Timeline, ar, c.cfg.Audit())
 	}
@@ -304,8 +306,18 @@ func (c *Console) resolve(w http.ResponseWriter, r *http.Request, s *session) {
 	case "no":
 		req.Resolution = &ledgerv1.ResolveRecordRequest_NotApplied{NotApplied: &ledgerv1.NotApplied{}}
 	case "yes":
-		req.Resolution = &ledgerv1.ResolveRecordRequest_Applied{Applied: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{
-			Response: &anypb.Any{TypeUrl: r.PostFormValue("type_url"), Value: []byte(r.PostFormValue("value"))}}}}
+		// The outcome's type follows from the record's method, read now.
+		got, err := c.cfg.Admin.GetRecord(s.as(r), &ledgerv1.GetRecordRequest{Namespace: req.GetNamespace(), Tenant: req.GetTenant(), Key: req.GetKey()})
+		if err != nil {
+			c.fail(w, s, err)
+			return
+		}
+		applied, err := appliedOutcome(got.GetRecord().GetRecord().GetMethod(), r.PostFormValue)
+		if err != nil {
+			c.fail(w, s, err)
+			return
+		}
+		req.Resolution = &ledgerv1.ResolveRecordRequest_Applied{Applied: applied}
 	default:
 		c.fail(w, s, errcode.Errorf(errcode.ValidationFailed, "say whether the write happened"))
 		return
