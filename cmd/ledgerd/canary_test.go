@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/memory"
 )
@@ -87,7 +88,11 @@ func (*failed) Ping(context.Context) error {
 func TestLivenessAsksForARestart(t *testing.T) {
 	st := newLateStore(config{}, slog.New(slog.DiscardHandler))
 	h := health.NewServer()
-	srv, err := startAdmin("127.0.0.1:0", nil, prometheus.NewRegistry(), h, st.mustRestart, http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	con, err := console.New(console.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := startAdmin("127.0.0.1:0", nil, prometheus.NewRegistry(), h, st.mustRestart, con, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

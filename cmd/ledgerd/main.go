@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"regexp"
@@ -590,7 +591,7 @@ func watchHealth(ctx context.Context, st *lateStore, h *health.Server, log *slog
 // startAdmin serves /metrics, /healthz (the process is up, and its store
 // needs no restart: mustRestart), /readyz (the store answers) and the
 // operator's console (/console/) over HTTP, or HTTPS with tc.
-func startAdmin(addr string, tc *tls.Config, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, con http.Handler, log *slog.Logger) (*http.Server, error) {
+func startAdmin(addr string, tc *tls.Config, reg *prometheus.Registry, h *health.Server, mustRestart func(context.Context) error, con *console.Console, log *slog.Logger) (*http.Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen: %w", err)
@@ -598,6 +599,12 @@ func startAdmin(addr string, tc *tls.Config, reg *prometheus.Registry, h *health
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle(console.Prefix, con)
+	// The profiles show what the process holds: admin principals only.
+	mux.Handle("/debug/pprof/", con.AdminOnly(http.HandlerFunc(pprof.Index)))
+	mux.Handle("/debug/pprof/cmdline", con.AdminOnly(http.HandlerFunc(pprof.Cmdline)))
+	mux.Handle("/debug/pprof/profile", con.AdminOnly(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("/debug/pprof/symbol", con.AdminOnly(http.HandlerFunc(pprof.Symbol)))
+	mux.Handle("/debug/pprof/trace", con.AdminOnly(http.HandlerFunc(pprof.Trace)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := mustRestart(r.Context()); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)

@@ -260,6 +260,36 @@ func (c *Console) certificateSignIn(ctx context.Context, w http.ResponseWriter, 
 	return s, true
 }
 
+// AdminOnly serves h to admin principals alone, named by their bearer
+// token (Authorization: Bearer …) or, over TLS, their client certificate,
+// as AdminService names them: a write service's credentials get 403, none
+// or unknown ones 401, each refusal audited. For /debug/pprof/ on the
+// admin listener, whose profiles show what the process holds.
+func (c *Console) AdminOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p server.Principal
+		err := errors.New("no credentials")
+		if token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			p, err = c.authenticate(r.Context(), strings.TrimSpace(token))
+		} else if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && c.cfg.Auth != nil {
+			p, err = c.cfg.Auth.Authenticate(byCertificate(r.Context(), r))
+		} else if c.cfg.Auth != nil {
+			p, err = c.cfg.Auth.Authenticate(r.Context()) // dev mode names everyone its admin
+		}
+		switch {
+		case err != nil:
+			c.audit(r, "unauthenticated", "admin request refused", "path", r.URL.Path, "reason", "no admin credentials")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ledgerd admin"`)
+			http.Error(w, "UNAUTHENTICATED: an admin principal's bearer token or client certificate is required", http.StatusUnauthorized)
+		case p.Admin == "":
+			c.audit(r, "namespace:"+p.Namespace, "admin request refused", "path", r.URL.Path, "reason", "a write service's credentials")
+			http.Error(w, "PERMISSION_DENIED: admin principals only", http.StatusForbidden)
+		default:
+			h.ServeHTTP(w, r)
+		}
+	})
+}
+
 func (c *Console) authenticate(ctx context.Context, token string) (server.Principal, error) {
 	if c.cfg.Auth == nil {
 		return server.Principal{}, errors.New("no authenticator")
