@@ -52,7 +52,8 @@ func (a *Admin) admin(ctx context.Context) (who string, err error) {
 	return p.Admin, nil
 }
 
-// audit writes the audit line of an admin call.
+// audit writes the audit line of an admin call; a read (list, get) says
+// read=true, so that an audit page can keep reads apart from changes.
 func (a *Admin) audit(ctx context.Context, principal, call string, attrs ...any) {
 	a.log.InfoContext(ctx, "audit: "+call, append([]any{"audit", true, "principal", principal}, attrs...)...)
 }
@@ -96,7 +97,7 @@ func (a *Admin) ListRecords(ctx context.Context, req *ledgerv1.ListRecordsReques
 	if res.More {
 		out.NextPageToken = encodePageToken(res.Next)
 	}
-	a.audit(ctx, who, "list", "namespace", lr.Namespace, "tenant", lr.Tenant, "state", req.GetState().String(),
+	a.audit(ctx, who, "list", "read", true, "namespace", lr.Namespace, "tenant", lr.Tenant, "state", req.GetState().String(),
 		"records", len(out.GetRecords()), "more", res.More)
 	return out, nil
 }
@@ -113,7 +114,7 @@ func (a *Admin) GetRecord(ctx context.Context, req *ledgerv1.GetRecordRequest) (
 	if err != nil {
 		return nil, a.fail(ctx, who, "get", err, what...)
 	}
-	a.audit(ctx, who, "get", "namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key, "state", rec.State.String())
+	a.audit(ctx, who, "get", "read", true, "namespace", sc.Namespace, "tenant", sc.Tenant, "key", sc.Key, "state", rec.State.String())
 	return &ledgerv1.GetRecordResponse{Record: adminRecord(rec)}, nil
 }
 

@@ -57,6 +57,7 @@ type config struct {
 	sweepShare     float64
 	logLevel       string
 	logFormat      string
+	auditFile      string
 	version        bool
 	reflection     bool
 }
@@ -108,6 +109,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&c.sweepShare, "sweep-share", 0.25, "embedded store: the share of the time sweeps may take while a backlog of expired records lasts, above 0 and at most 1; lower keeps writes' tail shorter during a large sweep, which then takes longer")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
+	fs.StringVar(&c.auditFile, "audit-file", "", "also append the audit lines alone, as JSON, to this file (reopened on SIGHUP, for rotation); empty: the log only")
 	fs.BoolVar(&c.version, "version", false, "print the version and exit")
 	fs.BoolVar(&c.reflection, "reflection", false, "serve gRPC reflection (default: on in dev mode, off with credentials)")
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("LEDGER")); err != nil {

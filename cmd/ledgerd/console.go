@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,11 +19,14 @@ import (
 // What the console reads of ledgerd besides AdminService: the recent
 // audit lines, the decisions a minute, and the latest census.
 
-// auditRing keeps the last auditKept audit lines AdminService wrote, for
-// the console's audit page; the log keeps every one.
+// auditRing keeps the last auditKept audit lines of changes and refusals,
+// and apart from them the last auditKept reads (list, get), for the
+// console's audit page, so that reads never push a change out; the log
+// keeps every one, and --audit-file too.
 type auditRing struct {
-	mu      sync.Mutex
-	entries []console.AuditEntry // oldest first
+	mu             sync.Mutex
+	changes, reads []console.AuditEntry // oldest first
+	file           *auditFile           // nil without --audit-file
 }
 
 const auditKept = 500
@@ -28,24 +34,30 @@ const auditKept = 500
 // handler is h, with every audit line (attribute audit=true) kept.
 func (a *auditRing) handler(h slog.Handler) slog.Handler { return auditHandler{Handler: h, ring: a} }
 
-// recent is the lines kept, newest first.
-func (a *auditRing) recent() []console.AuditEntry {
+// recent is the lines kept, newest first: the changes and refusals, and
+// with reads the reads too.
+func (a *auditRing) recent(reads bool) []console.AuditEntry {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]console.AuditEntry, len(a.entries))
-	for i, e := range a.entries {
-		out[len(a.entries)-1-i] = e
+	out := append([]console.AuditEntry(nil), a.changes...)
+	if reads {
+		out = append(out, a.reads...)
 	}
+	slices.SortStableFunc(out, func(x, y console.AuditEntry) int { return y.Time.Compare(x.Time) })
 	return out
 }
 
 func (a *auditRing) add(e console.AuditEntry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.entries) == auditKept {
-		a.entries = append(a.entries[:0], a.entries[1:]...)
+	kept := &a.changes
+	if e.Read {
+		kept = &a.reads
 	}
-	a.entries = append(a.entries, e)
+	if len(*kept) == auditKept {
+		*kept = append((*kept)[:0], (*kept)[1:]...)
+	}
+	*kept = append(*kept, e)
 }
 
 type auditHandler struct {
@@ -56,12 +68,21 @@ type auditHandler struct {
 
 func (h auditHandler) Handle(ctx context.Context, r slog.Record) error {
 	audit := false
-	var attrs []string
+	e := console.AuditEntry{Time: r.Time, Action: strings.TrimPrefix(r.Message, "audit: ")}
 	add := func(a slog.Attr) bool {
-		if a.Key == "audit" {
+		switch a.Key {
+		case "audit":
 			audit = a.Value.Bool()
-		} else {
-			attrs = append(attrs, fmt.Sprintf("%s=%v", a.Key, a.Value))
+		case "read":
+			e.Read = a.Value.Bool()
+		default:
+			switch a.Key {
+			case "principal":
+				e.Who = a.Value.String()
+			case "tenant":
+				e.Tenant = a.Value.String()
+			}
+			e.Attrs = append(e.Attrs, fmt.Sprintf("%s=%v", a.Key, a.Value))
 		}
 		return true
 	}
@@ -70,7 +91,10 @@ func (h auditHandler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	r.Attrs(add)
 	if audit {
-		h.ring.add(console.AuditEntry{Time: r.Time, Action: r.Message, Attrs: attrs})
+		h.ring.add(e)
+		if h.ring.file != nil {
+			h.ring.file.write(ctx, r, h.attrs)
+		}
 	}
 	return h.Handler.Handle(ctx, r)
 }
@@ -81,6 +105,49 @@ func (h auditHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h auditHandler) WithGroup(name string) slog.Handler {
 	return auditHandler{Handler: h.Handler.WithGroup(name), ring: h.ring, attrs: h.attrs}
+}
+
+// auditFile is --audit-file: the audit lines alone, as JSON, appended to a
+// file of their own (for the audit store's shipper), reopened on SIGHUP so
+// that a rotation moves it aside.
+type auditFile struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+	h    slog.Handler
+}
+
+func openAuditFile(path string) (*auditFile, error) {
+	a := &auditFile{path: path}
+	return a, a.reopen()
+}
+
+// reopen opens the path again (after a rotation moved the file).
+func (a *auditFile) reopen() error {
+	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("--audit-file: %w", err)
+	}
+	a.mu.Lock()
+	old := a.f
+	a.f, a.h = f, slog.NewJSONHandler(f, nil)
+	a.mu.Unlock()
+	if old != nil {
+		return old.Close()
+	}
+	return nil
+}
+
+func (a *auditFile) write(ctx context.Context, r slog.Record, attrs []slog.Attr) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_ = a.h.WithAttrs(attrs).Handle(ctx, r) // the main log has the line too
+}
+
+func (a *auditFile) close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.f.Close()
 }
 
 // decisionRate is the ledger's decisions a minute over the last hour,

@@ -112,6 +112,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if d.auditFile != nil {
+		defer func() { _ = d.auditFile.close() }()
+	}
 	if err := d.listen(ctx); err != nil {
 		return err
 	}
@@ -141,6 +144,7 @@ type daemon struct {
 	conns     *connLimit // gRPC's
 	httpConns *connLimit
 	console   *console.Console
+	auditFile *auditFile // nil without --audit-file
 	census    latestCensus
 	decisions decisionRate
 
@@ -193,6 +197,12 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	// AdminService's audit lines go to the log, and the latest to the
 	// console's audit page.
 	audit := &auditRing{}
+	if cfg.auditFile != "" {
+		if audit.file, err = openAuditFile(cfg.auditFile); err != nil {
+			return nil, err
+		}
+		d.auditFile = audit.file
+	}
 	adminCfg := srvCfg
 	adminCfg.Logger = slog.New(audit.handler(log.Handler()))
 	admin := server.NewAdmin(l, adminCfg)
@@ -386,6 +396,11 @@ func (d *daemon) startBackground(ctx context.Context) background {
 				return
 			case <-hup:
 				d.creds.reload(bg)
+				if d.auditFile != nil {
+					if err := d.auditFile.reopen(); err != nil {
+						d.log.ErrorContext(bg, "audit file not reopened", "error", err)
+					}
+				}
 			}
 		}
 	})

@@ -67,8 +67,9 @@ type Config struct {
 	Ready func(context.Context) error
 	// Store names the store.
 	Store string
-	// Audit is the recent admin actions, newest first.
-	Audit func() []AuditEntry
+	// Audit is the recent admin actions and refusals, newest first, and
+	// with reads the recent reads (list, get) among them.
+	Audit func(reads bool) []AuditEntry
 	// Now is the clock of the sessions (time.Now when nil).
 	Now func() time.Time
 	// Log gets the console's own audit lines, as AdminService's go to

@@ -212,7 +212,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	ar := res.GetRecord()
 	d := recordData{Rec: ar, Timeline: timeline(ar), Outcome: decode(ar.GetRecord().GetOutcome()), Kind: outcomeKind(ar.GetRecord().GetMethod())}
 	if c.cfg.Audit != nil {
-		d.Timeline = withResolutions(d.Timeline, ar, c.cfg.Audit())
+		d.Timeline = withResolutions(d.Timeline, ar, c.cfg.Audit(false))
 	}
 	c.render(w, http.StatusOK, "record", view{Title: "Record " + ar.GetKey(), Who: s.who, CSRF: s.csrf, Data: d})
 }
@@ -255,18 +255,14 @@ func timeline(ar *ledgerv1.AdminRecord) []event {
 func withResolutions(ev []event, ar *ledgerv1.AdminRecord, audit []AuditEntry) []event {
 	scope := []string{"namespace=" + ar.GetNamespace(), "tenant=" + ar.GetTenant(), "key=" + ar.GetKey()}
 	for _, e := range audit {
-		if e.Action != "audit: record resolved" || !containsAll(e.Attrs, scope) {
+		if e.Action != "record resolved" || !containsAll(e.Attrs, scope) {
 			continue
 		}
 		what := "resolved as not applied"
 		if slices.Contains(e.Attrs, "applied=true") {
 			what = "resolved as applied"
 		}
-		for _, a := range e.Attrs {
-			if who, ok := strings.CutPrefix(a, "principal="); ok {
-				what += " by " + who
-			}
-		}
+		what += " by " + e.Who
 		ev = append(ev, event{When: e.Time.UTC().Format("2006-01-02 15:04:05.000 UTC"), What: what})
 	}
 	return byTime(ev)
@@ -382,17 +378,44 @@ func (c *Console) done(w http.ResponseWriter, s *session, ns, tenant, key, what 
 
 // AuditEntry is one admin action as ledgerd audited it.
 type AuditEntry struct {
-	Time   time.Time
-	Action string
-	Attrs  []string // key=value
+	Time        time.Time
+	Action      string // "record resolved", "list", "console sign-in refused", …
+	Who, Tenant string
+	Read        bool     // a list or a get
+	Attrs       []string // key=value
 }
 
-func (c *Console) auditPage(w http.ResponseWriter, _ *http.Request, s *session) {
+// auditData is the audit page's: its filters and the lines they keep.
+type auditData struct {
+	Who, Action, Tenant, From, To string
+	Reads                         bool
+	Entries                       []AuditEntry
+	Kept                          int
+}
+
+// auditPage lists the audit lines kept, newest first, filtered by who,
+// action (a part of it), tenant and time; reads (list, get) only when
+// asked for, so that browsing does not bury the changes.
+func (c *Console) auditPage(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.URL.Query()
+	d := auditData{Who: q.Get("who"), Action: q.Get("action"), Tenant: q.Get("tenant"), From: q.Get("from"), To: q.Get("to"), Reads: q.Get("reads") == "on"}
+	from, to, err := timeRange(d.From, d.To)
+	if err != nil {
+		c.fail(w, s, err)
+		return
+	}
 	var entries []AuditEntry
 	if c.cfg.Audit != nil {
-		entries = c.cfg.Audit()
+		entries = c.cfg.Audit(d.Reads)
 	}
-	c.render(w, http.StatusOK, "audit", view{Title: "Audit", Who: s.who, CSRF: s.csrf, Data: entries})
+	d.Kept = len(entries)
+	for _, e := range entries {
+		if (d.Who == "" || e.Who == d.Who) && strings.Contains(e.Action, d.Action) && (d.Tenant == "" || e.Tenant == d.Tenant) &&
+			!e.Time.Before(from) && (to.IsZero() || e.Time.Before(to)) {
+			d.Entries = append(d.Entries, e)
+		}
+	}
+	c.render(w, http.StatusOK, "audit", view{Title: "Audit", Who: s.who, CSRF: s.csrf, Data: d})
 }
 
 // chart is the decisions a minute, drawn as an SVG polyline.
