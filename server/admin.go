@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"log/slog"
+	"regexp"
 	"strings"
+	"time"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
@@ -21,6 +23,7 @@ type Admin struct {
 	ledger *ledger.Ledger
 	auth   Authenticator
 	log    *slog.Logger
+	backup func(ctx context.Context, name string) (*ledgerv1.BackupResponse, error)
 }
 
 var _ ledgerv1.AdminServiceServer = (*Admin)(nil)
@@ -32,7 +35,7 @@ func NewAdmin(l *ledger.Ledger, cfg Config) *Admin {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Admin{ledger: l, auth: cfg.Auth, log: log}
+	return &Admin{ledger: l, auth: cfg.Auth, log: log, backup: cfg.Backup}
 }
 
 // admin authenticates an admin principal. who names the caller for the
@@ -189,6 +192,36 @@ func (a *Admin) PurgeTenant(ctx context.Context, req *ledgerv1.PurgeTenantReques
 	a.audit(ctx, who, "tenant purged", "namespace", sc.Namespace, "tenant", sc.Tenant,
 		"purged", res.Purged, "skipped", res.Skipped, "more", res.More)
 	return &ledgerv1.PurgeTenantResponse{Purged: int64(res.Purged), Skipped: int64(res.Skipped), More: res.More}, nil
+}
+
+// backupName is a backup's name: a directory under --backup-dir.
+var backupName = regexp.MustCompile(`^[a-z0-9-][a-z0-9.-]{0,63}$`)
+
+// Backup implements AdminService.
+func (a *Admin) Backup(ctx context.Context, req *ledgerv1.BackupRequest) (*ledgerv1.BackupResponse, error) {
+	name := req.GetName()
+	who, err := a.admin(ctx)
+	if err != nil {
+		return nil, a.fail(ctx, who, "backup", err, "name", name)
+	}
+	if name == "" {
+		name = "backup-" + time.Now().UTC().Format("20060102T150405Z")
+	}
+	switch {
+	case !backupName.MatchString(name):
+		err = errcode.Errorf(errcode.ValidationFailed, "the backup's name %q is not 1 to 64 of a-z, 0-9, '-' and '.', starting with no '.'", name)
+	case a.backup == nil:
+		err = errcode.Errorf(errcode.ValidationFailed, "this ledgerd takes no backup: its store is SQL (back up the database), or it runs without --backup-dir")
+	}
+	if err != nil {
+		return nil, a.fail(ctx, who, "backup", err, "name", name)
+	}
+	res, err := a.backup(ctx, name)
+	if err != nil {
+		return nil, a.fail(ctx, who, "backup", err, "name", name)
+	}
+	a.audit(ctx, who, "backup taken", "name", name, "path", res.GetPath(), "bytes", res.GetBytes(), "sequence", res.GetSequence())
+	return res, nil
 }
 
 // adminRecord is a record with its scope and token.

@@ -80,6 +80,10 @@ type Config struct {
 	// clients move to new streams (and, after a GOAWAY, to new connections
 	// and replicas) without a call failing.
 	StreamMaxAge time.Duration
+	// Backup, when not nil, writes an online backup of the store named
+	// name (AdminService.Backup has checked it) and says where it is:
+	// ledgerd binds it to its embedded store and --backup-dir.
+	Backup func(ctx context.Context, name string) (*ledgerv1.BackupResponse, error)
 }
 
 // Server is the LedgerService. It is safe for concurrent use.

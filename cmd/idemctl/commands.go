@@ -356,3 +356,21 @@ func (p printer) record(r *ledgerv1.AdminRecord) error {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// backup asks ledgerd for an online backup of its embedded store.
+func backup(ctx context.Context, admin ledgerv1.AdminServiceClient, args []string, out printer) error {
+	fs := flag.NewFlagSet("backup", flag.ContinueOnError)
+	name := fs.String("name", "", "the backup's directory under ledgerd's --backup-dir (default: backup-<UTC time>)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	res, err := admin.Backup(ctx, &ledgerv1.BackupRequest{Name: *name})
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.message(res)
+	}
+	_, err = fmt.Fprintf(out.w, "backup: %s (%d bytes, sequence %d)\n", res.GetPath(), res.GetBytes(), res.GetSequence())
+	return err
+}

@@ -54,7 +54,7 @@ type global struct {
 var usage = func() string {
 	var b strings.Builder
 	b.WriteString("usage: idemctl [flags] <command> [flags]\n\ncommands:\n")
-	for _, c := range []string{"list", "get", "resolve", "purge", "hash-token"} {
+	for _, c := range []string{"list", "get", "resolve", "purge", "backup", "hash-token"} {
 		fmt.Fprintf(&b, "  %-11s %s\n", c, commands[c])
 	}
 	b.WriteString("  help        print a command's flags: idemctl help <command> (or idemctl <command> --help)\n\nflags:\n")
@@ -68,6 +68,7 @@ var commands = map[string]string{
 	"resolve":    "settle a record whose outcome is unknown: --applied '<Outcome JSON>' or --not-applied",
 	"purge":      "erase one record (--key), or a tenant's records (--all-records --yes)",
 	"hash-token": "print the token-file entry of a token read from standard input",
+	"backup":     "write an online backup of ledgerd's embedded store into its --backup-dir (--name, or backup-<time>)",
 }
 
 // run runs idemctl and returns its exit status.
@@ -122,7 +123,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch cmd {
 	case "hash-token":
 		err = hashToken(rest, stdin, stdout)
-	case "list", "get", "resolve", "purge":
+	case "list", "get", "resolve", "purge", "backup":
 		err = withAdmin(ctx, g, func(ctx context.Context, admin ledgerv1.AdminServiceClient) error {
 			out := printer{w: stdout, json: g.output == "json"}
 			switch cmd {
@@ -132,6 +133,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 				return get(ctx, admin, rest, out)
 			case "resolve":
 				return resolve(ctx, admin, rest, out)
+			case "backup":
+				return backup(ctx, admin, rest, out)
 			}
 			return purge(ctx, admin, rest, out)
 		})

@@ -27,6 +27,7 @@ type config struct {
 	// censusInterval is how often the records are counted by state.
 	censusInterval time.Duration
 	dataDir        string
+	backupDir      string
 	databaseURL    string
 	migrate        bool
 	migrateOnly    bool
@@ -74,6 +75,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.healthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1, for kubelet probes when --listen uses TLS; empty turns it off")
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
+	fs.StringVar(&c.backupDir, "backup-dir", "", "where AdminService.Backup (idemctl backup) writes online backups of the embedded store, each a data directory; empty: none")
 	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
 	fs.BoolVar(&c.migrateOnly, "migrate-only", false, "apply the SQL schema migrations and exit (a migration job)")
 	fs.BoolVar(&c.sqlBatching, "sql-batching", true, "coalesce concurrent Begins and Completes into multi-row statements (with --database-url)")

@@ -205,6 +205,9 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	}
 	adminCfg := srvCfg
 	adminCfg.Logger = slog.New(audit.handler(log.Handler()))
+	if cfg.databaseURL == "" && cfg.backupDir != "" {
+		adminCfg.Backup = d.store.backup(cfg.backupDir)
+	}
 	admin := server.NewAdmin(l, adminCfg)
 	ledgerv1.RegisterAdminServiceServer(d.grpc, admin)
 	if d.console, err = console.New(console.Config{Admin: admin, Auth: cs.authenticator(), Census: d.census.get, Decisions: d.decisions.lastHour,

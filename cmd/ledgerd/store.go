@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -302,4 +306,32 @@ func (l *lateStore) CountByState(ctx context.Context) (ledger.Census, error) {
 		return nil, err
 	}
 	return s.CountByState(ctx)
+}
+
+// backup is AdminService's Backup on the embedded store: a backup named
+// name in dir. A name taken is VALIDATION_FAILED; a store not open yet is
+// UNAVAILABLE.
+func (l *lateStore) backup(dir string) func(ctx context.Context, name string) (*ledgerv1.BackupResponse, error) {
+	return func(_ context.Context, name string) (*ledgerv1.BackupResponse, error) {
+		s, err := l.get()
+		if err != nil {
+			return nil, err
+		}
+		p, ok := s.(*pebble.Store)
+		if !ok {
+			return nil, errcode.Errorf(errcode.ValidationFailed, "this ledgerd's store takes no backup")
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("--backup-dir: %w", err)
+		}
+		dest := filepath.Join(dir, name)
+		if _, err := os.Stat(dest); err == nil {
+			return nil, errcode.Errorf(errcode.ValidationFailed, "a backup named %q is there already: name another", name)
+		}
+		b, err := p.Backup(dest)
+		if err != nil {
+			return nil, err
+		}
+		return &ledgerv1.BackupResponse{Path: b.Dir, Bytes: b.Bytes, Sequence: b.Sequence}, nil
+	}
 }

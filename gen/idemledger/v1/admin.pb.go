@@ -759,6 +759,119 @@ func (x *PurgeTenantResponse) GetMore() bool {
 	return false
 }
 
+// BackupRequest names the backup.
+type BackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the backup's directory under --backup-dir: 1 to 64 of a-z, 0-9,
+	// '-' and '.', not starting with '.'; empty: "backup-" and the time in
+	// UTC (backup-20261205T191600Z).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_idemledger_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *BackupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// BackupResponse says where the backup is.
+type BackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the backup's directory on ledgerd's host.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// bytes is the size of its files.
+	Bytes int64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// sequence is the store's acknowledged writes when it began: the backup
+	// holds every one of them.
+	Sequence      uint64 `protobuf:"varint,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupResponse) Reset() {
+	*x = BackupResponse{}
+	mi := &file_idemledger_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupResponse) ProtoMessage() {}
+
+func (x *BackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemledger_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
+func (*BackupResponse) Descriptor() ([]byte, []int) {
+	return file_idemledger_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *BackupResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *BackupResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *BackupResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
 var File_idemledger_v1_admin_proto protoreflect.FileDescriptor
 
 const file_idemledger_v1_admin_proto_rawDesc = "" +
@@ -811,13 +924,20 @@ const file_idemledger_v1_admin_proto_rawDesc = "" +
 	"\x13PurgeTenantResponse\x12\x16\n" +
 	"\x06purged\x18\x01 \x01(\x03R\x06purged\x12\x18\n" +
 	"\askipped\x18\x02 \x01(\x03R\askipped\x12\x12\n" +
-	"\x04more\x18\x03 \x01(\bR\x04more2\xb3\x03\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\"#\n" +
+	"\rBackupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"V\n" +
+	"\x0eBackupResponse\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x1a\n" +
+	"\bsequence\x18\x03 \x01(\x04R\bsequence2\xfa\x03\n" +
 	"\fAdminService\x12T\n" +
 	"\vListRecords\x12!.idemledger.v1.ListRecordsRequest\x1a\".idemledger.v1.ListRecordsResponse\x12N\n" +
 	"\tGetRecord\x12\x1f.idemledger.v1.GetRecordRequest\x1a .idemledger.v1.GetRecordResponse\x12Z\n" +
 	"\rResolveRecord\x12#.idemledger.v1.ResolveRecordRequest\x1a$.idemledger.v1.ResolveRecordResponse\x12K\n" +
 	"\bPurgeKey\x12\x1e.idemledger.v1.PurgeKeyRequest\x1a\x1f.idemledger.v1.PurgeKeyResponse\x12T\n" +
-	"\vPurgeTenant\x12!.idemledger.v1.PurgeTenantRequest\x1a\".idemledger.v1.PurgeTenantResponseB=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
+	"\vPurgeTenant\x12!.idemledger.v1.PurgeTenantRequest\x1a\".idemledger.v1.PurgeTenantResponse\x12E\n" +
+	"\x06Backup\x12\x1c.idemledger.v1.BackupRequest\x1a\x1d.idemledger.v1.BackupResponseB=Z;github.com/idemledger/idemledger/gen/idemledger/v1;ledgerv1b\x06proto3"
 
 var (
 	file_idemledger_v1_admin_proto_rawDescOnce sync.Once
@@ -831,7 +951,7 @@ func file_idemledger_v1_admin_proto_rawDescGZIP() []byte {
 	return file_idemledger_v1_admin_proto_rawDescData
 }
 
-var file_idemledger_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_idemledger_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_idemledger_v1_admin_proto_goTypes = []any{
 	(*AdminRecord)(nil),           // 0: idemledger.v1.AdminRecord
 	(*ListRecordsRequest)(nil),    // 1: idemledger.v1.ListRecordsRequest
@@ -844,31 +964,35 @@ var file_idemledger_v1_admin_proto_goTypes = []any{
 	(*PurgeKeyResponse)(nil),      // 8: idemledger.v1.PurgeKeyResponse
 	(*PurgeTenantRequest)(nil),    // 9: idemledger.v1.PurgeTenantRequest
 	(*PurgeTenantResponse)(nil),   // 10: idemledger.v1.PurgeTenantResponse
-	(*Record)(nil),                // 11: idemledger.v1.Record
-	(State)(0),                    // 12: idemledger.v1.State
-	(*Outcome)(nil),               // 13: idemledger.v1.Outcome
-	(*NotApplied)(nil),            // 14: idemledger.v1.NotApplied
+	(*BackupRequest)(nil),         // 11: idemledger.v1.BackupRequest
+	(*BackupResponse)(nil),        // 12: idemledger.v1.BackupResponse
+	(*Record)(nil),                // 13: idemledger.v1.Record
+	(State)(0),                    // 14: idemledger.v1.State
+	(*Outcome)(nil),               // 15: idemledger.v1.Outcome
+	(*NotApplied)(nil),            // 16: idemledger.v1.NotApplied
 }
 var file_idemledger_v1_admin_proto_depIdxs = []int32{
-	11, // 0: idemledger.v1.AdminRecord.record:type_name -> idemledger.v1.Record
-	12, // 1: idemledger.v1.ListRecordsRequest.state:type_name -> idemledger.v1.State
+	13, // 0: idemledger.v1.AdminRecord.record:type_name -> idemledger.v1.Record
+	14, // 1: idemledger.v1.ListRecordsRequest.state:type_name -> idemledger.v1.State
 	0,  // 2: idemledger.v1.ListRecordsResponse.records:type_name -> idemledger.v1.AdminRecord
 	0,  // 3: idemledger.v1.GetRecordResponse.record:type_name -> idemledger.v1.AdminRecord
-	13, // 4: idemledger.v1.ResolveRecordRequest.applied:type_name -> idemledger.v1.Outcome
-	14, // 5: idemledger.v1.ResolveRecordRequest.not_applied:type_name -> idemledger.v1.NotApplied
+	15, // 4: idemledger.v1.ResolveRecordRequest.applied:type_name -> idemledger.v1.Outcome
+	16, // 5: idemledger.v1.ResolveRecordRequest.not_applied:type_name -> idemledger.v1.NotApplied
 	0,  // 6: idemledger.v1.ResolveRecordResponse.record:type_name -> idemledger.v1.AdminRecord
 	1,  // 7: idemledger.v1.AdminService.ListRecords:input_type -> idemledger.v1.ListRecordsRequest
 	3,  // 8: idemledger.v1.AdminService.GetRecord:input_type -> idemledger.v1.GetRecordRequest
 	5,  // 9: idemledger.v1.AdminService.ResolveRecord:input_type -> idemledger.v1.ResolveRecordRequest
 	7,  // 10: idemledger.v1.AdminService.PurgeKey:input_type -> idemledger.v1.PurgeKeyRequest
 	9,  // 11: idemledger.v1.AdminService.PurgeTenant:input_type -> idemledger.v1.PurgeTenantRequest
-	2,  // 12: idemledger.v1.AdminService.ListRecords:output_type -> idemledger.v1.ListRecordsResponse
-	4,  // 13: idemledger.v1.AdminService.GetRecord:output_type -> idemledger.v1.GetRecordResponse
-	6,  // 14: idemledger.v1.AdminService.ResolveRecord:output_type -> idemledger.v1.ResolveRecordResponse
-	8,  // 15: idemledger.v1.AdminService.PurgeKey:output_type -> idemledger.v1.PurgeKeyResponse
-	10, // 16: idemledger.v1.AdminService.PurgeTenant:output_type -> idemledger.v1.PurgeTenantResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
+	11, // 12: idemledger.v1.AdminService.Backup:input_type -> idemledger.v1.BackupRequest
+	2,  // 13: idemledger.v1.AdminService.ListRecords:output_type -> idemledger.v1.ListRecordsResponse
+	4,  // 14: idemledger.v1.AdminService.GetRecord:output_type -> idemledger.v1.GetRecordResponse
+	6,  // 15: idemledger.v1.AdminService.ResolveRecord:output_type -> idemledger.v1.ResolveRecordResponse
+	8,  // 16: idemledger.v1.AdminService.PurgeKey:output_type -> idemledger.v1.PurgeKeyResponse
+	10, // 17: idemledger.v1.AdminService.PurgeTenant:output_type -> idemledger.v1.PurgeTenantResponse
+	12, // 18: idemledger.v1.AdminService.Backup:output_type -> idemledger.v1.BackupResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -890,7 +1014,7 @@ func file_idemledger_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemledger_v1_admin_proto_rawDesc), len(file_idemledger_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	AdminService_ResolveRecord_FullMethodName = "/idemledger.v1.AdminService/ResolveRecord"
 	AdminService_PurgeKey_FullMethodName      = "/idemledger.v1.AdminService/PurgeKey"
 	AdminService_PurgeTenant_FullMethodName   = "/idemledger.v1.AdminService/PurgeTenant"
+	AdminService_Backup_FullMethodName        = "/idemledger.v1.AdminService/Backup"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -55,6 +56,12 @@ type AdminServiceClient interface {
 	// PurgeTenant erases up to limit records of a tenant (an erasure request),
 	// skipping those in progress or unknown; call it again while more is true.
 	PurgeTenant(ctx context.Context, in *PurgeTenantRequest, opts ...grpc.CallOption) (*PurgeTenantResponse, error)
+	// Backup writes an online backup of the embedded store into ledgerd's
+	// --backup-dir, while it serves: a data directory that ledgerd opens as
+	// this ledger, with every write acknowledged before the call. A SQL
+	// ledgerd has none (back up its database): VALIDATION_FAILED, as when
+	// --backup-dir is not set or the name is taken or malformed.
+	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*BackupResponse, error)
 }
 
 type adminServiceClient struct {
@@ -115,6 +122,16 @@ func (c *adminServiceClient) PurgeTenant(ctx context.Context, in *PurgeTenantReq
 	return out, nil
 }
 
+func (c *adminServiceClient) Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (*BackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BackupResponse)
+	err := c.cc.Invoke(ctx, AdminService_Backup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -144,6 +161,12 @@ type AdminServiceServer interface {
 	// PurgeTenant erases up to limit records of a tenant (an erasure request),
 	// skipping those in progress or unknown; call it again while more is true.
 	PurgeTenant(context.Context, *PurgeTenantRequest) (*PurgeTenantResponse, error)
+	// Backup writes an online backup of the embedded store into ledgerd's
+	// --backup-dir, while it serves: a data directory that ledgerd opens as
+	// this ledger, with every write acknowledged before the call. A SQL
+	// ledgerd has none (back up its database): VALIDATION_FAILED, as when
+	// --backup-dir is not set or the name is taken or malformed.
+	Backup(context.Context, *BackupRequest) (*BackupResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -168,6 +191,9 @@ func (UnimplementedAdminServiceServer) PurgeKey(context.Context, *PurgeKeyReques
 }
 func (UnimplementedAdminServiceServer) PurgeTenant(context.Context, *PurgeTenantRequest) (*PurgeTenantResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PurgeTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) Backup(context.Context, *BackupRequest) (*BackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Backup not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -280,6 +306,24 @@ func _AdminService_PurgeTenant_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Backup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Backup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Backup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Backup(ctx, req.(*BackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -306,6 +350,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PurgeTenant",
 			Handler:    _AdminService_PurgeTenant_Handler,
+		},
+		{
+			MethodName: "Backup",
+			Handler:    _AdminService_Backup_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

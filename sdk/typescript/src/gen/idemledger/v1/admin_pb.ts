@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file idemledger/v1/admin.proto.
  */
 export const file_idemledger_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChlpZGVtbGVkZ2VyL3YxL2FkbWluLnByb3RvEg1pZGVtbGVkZ2VyLnYxInMKC0FkbWluUmVjb3JkEhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJEg0KBXRva2VuGAQgASgEEiUKBnJlY29yZBgFIAEoCzIVLmlkZW1sZWRnZXIudjEuUmVjb3JkIpoBChJMaXN0UmVjb3Jkc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnRlbmFudBgCIAEoCRIjCgVzdGF0ZRgDIAEoDjIULmlkZW1sZWRnZXIudjEuU3RhdGUSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkSFQoNd2l0aF9vdXRjb21lcxgGIAEoCCJbChNMaXN0UmVjb3Jkc1Jlc3BvbnNlEisKB3JlY29yZHMYASADKAsyGi5pZGVtbGVkZ2VyLnYxLkFkbWluUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJCChBHZXRSZWNvcmRSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJIj8KEUdldFJlY29yZFJlc3BvbnNlEioKBnJlY29yZBgBIAEoCzIaLmlkZW1sZWRnZXIudjEuQWRtaW5SZWNvcmQisQEKFFJlc29sdmVSZWNvcmRSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJEikKB2FwcGxpZWQYBCABKAsyFi5pZGVtbGVkZ2VyLnYxLk91dGNvbWVIABIwCgtub3RfYXBwbGllZBgFIAEoCzIZLmlkZW1sZWRnZXIudjEuTm90QXBwbGllZEgAQgwKCnJlc29sdXRpb24iQwoVUmVzb2x2ZVJlY29yZFJlc3BvbnNlEioKBnJlY29yZBgBIAEoCzIaLmlkZW1sZWRnZXIudjEuQWRtaW5SZWNvcmQiQQoPUHVyZ2VLZXlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJIiIKEFB1cmdlS2V5UmVzcG9uc2USDgoGcHVyZ2VkGAEgASgIIkYKElB1cmdlVGVuYW50UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdGVuYW50GAIgASgJEg0KBWxpbWl0GAMgASgFIkQKE1B1cmdlVGVuYW50UmVzcG9uc2USDgoGcHVyZ2VkGAEgASgDEg8KB3NraXBwZWQYAiABKAMSDAoEbW9yZRgDIAEoCDKzAwoMQWRtaW5TZXJ2aWNlElQKC0xpc3RSZWNvcmRzEiEuaWRlbWxlZGdlci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaIi5pZGVtbGVkZ2VyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2USTgoJR2V0UmVjb3JkEh8uaWRlbWxlZGdlci52MS5HZXRSZWNvcmRSZXF1ZXN0GiAuaWRlbWxlZGdlci52MS5HZXRSZWNvcmRSZXNwb25zZRJaCg1SZXNvbHZlUmVjb3JkEiMuaWRlbWxlZGdlci52MS5SZXNvbHZlUmVjb3JkUmVxdWVzdBokLmlkZW1sZWRnZXIudjEuUmVzb2x2ZVJlY29yZFJlc3BvbnNlEksKCFB1cmdlS2V5Eh4uaWRlbWxlZGdlci52MS5QdXJnZUtleVJlcXVlc3QaHy5pZGVtbGVkZ2VyLnYxLlB1cmdlS2V5UmVzcG9uc2USVAoLUHVyZ2VUZW5hbnQSIS5pZGVtbGVkZ2VyLnYxLlB1cmdlVGVuYW50UmVxdWVzdBoiLmlkZW1sZWRnZXIudjEuUHVyZ2VUZW5hbnRSZXNwb25zZUI9WjtnaXRodWIuY29tL2lkZW1sZWRnZXIvaWRlbWxlZGdlci9nZW4vaWRlbWxlZGdlci92MTtsZWRnZXJ2MWIGcHJvdG8z", [file_idemledger_v1_ledger]);
+  fileDesc("ChlpZGVtbGVkZ2VyL3YxL2FkbWluLnByb3RvEg1pZGVtbGVkZ2VyLnYxInMKC0FkbWluUmVjb3JkEhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJEg0KBXRva2VuGAQgASgEEiUKBnJlY29yZBgFIAEoCzIVLmlkZW1sZWRnZXIudjEuUmVjb3JkIpoBChJMaXN0UmVjb3Jkc1JlcXVlc3QSEQoJbmFtZXNwYWNlGAEgASgJEg4KBnRlbmFudBgCIAEoCRIjCgVzdGF0ZRgDIAEoDjIULmlkZW1sZWRnZXIudjEuU3RhdGUSEQoJcGFnZV9zaXplGAQgASgFEhIKCnBhZ2VfdG9rZW4YBSABKAkSFQoNd2l0aF9vdXRjb21lcxgGIAEoCCJbChNMaXN0UmVjb3Jkc1Jlc3BvbnNlEisKB3JlY29yZHMYASADKAsyGi5pZGVtbGVkZ2VyLnYxLkFkbWluUmVjb3JkEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJCChBHZXRSZWNvcmRSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJIj8KEUdldFJlY29yZFJlc3BvbnNlEioKBnJlY29yZBgBIAEoCzIaLmlkZW1sZWRnZXIudjEuQWRtaW5SZWNvcmQisQEKFFJlc29sdmVSZWNvcmRSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJEikKB2FwcGxpZWQYBCABKAsyFi5pZGVtbGVkZ2VyLnYxLk91dGNvbWVIABIwCgtub3RfYXBwbGllZBgFIAEoCzIZLmlkZW1sZWRnZXIudjEuTm90QXBwbGllZEgAQgwKCnJlc29sdXRpb24iQwoVUmVzb2x2ZVJlY29yZFJlc3BvbnNlEioKBnJlY29yZBgBIAEoCzIaLmlkZW1sZWRnZXIudjEuQWRtaW5SZWNvcmQiQQoPUHVyZ2VLZXlSZXF1ZXN0EhEKCW5hbWVzcGFjZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSCwoDa2V5GAMgASgJIiIKEFB1cmdlS2V5UmVzcG9uc2USDgoGcHVyZ2VkGAEgASgIIkYKElB1cmdlVGVuYW50UmVxdWVzdBIRCgluYW1lc3BhY2UYASABKAkSDgoGdGVuYW50GAIgASgJEg0KBWxpbWl0GAMgASgFIkQKE1B1cmdlVGVuYW50UmVzcG9uc2USDgoGcHVyZ2VkGAEgASgDEg8KB3NraXBwZWQYAiABKAMSDAoEbW9yZRgDIAEoCCIdCg1CYWNrdXBSZXF1ZXN0EgwKBG5hbWUYASABKAkiPwoOQmFja3VwUmVzcG9uc2USDAoEcGF0aBgBIAEoCRINCgVieXRlcxgCIAEoAxIQCghzZXF1ZW5jZRgDIAEoBDL6AwoMQWRtaW5TZXJ2aWNlElQKC0xpc3RSZWNvcmRzEiEuaWRlbWxlZGdlci52MS5MaXN0UmVjb3Jkc1JlcXVlc3QaIi5pZGVtbGVkZ2VyLnYxLkxpc3RSZWNvcmRzUmVzcG9uc2USTgoJR2V0UmVjb3JkEh8uaWRlbWxlZGdlci52MS5HZXRSZWNvcmRSZXF1ZXN0GiAuaWRlbWxlZGdlci52MS5HZXRSZWNvcmRSZXNwb25zZRJaCg1SZXNvbHZlUmVjb3JkEiMuaWRlbWxlZGdlci52MS5SZXNvbHZlUmVjb3JkUmVxdWVzdBokLmlkZW1sZWRnZXIudjEuUmVzb2x2ZVJlY29yZFJlc3BvbnNlEksKCFB1cmdlS2V5Eh4uaWRlbWxlZGdlci52MS5QdXJnZUtleVJlcXVlc3QaHy5pZGVtbGVkZ2VyLnYxLlB1cmdlS2V5UmVzcG9uc2USVAoLUHVyZ2VUZW5hbnQSIS5pZGVtbGVkZ2VyLnYxLlB1cmdlVGVuYW50UmVxdWVzdBoiLmlkZW1sZWRnZXIudjEuUHVyZ2VUZW5hbnRSZXNwb25zZRJFCgZCYWNrdXASHC5pZGVtbGVkZ2VyLnYxLkJhY2t1cFJlcXVlc3QaHS5pZGVtbGVkZ2VyLnYxLkJhY2t1cFJlc3BvbnNlQj1aO2dpdGh1Yi5jb20vaWRlbWxlZGdlci9pZGVtbGVkZ2VyL2dlbi9pZGVtbGVkZ2VyL3YxO2xlZGdlcnYxYgZwcm90bzM", [file_idemledger_v1_ledger]);
 
 /**
  * AdminRecord is a record with its scope and token.
@@ -411,6 +411,65 @@ export const PurgeTenantResponseSchema: GenMessage<PurgeTenantResponse> = /*@__P
   messageDesc(file_idemledger_v1_admin, 10);
 
 /**
+ * BackupRequest names the backup.
+ *
+ * @generated from message idemledger.v1.BackupRequest
+ */
+export type BackupRequest = Message<"idemledger.v1.BackupRequest"> & {
+  /**
+   * name is the backup's directory under --backup-dir: 1 to 64 of a-z, 0-9,
+   * '-' and '.', not starting with '.'; empty: "backup-" and the time in
+   * UTC (backup-20261205T191600Z).
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+};
+
+/**
+ * Describes the message idemledger.v1.BackupRequest.
+ * Use `create(BackupRequestSchema)` to create a new message.
+ */
+export const BackupRequestSchema: GenMessage<BackupRequest> = /*@__PURE__*/
+  messageDesc(file_idemledger_v1_admin, 11);
+
+/**
+ * BackupResponse says where the backup is.
+ *
+ * @generated from message idemledger.v1.BackupResponse
+ */
+export type BackupResponse = Message<"idemledger.v1.BackupResponse"> & {
+  /**
+   * path is the backup's directory on ledgerd's host.
+   *
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * bytes is the size of its files.
+   *
+   * @generated from field: int64 bytes = 2;
+   */
+  bytes: bigint;
+
+  /**
+   * sequence is the store's acknowledged writes when it began: the backup
+   * holds every one of them.
+   *
+   * @generated from field: uint64 sequence = 3;
+   */
+  sequence: bigint;
+};
+
+/**
+ * Describes the message idemledger.v1.BackupResponse.
+ * Use `create(BackupResponseSchema)` to create a new message.
+ */
+export const BackupResponseSchema: GenMessage<BackupResponse> = /*@__PURE__*/
+  messageDesc(file_idemledger_v1_admin, 12);
+
+/**
  * AdminService lets operators see and settle records of any namespace. It
  * answers admin principals only: entries of ledgerd's credential files
  * whose namespace field is "_admin", never a write service's credentials
@@ -478,6 +537,20 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof PurgeTenantRequestSchema;
     output: typeof PurgeTenantResponseSchema;
+  },
+  /**
+   * Backup writes an online backup of the embedded store into ledgerd's
+   * --backup-dir, while it serves: a data directory that ledgerd opens as
+   * this ledger, with every write acknowledged before the call. A SQL
+   * ledgerd has none (back up its database): VALIDATION_FAILED, as when
+   * --backup-dir is not set or the name is taken or malformed.
+   *
+   * @generated from rpc idemledger.v1.AdminService.Backup
+   */
+  backup: {
+    methodKind: "unary";
+    input: typeof BackupRequestSchema;
+    output: typeof BackupResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_idemledger_v1_admin, 0);
