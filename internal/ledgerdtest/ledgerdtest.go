@@ -24,7 +24,11 @@ var binary string
 // Main builds ledgerd from the workspace (go.work), runs the tests and
 // removes the binary: a test package's TestMain is
 // os.Exit(ledgerdtest.Main(m)).
-func Main(m *testing.M) int {
+func Main(m *testing.M) int { return Run(m.Run) }
+
+// Run is Main for a TestMain that has more to do, such as pgtest.Run: it
+// builds ledgerd, calls run, removes the binary and returns run's code.
+func Run(run func() int) int {
 	dir, err := os.MkdirTemp("", "ledgerdtest")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -36,7 +40,7 @@ func Main(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "building ledgerd: %v\n%s", err, out)
 		return 2
 	}
-	return m.Run()
+	return run()
 }
 
 // Proc is a running ledgerd: where it listens ("" for a listener it does

@@ -4,6 +4,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -24,10 +25,12 @@ type Proxy struct {
 	// delaySet: SetDelay was called, so connections read through the
 	// delaying conveyor and follow later changes of delay.
 	delaySet atomic.Bool
-	cut      atomic.Uint64 // probability ×2^32 that a response chunk resets the connection
+	cut      atomic.Uint64          // probability ×2^32 that a response chunk resets the connection
+	cutAfter atomic.Pointer[[]byte] // CutAfter's pattern, lower case, until a request holds it
 
 	mu    sync.Mutex
 	conns map[*link]struct{}
+	path  chan struct{} // while a blackhole: closed when the path returns
 	wg    sync.WaitGroup
 
 	// Counters of what the proxy did.
@@ -38,6 +41,7 @@ type Proxy struct {
 type link struct {
 	client, server net.Conn
 	once           sync.Once
+	cutNext        atomic.Bool // CutAfter matched a request: reset at the next answer
 }
 
 // New listens on a loopback port and forwards to target.
@@ -87,9 +91,45 @@ func (p *Proxy) ResetAll() int {
 	return len(links)
 }
 
+// CutAfter arms one lost answer: the next request chunk that holds pattern
+// (in any letter case, such as "commit") reaches the target, and the
+// target's next answer on that connection resets it instead of reaching
+// the client: the target did the work, the client never hears whether.
+func (p *Proxy) CutAfter(pattern string) {
+	b := bytes.ToLower([]byte(pattern))
+	p.cutAfter.Store(&b)
+}
+
+// SetBlackhole holds every chunk, in each direction and on every
+// connection, while on, as a network path that drops every packet does
+// (TCP retransmits them when the path returns): nothing passes and no
+// connection ends. Off, what was held goes on.
+func (p *Proxy) SetBlackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case on && p.path == nil:
+		p.path = make(chan struct{})
+	case !on && p.path != nil:
+		close(p.path)
+		p.path = nil
+	}
+}
+
+// waitPath waits while the path is a blackhole.
+func (p *Proxy) waitPath() {
+	p.mu.Lock()
+	path := p.path
+	p.mu.Unlock()
+	if path != nil {
+		<-path
+	}
+}
+
 // Close stops listening, resets every connection and waits for the
 // proxy's goroutines.
 func (p *Proxy) Close() error {
+	p.SetBlackhole(false)
 	err := p.lis.Close()
 	p.ResetAll()
 	p.wg.Wait()
@@ -128,6 +168,16 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, response bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			p.waitPath()
+			if !response {
+				if pat := p.cutAfter.Load(); pat != nil && bytes.Contains(bytes.ToLower(buf[:n]), *pat) && p.cutAfter.CompareAndSwap(pat, nil) {
+					l.cutNext.Store(true)
+				}
+			} else if l.cutNext.Load() {
+				p.Cuts.Add(1)
+				p.reset(l)
+				return
+			}
 			if d := p.latency.Load(); d > 0 {
 				p.Delayed.Add(1)
 				time.Sleep(time.Duration(rand.Int64N(d)))
