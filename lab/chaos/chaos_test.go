@@ -118,3 +118,58 @@ func TestFenceUnderKills(t *testing.T) {
 		t.Errorf("%d kills and %d pauses: the faults did not happen", rep.Kills, rep.Pauses)
 	}
 }
+
+// TestFenceAcrossFailover runs the fence's chaos (service processes killed
+// and paused, the fenced invoice service on PostgreSQL) with ledgerd and
+// the invoices on a PostgreSQL primary with a synchronous standby, both
+// through a multi-host URL, and fails the primary over twice while it
+// runs: still no intent invoiced twice and no outcome unknown.
+func TestFenceAcrossFailover(t *testing.T) {
+	t.Parallel() // its own processes, ports, directories and clusters
+	if testing.Short() {
+		t.Skip("fails PostgreSQL over under the fence's chaos")
+	}
+	pair, err := pgtest.StartPair(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pair.Stop)
+	if err := pair.CreateDatabase("fence"); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		rep chaos.FenceReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := chaos.RunFence(t.Context(), chaos.FenceConfig{Ledgerd: ledgerd, Service: ledgerchaos, DatabaseURL: pair.URL("fence"),
+			LedgerOnPostgres: true, Intents: 800, Agents: 8, Fence: true, CrashAfterCommit: 0.05, Seed: 5})
+		done <- result{rep, err}
+	}()
+	failed := 0
+	for range 2 {
+		select {
+		case r := <-done:
+			t.Fatalf("the run ended after %d failovers, before the next: %+v, %v", failed, r.rep, r.err)
+		case <-time.After(4 * time.Second):
+		}
+		if err := pair.Fail(); err != nil {
+			t.Fatal(err)
+		}
+		if err := pair.Rejoin(); err != nil {
+			t.Fatal(err)
+		}
+		failed++
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	var table strings.Builder
+	r.rep.Table(&table)
+	t.Logf("%d failovers during the run\n%s%s", failed, table.String(), r.rep.Line())
+	if !r.rep.OK() {
+		t.Fatal("the fence's promise broke across a failover")
+	}
+}
