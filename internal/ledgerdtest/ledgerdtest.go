@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,6 +49,18 @@ func Run(run func() int) int {
 type Proc struct {
 	GRPC, Admin, HTTP string
 	Log               *ledgertest.Buffer
+	cmd               *exec.Cmd
+	done              chan struct{} // closed when its log ends: it exited
+}
+
+// Terminate sends ledgerd SIGTERM and waits for it to drain and exit; it
+// returns how it exited.
+func (p *Proc) Terminate() error {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	<-p.done
+	return p.cmd.Wait()
 }
 
 // Start runs ledgerd with args after loopback listeners of its own
@@ -66,9 +79,9 @@ func Start(t *testing.T, args ...string) *Proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Log: &ledgertest.Buffer{}}
-	ready := make(chan struct{})
 	done := make(chan struct{})
+	p := &Proc{Log: &ledgertest.Buffer{}, cmd: cmd, done: done}
+	ready := make(chan struct{})
 	go func() {
 		defer close(done)
 		sc := bufio.NewScanner(stderr)
@@ -85,7 +98,7 @@ func Start(t *testing.T, args ...string) *Proc {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-done
-		_ = cmd.Wait()
+		_ = cmd.Wait() // after Terminate: waited already
 		if t.Failed() {
 			t.Logf("ledgerd log:\n%s", p.Log.String())
 		}
