@@ -79,24 +79,42 @@ func (l *load) serving() bool {
 	return err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING
 }
 
-// write claims key and completes it with its own name, within one
-// caller's deadline.
+// write claims key and completes it with its own name: two calls, each
+// with a caller's deadline of its own, as a write service's guard makes
+// them.
 func (l *load) write(key string) {
+	var claim *ledgerv1.Claim
+	err := l.rpc(func(ctx context.Context) error {
+		res, err := l.client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: "/billing.v1.Invoices/Create"})
+		claim = res.GetClaim()
+		return err
+	})
+	if err != nil || claim == nil {
+		return
+	}
+	err = l.rpc(func(ctx context.Context) error {
+		_, err := l.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: key, Token: claim.GetToken(),
+			Outcome: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: []byte(key)}}}})
+		return err
+	})
+	if err == nil {
+		l.mu.Lock()
+		l.acked[key] = true
+		l.mu.Unlock()
+	}
+}
+
+// rpc runs one call with a caller's deadline and notes what it got.
+func (l *load) rpc(fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), callDeadline)
 	defer cancel()
 	c := call{start: time.Now()}
-	res, err := l.client.Begin(ctx, &ledgerv1.BeginRequest{Tenant: "acme", Key: key, Fingerprint: ledgertest.Fingerprint("p"), Method: "/billing.v1.Invoices/Create"})
-	if err == nil && res.GetClaim() != nil {
-		_, err = l.client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: key, Token: res.GetClaim().GetToken(),
-			Outcome: &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: []byte(key)}}}})
-	}
-	c.end, c.err = time.Now(), err
+	c.err = fn(ctx)
+	c.end = time.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.calls = append(l.calls, c)
-	if err == nil && res.GetClaim() != nil {
-		l.acked[key] = true
-	}
+	l.mu.Unlock()
+	return c.err
 }
 
 // start runs writers callers and the readiness checks until finish.

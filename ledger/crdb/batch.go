@@ -152,7 +152,11 @@ func (b *batcher[P, R]) do(ctx context.Context, key string, p P) (R, error) {
 	}
 	b.mu.Unlock()
 	if batch != nil {
-		b.execute(ctx, batch)
+		// The batch runs on a goroutine of its own, past this caller's
+		// deadline if need be (it answers the others in it): the caller
+		// waits for its answer or its deadline, whichever comes first, so
+		// that a database that does not answer ends the call in time.
+		go b.execute(ctx, batch)
 	}
 	select {
 	case res := <-c.done:
