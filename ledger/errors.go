@@ -19,7 +19,7 @@ const StoreRetryAfter = time.Second
 // the store.
 func Unavailable(err error) *errcode.Error {
 	return &errcode.Error{Code: errcode.Unavailable, Message: "the ledger's store is unavailable", RetryAfter: StoreRetryAfter, Err: err,
-		Metadata: map[string]string{"cause": "store"}}
+		Metadata: map[string]string{errcode.MetaCause: errcode.CauseStore}}
 }
 
 // ErrMustRestart is in the chain of an error of a store that failed in a

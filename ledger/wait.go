@@ -233,7 +233,7 @@ func (l *Ledger) LookupFunc(ctx context.Context, s Scope, wait time.Duration, do
 
 // errEnding is what a waiting Lookup gets once EndWaits ran.
 var errEnding = &errcode.Error{Code: errcode.Unavailable, Message: "this ledger instance is shutting down: retry the call, another instance will answer it", RetryAfter: time.Second,
-	Metadata: map[string]string{"cause": "shutdown"}}
+	Metadata: map[string]string{errcode.MetaCause: errcode.CauseShutdown}}
 
 // EndWaits answers every Lookup waiting now, and every later one that
 // would wait, at once: UNAVAILABLE, retryable after a second, so that a

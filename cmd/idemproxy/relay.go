@@ -39,7 +39,7 @@ func tooLargeMessage(id json.RawMessage, limit int64) []byte {
 // whose upstream result was over the bound: the call ran, so the answer
 // is permanent and stored, and says not to retry.
 func tooLargeResult(limit int64, params json.RawMessage) (json.RawMessage, error) {
-	le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{"applied": "true"},
+	le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{errcode.MetaApplied: "true"},
 		Message: fmt.Sprintf("the tool ran, but its result is larger than the %d bytes idemproxy relays (max_result_bytes), so it was neither sent nor kept: do not retry this intent", limit)}
 	info := mcpguard.ErrorInfo{Code: le.Code.String()}
 	res := map[string]any{"isError": true, "content": []any{map[string]any{"type": "text", "text": mcpguard.Advice(le)}},

@@ -334,10 +334,10 @@ func (g *Guard) beginError(ctx context.Context, err error) error {
 		// Whose fault, said plainly: the ledger answered (its store is
 		// down, or it is shutting down), or it could not be reached.
 		msg := "the idempotency ledger cannot be reached"
-		switch le.Metadata["cause"] {
-		case "store":
+		switch le.Cause() {
+		case errcode.CauseStore:
 			msg = "the idempotency ledger is up, but its store is unavailable"
-		case "shutdown":
+		case errcode.CauseShutdown:
 			msg = "the idempotency ledger instance is shutting down"
 		}
 		g.opts.log.WarnContext(ctx, msg+": failing closed", "error", err)

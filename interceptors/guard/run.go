@@ -227,7 +227,7 @@ func notKept(code errcode.Code, size, limit int) *ledgerv1.Outcome {
 		msg = fmt.Sprintf("the call ran, but its answer (%d bytes) is larger than the idempotency ledger keeps (%d bytes), so it cannot be replayed: do not retry this intent", size, limit)
 	}
 	st := ledgerstatus.Encode(&errcode.Error{Code: code, Message: msg, Metadata: map[string]string{
-		"applied": "true", "sizeBytes": strconv.Itoa(size), "limitBytes": strconv.Itoa(limit),
+		errcode.MetaApplied: "true", "sizeBytes": strconv.Itoa(size), "limitBytes": strconv.Itoa(limit),
 	}})
 	return &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: ledgerstatus.ToStored(st)}}
 }

@@ -61,9 +61,9 @@ func (g *Guard) wait(ctx context.Context, call Call, inProgress *errcode.Error, 
 	}
 	_, err := g.ledger.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: call.Tenant, Key: call.Key, Wait: durationpb.New(w)})
 	if le := ledgerstatus.FromError(err); le != nil && le.Code != errcode.NotFound {
-		if le.Code == errcode.Unavailable && le.Metadata["cause"] == "shutdown" {
+		if le.Code == errcode.Unavailable && le.Cause() == errcode.CauseShutdown {
 			return waitEnd{stop: &errcode.Error{Code: errcode.Unavailable, Message: "the idempotency ledger instance is shutting down",
-				RetryAfter: max(le.RetryAfter, unreachableRetryAfter), Metadata: map[string]string{"cause": "shutdown"}, Err: err}}
+				RetryAfter: max(le.RetryAfter, unreachableRetryAfter), Metadata: map[string]string{errcode.MetaCause: errcode.CauseShutdown}, Err: err}}
 		}
 		// The ledger cannot wait for us (too many waiters, a failure):
 		// Begin again after a short pause.

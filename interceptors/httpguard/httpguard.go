@@ -365,7 +365,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 			return guard.Outcome{}, guard.ErrOutcomeUnknown
 		}
 		if live.overflow {
-			le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{"applied": "true", "limitBytes": strconv.FormatInt(g.opts.maxResp, 10)},
+			le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{errcode.MetaApplied: "true", "limitBytes": strconv.FormatInt(g.opts.maxResp, 10)},
 				Message: fmt.Sprintf("the request ran, but its response is larger than the %d bytes relayed, so it was neither sent nor kept: do not retry this intent", g.opts.maxResp)}
 			return guard.Outcome{Status: ledgerstatus.Encode(le)}, nil
 		}

@@ -31,46 +31,45 @@ func ProblemType(code errcode.Code) string {
 	return "https://idemledger.io/problems/" + strings.ReplaceAll(strings.ToLower(code.String()), "_", "-")
 }
 
-// httpStatus is the HTTP status of a ledger or guard error, as docs/contract.md maps them.
-func httpStatus(le *errcode.Error) int {
-	switch le.Code {
-	case errcode.KeyMissing, errcode.KeyInvalid, errcode.ValidationFailed:
-		return http.StatusBadRequest
-	case errcode.KeyReused:
-		return http.StatusUnprocessableEntity
-	case errcode.InProgress, errcode.OutcomeUnknown, errcode.KeyExpired, errcode.RetryTooLate:
-		return http.StatusConflict
-	case errcode.RateLimited:
-		return http.StatusTooManyRequests
-	case errcode.Unavailable:
-		return http.StatusServiceUnavailable
-	case errcode.UpstreamTimeout:
-		return http.StatusGatewayTimeout
-	case errcode.OutcomeTooLarge:
-		return http.StatusConflict // the request ran; its answer was not kept
-	case errcode.PermissionDenied:
-		return http.StatusForbidden // the tenant the request names is not one this service's credentials cover
-	}
-	if le.Metadata["applied"] == "true" {
-		return http.StatusConflict
-	}
-	return http.StatusInternalServerError
+// httpAnswers is how each code is answered over HTTP, as docs/contract.md
+// maps them: its status and its problem's title. Every code has a row
+// (TestEveryCodeHasAnHTTPAnswer).
+var httpAnswers = map[errcode.Code]struct {
+	status int
+	title  string
+}{
+	errcode.KeyMissing:       {http.StatusBadRequest, "Idempotency-Key is missing"},
+	errcode.KeyInvalid:       {http.StatusBadRequest, "Idempotency-Key is malformed"},
+	errcode.ValidationFailed: {http.StatusBadRequest, "The request cannot be guarded"},
+	errcode.KeyReused:        {http.StatusUnprocessableEntity, "Idempotency-Key is already used for another request"},
+	errcode.InProgress:       {http.StatusConflict, "A request with this Idempotency-Key is being processed"},
+	errcode.OutcomeUnknown:   {http.StatusConflict, "The outcome of an earlier request with this Idempotency-Key is unknown"},
+	errcode.KeyExpired:       {http.StatusConflict, "The response of this Idempotency-Key is no longer kept"},
+	errcode.RetryTooLate:     {http.StatusConflict, "This request is too old to be retried"},
+	errcode.OutcomeTooLarge:  {http.StatusConflict, "The response was too large to keep"}, // the request ran; its answer was not kept
+	errcode.RateLimited:      {http.StatusTooManyRequests, "Too many requests"},
+	errcode.Unavailable:      {http.StatusServiceUnavailable, "The request cannot be served now"}, // the detail says whose fault it was
+	errcode.UpstreamTimeout:  {http.StatusGatewayTimeout, "The request ended before the idempotency ledger answered"},
+	errcode.PermissionDenied: {http.StatusForbidden, "The request's tenant is not one this service may write for"},
+	errcode.Contention:       {http.StatusServiceUnavailable, "The idempotency ledger is busy with this key"}, // retryable: its Retry-After says when
+	errcode.LeaseLost:        {http.StatusInternalServerError, "Internal error"},
+	errcode.NotFound:         {http.StatusInternalServerError, "Internal error"},
+	errcode.Unauthenticated:  {http.StatusInternalServerError, "Internal error"}, // the service's own credentials: the caller cannot mend them
+	errcode.Internal:         {http.StatusInternalServerError, "Internal error"},
+	errcode.Unspecified:      {http.StatusInternalServerError, "Internal error"},
 }
 
-var titles = map[errcode.Code]string{
-	errcode.KeyMissing:       "Idempotency-Key is missing",
-	errcode.KeyInvalid:       "Idempotency-Key is malformed",
-	errcode.KeyReused:        "Idempotency-Key is already used for another request",
-	errcode.InProgress:       "A request with this Idempotency-Key is being processed",
-	errcode.OutcomeUnknown:   "The outcome of an earlier request with this Idempotency-Key is unknown",
-	errcode.KeyExpired:       "The response of this Idempotency-Key is no longer kept",
-	errcode.RetryTooLate:     "This request is too old to be retried",
-	errcode.Unavailable:      "The request cannot be served now", // the detail says whose fault it was
-	errcode.RateLimited:      "Too many requests",
-	errcode.ValidationFailed: "The request cannot be guarded",
-	errcode.OutcomeTooLarge:  "The response was too large to keep",
-	errcode.UpstreamTimeout:  "The request ended before the idempotency ledger answered",
-	errcode.PermissionDenied: "The request's tenant is not one this service may write for",
+// httpStatus is the HTTP status of a ledger or guard error: its code's,
+// and 409 for another error that says its write ran.
+func httpStatus(le *errcode.Error) int {
+	a, ok := httpAnswers[le.Code]
+	if (!ok || a.status == http.StatusInternalServerError) && le.Applied() {
+		return http.StatusConflict
+	}
+	if !ok {
+		return http.StatusInternalServerError
+	}
+	return a.status
 }
 
 // writeProblem answers err as a problem. A body over the limit is 413.
@@ -93,7 +92,7 @@ func problemOf(err error) (*errcode.Error, Problem) {
 	}
 	le := ledgerstatus.FromError(err)
 	p := Problem{
-		Type: ProblemType(le.Code), Title: titles[le.Code], Status: httpStatus(le), Detail: le.Message,
+		Type: ProblemType(le.Code), Title: httpAnswers[le.Code].title, Status: httpStatus(le), Detail: le.Message,
 		Code: le.Code.String(), Retryable: le.Retryable(), RetryAfterMS: le.RetryAfter.Milliseconds(),
 	}
 	if big != nil {

@@ -171,7 +171,7 @@ func Advice(le *errcode.Error) string {
 	case errcode.ValidationFailed:
 		return "the call cannot be guarded (" + oneLine(le.Message) + "): fix the call, then send it with the same key"
 	case errcode.OutcomeTooLarge, errcode.Internal:
-		if le.Metadata["applied"] == "true" {
+		if le.Applied() {
 			return oneLine(le.Message)
 		}
 	}

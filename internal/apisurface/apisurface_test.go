@@ -27,9 +27,11 @@ const module = "github.com/idemledger/idemledger"
 // tool's host call ids, a call's key source, the reason a run gives for
 // an unknown outcome, and mcpguard's ServeJSON for a guard outside the
 // server's process. 161: the fence added a policy's fence table, a
-// call's encoding of what a run hands its fence, and a result's Fenced.)
+// call's encoding of what a run hands its fence, and a result's Fenced.
+// 166: errcode's named metadata keys (cause, applied) and their two
+// predicates, where twelve sites had spelled them as strings.)
 const (
-	maxImported = 161
+	maxImported = 166
 	maxLearned  = 60
 )
 

@@ -32,7 +32,7 @@ import (
 // diskFull is the refusal of a write while the disk is short of room.
 func diskFull(free, reserve uint64) error {
 	return &errcode.Error{
-		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{"cause": "store"},
+		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{errcode.MetaCause: errcode.CauseStore},
 		Message: fmt.Sprintf("the disk of the ledger's embedded store is full (%d bytes free, below the %d it keeps in reserve): "+
 			"writes resume when room is made", free, reserve),
 	}
@@ -94,7 +94,7 @@ func (f *failure) err() error {
 		return nil
 	}
 	return &errcode.Error{
-		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{"cause": "store"},
+		Code: errcode.Unavailable, RetryAfter: 5 * time.Second, Metadata: map[string]string{errcode.MetaCause: errcode.CauseStore},
 		Message: "the ledger's embedded store failed a write and must be reopened: restart ledgerd (once its disk has room)",
 		Err:     fmt.Errorf("%w: %s", ledger.ErrMustRestart, *msg),
 	}
