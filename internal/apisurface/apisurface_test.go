@@ -22,8 +22,8 @@ const module = "github.com/idemledger/idemledger"
 // Limits: the packages a write service imports for one transport export
 // at most maxImported names in all, and its example uses at most
 // maxLearned of them.
-// (155: part 3's keys and clients added the Stripe route option and
-// SEP-3182's capability, Handler and Transport. 158: part 4 added a
+// (155: the keys and clients of HTTP added the Stripe route option and
+// SEP-3182's capability, Handler and Transport. 158: MCP's 2026-07-28 revision added a
 // tool's host call ids, a call's key source, the reason a run gives for
 // an unknown outcome, and mcpguard's ServeJSON for a guard outside the
 // server's process. 161: the fence added a policy's fence table, a

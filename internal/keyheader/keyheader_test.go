@@ -7,8 +7,8 @@ import (
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// TestForms holds the boundary cases of part 3's "Keys as
-// clients send them": an sf-string, or the whole trimmed unquoted value of
+// TestForms holds the boundary cases of docs/contract.md's
+// "Keys as clients send them": an sf-string, or the whole trimmed unquoted value of
 // 1 to 255 printable ASCII bytes without '"', ',' or ';'.
 func TestForms(t *testing.T) {
 	longest := strings.Repeat("k", 255)

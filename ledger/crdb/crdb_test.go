@@ -268,9 +268,10 @@ func TestCockroachSQLText(t *testing.T) {
 }
 
 // TestMigratesVersion1 builds a database of schema version 1, with rows as
-// the store wrote them before part 2 (a held key, a completed one, a
+// the store wrote them at that version (a held key, a completed one, a
 // released one), runs Migrate, and finds every record intact, readable
-// and writable, and part 2's rules working beside them.
+// and writable, and the rules of version 2 (tombstones, HOLD) working
+// beside them.
 func TestMigratesVersion1(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	db, err := pgx.Connect(t.Context(), url)

@@ -49,7 +49,7 @@ var specTable = []struct {
 	{"UNAUTHENTICATED", codes.Unauthenticated, false},
 	{"PERMISSION_DENIED", codes.PermissionDenied, false},
 	{"INTERNAL", codes.Internal, false},
-	// Part 2.
+	// HOLD's unknown outcome, and a tombstone.
 	{"OUTCOME_UNKNOWN", codes.FailedPrecondition, false},
 	{"KEY_EXPIRED", codes.FailedPrecondition, false},
 }

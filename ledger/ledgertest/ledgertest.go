@@ -68,7 +68,7 @@ var rules = []rule{
 	{"LookupWait", ruleLookupWait},
 	{"ScopesAreIsolated", ruleScopesAreIsolated},
 	{"CanceledCall", ruleCanceledCall},
-	// Part 2.
+	// Tombstones, HOLD and the outcome nobody knows.
 	{"Tombstone", ruleTombstone},
 	{"NoTombstones", ruleNoTombstones},
 	{"Hold", ruleHold},

@@ -1,6 +1,6 @@
 // The guard for Node's http handlers (and Express's, which run on the same
 // response), with httpguard's HTTP mapping: the Idempotency-Key header as
-// part 3 reads it; the method "http:<METHOD> <route>"; a j1: fingerprint of
+// docs/contract.md reads it; the method "http:<METHOD> <route>"; a j1: fingerprint of
 // a JSON body, b1: of any other; the first response buffered, stored
 // (status, allow-listed headers, body) and replayed with
 // Idempotency-Replayed: true; errors as RFC 9457 problems with 400, 422,
@@ -135,7 +135,7 @@ export function markOutcomeUnknown(res: ServerResponse): void {
 }
 const unknownMark = Symbol("idemledger.unknown");
 
-// requestKey reads Idempotency-Key as part 3 says: a structured-field
+// requestKey reads Idempotency-Key as docs/contract.md says: a structured-field
 // string, or the whole trimmed unquoted value; two lines are malformed.
 export function requestKey(values: string[]): string {
   if (values.length === 0) {
