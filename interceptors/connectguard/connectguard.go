@@ -33,9 +33,9 @@ import (
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
-	"github.com/idemledger/idemledger/internal/keyheader"
-	"github.com/idemledger/idemledger/internal/protofield"
-	"github.com/idemledger/idemledger/internal/protoutcome"
+	"github.com/idemledger/idemledger/interceptors/internal/keyheader"
+	"github.com/idemledger/idemledger/interceptors/internal/protofield"
+	"github.com/idemledger/idemledger/interceptors/internal/protoutcome"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
-	"github.com/idemledger/idemledger/internal/protofield"
+	"github.com/idemledger/idemledger/interceptors/internal/protofield"
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 

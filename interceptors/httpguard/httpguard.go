@@ -46,7 +46,7 @@ import (
 
 	"github.com/idemledger/idemledger/interceptors/fingerprint"
 	"github.com/idemledger/idemledger/interceptors/guard"
-	"github.com/idemledger/idemledger/internal/keyheader"
+	"github.com/idemledger/idemledger/interceptors/internal/keyheader"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/internal/protofield"
 	"github.com/idemledger/idemledger/internal/backoff"
-	"github.com/idemledger/idemledger/internal/protofield"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
 
