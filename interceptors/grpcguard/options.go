@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/idemledger/idemledger/interceptors/internal/grpcmeta"
+
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -17,13 +19,13 @@ import (
 // Header names the interceptor reads and writes.
 const (
 	// KeyHeader carries the idempotency key.
-	KeyHeader = "idempotency-key"
+	KeyHeader = grpcmeta.Key
 	// FirstAttemptHeader carries when the intent's first attempt was made
 	// (RFC 3339), so that a retry older than the retention window is
 	// refused (RETRY_TOO_LATE) rather than run a second time.
-	FirstAttemptHeader = "idempotency-first-attempt-at"
+	FirstAttemptHeader = grpcmeta.FirstAttempt
 	// ReplayedHeader is set to "true" on replayed responses.
-	ReplayedHeader = "idempotency-replayed"
+	ReplayedHeader = grpcmeta.Replayed
 )
 
 // Method is how one gRPC method is protected: the guard's policy, and

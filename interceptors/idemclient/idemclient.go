@@ -25,7 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/idemledger/idemledger/interceptors/grpcguard"
+	"github.com/idemledger/idemledger/interceptors/internal/grpcmeta"
 	"github.com/idemledger/idemledger/interceptors/internal/protofield"
 	"github.com/idemledger/idemledger/internal/backoff"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
@@ -120,11 +120,11 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		if msg, ok := req.(proto.Message); ok && o.keyField != "" {
 			in.key = keyField(msg, o.keyField, in.key)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(grpcguard.KeyHeader)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, grpcguard.KeyHeader, in.key)
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(grpcmeta.Key)) == 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, grpcmeta.Key, in.key)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(grpcguard.FirstAttemptHeader)) == 0 {
-			ctx = metadata.AppendToOutgoingContext(ctx, grpcguard.FirstAttemptHeader, in.first.UTC().Format(time.RFC3339Nano))
+		if md, _ := metadata.FromOutgoingContext(ctx); len(md.Get(grpcmeta.FirstAttempt)) == 0 {
+			ctx = metadata.AppendToOutgoingContext(ctx, grpcmeta.FirstAttempt, in.first.UTC().Format(time.RFC3339Nano))
 		}
 		// Per call: the retry-after of the last error, read by the backoff
 		// that follows it.
