@@ -281,100 +281,13 @@ func (g *Guard) Mux(mux *http.ServeMux) http.Handler {
 // serve runs one request to a protected route under the guard.
 func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next http.Handler) {
 	r = r.WithContext(guard.Continue(r.Context(), propagation.HeaderCarrier(r.Header)))
-	method := MethodPrefix + r.Method + " " + rt.method
-	c := guard.Call{Method: method, Policy: rt.Policy}
-	key, err := requestKey(r)
+	c, err := g.callOf(r, rt)
 	if err != nil {
 		rt.fail(w, err)
 		return
 	}
-	if key != "" {
-		c.KeySource = "header"
-	}
-	var body []byte
-	bodyRead := false
-	if key == "" && rt.KeyPointer != "" {
-		if body, err = readBody(r, g.opts.maxBody); err != nil {
-			rt.fail(w, err)
-			return
-		}
-		bodyRead = true
-		if key, err = bodyKey(r.Header.Get("Content-Type"), body, rt.KeyPointer); err != nil {
-			rt.fail(w, err)
-			return
-		}
-		if key != "" {
-			c.KeySource = "pointer:" + rt.KeyPointer
-		}
-	}
-	c.Key = key
-	if key != "" {
-		if c.Tenant, err = g.opts.tenant(r); err != nil {
-			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
-				err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
-			}
-			rt.fail(w, err)
-			return
-		}
-		if v := r.Header.Get(FirstAttemptHeader); v != "" {
-			if c.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-				rt.fail(w, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
-				return
-			}
-		}
-		if !bodyRead {
-			if body, err = readBody(r, g.opts.maxBody); err != nil {
-				rt.fail(w, err)
-				return
-			}
-		}
-		if c.Fingerprint, err = rt.print(method, r.Header.Get("Content-Type"), body); err != nil {
-			rt.fail(w, err)
-			return
-		}
-	}
-	if rt.Reconcile != nil {
-		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
-			res, err := rt.Reconcile(r.WithContext(ctx))
-			if err != nil || res == nil {
-				return nil, err
-			}
-			out, err := encode(rt, res)
-			return &out, err
-		}
-	}
-	c.Encode = func(result any) (guard.Outcome, error) {
-		switch res := result.(type) {
-		case *Response:
-			return encode(rt, res)
-		case Response:
-			return encode(rt, &res)
-		}
-		return guard.Outcome{}, fmt.Errorf("httpguard: a fence holds a *httpguard.Response, not a %T", result)
-	}
 	var live *recorder
-	res, err := g.guard.Do(r.Context(), c, func(ctx context.Context) (guard.Outcome, error) {
-		if _, protected := guard.ClaimFromContext(ctx); !protected {
-			next.ServeHTTP(w, r) // no key, key optional: unprotected, unbuffered
-			return guard.Outcome{}, nil
-		}
-		live = newRecorder(g.opts.maxResp)
-		unknown := new(atomic.Bool)
-		next.ServeHTTP(live, r.WithContext(context.WithValue(ctx, unknownKey{}, unknown)))
-		if unknown.Load() {
-			return guard.Outcome{}, guard.ErrOutcomeUnknown
-		}
-		if live.overflow {
-			le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{errcode.MetaApplied: "true", "limitBytes": strconv.FormatInt(g.opts.maxResp, 10)},
-				Message: fmt.Sprintf("the request ran, but its response is larger than the %d bytes relayed, so it was neither sent nor kept: do not retry this intent", g.opts.maxResp)}
-			return guard.Outcome{Status: ledgerstatus.Encode(le)}, nil
-		}
-		out, err := encode(rt, live.response())
-		if err == nil && rt.release(live.status) {
-			out.Transient = true
-		}
-		return out, err
-	})
+	res, err := g.guard.Do(r.Context(), c, g.run(w, r, next, rt, &live)) //nolint:contextcheck // an unprotected run serves the request on its own context
 	switch {
 	case err != nil:
 		rt.fail(w, err)
@@ -385,6 +298,114 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, rt *route, next ht
 		live.writeTo(w) // the first answer, every header of it
 	default:
 		rt.answer(w, res.Outcome, true)
+	}
+}
+
+// callOf turns a request into the guard's call: its key (the header, or
+// the body at the route's pointer), tenant, first attempt and
+// fingerprint, reading the body at most once; a request without a key
+// is a call without one (the route's policy decides).
+func (g *Guard) callOf(r *http.Request, rt *route) (guard.Call, error) {
+	method := MethodPrefix + r.Method + " " + rt.method
+	c := guard.Call{Method: method, Policy: rt.Policy, Reconcile: rt.reconcile(r), Encode: rt.encodeFenced}
+	key, err := requestKey(r)
+	if err != nil {
+		return c, err
+	}
+	if key != "" {
+		c.KeySource = "header"
+	}
+	contentType := r.Header.Get("Content-Type")
+	var body []byte
+	read := false
+	if key == "" && rt.KeyPointer != "" {
+		if body, err = readBody(r, g.opts.maxBody); err != nil {
+			return c, err
+		}
+		read = true
+		if key, err = bodyKey(contentType, body, rt.KeyPointer); err != nil || key == "" {
+			return c, err
+		}
+		c.KeySource = "pointer:" + rt.KeyPointer
+	}
+	if c.Key = key; key == "" {
+		return c, nil
+	}
+	if c.Tenant, err = g.opts.tenant(r); err != nil {
+		if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+			err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
+		}
+		return c, err
+	}
+	if v := r.Header.Get(FirstAttemptHeader); v != "" {
+		if c.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return c, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader)
+		}
+	}
+	if !read {
+		if body, err = readBody(r, g.opts.maxBody); err != nil {
+			return c, err
+		}
+	}
+	c.Fingerprint, err = rt.print(method, contentType, body)
+	return c, err
+}
+
+// reconcile is the route's Reconcile as the guard asks it, for request
+// r; nil when the route has none.
+func (rt *route) reconcile(r *http.Request) func(ctx context.Context) (*guard.Outcome, error) {
+	if rt.Reconcile == nil {
+		return nil
+	}
+	return func(ctx context.Context) (*guard.Outcome, error) {
+		res, err := rt.Reconcile(r.WithContext(ctx))
+		if err != nil || res == nil {
+			return nil, err
+		}
+		out, err := encode(rt, res)
+		return &out, err
+	}
+}
+
+// encodeFenced is the outcome of what a fenced handler hands its fence: a
+// Response.
+func (rt *route) encodeFenced(result any) (guard.Outcome, error) {
+	switch res := result.(type) {
+	case *Response:
+		return encode(rt, res)
+	case Response:
+		return encode(rt, &res)
+	}
+	return guard.Outcome{}, fmt.Errorf("httpguard: a fence holds a *httpguard.Response, not a %T", result)
+}
+
+// run is the guarded run of next for request r: unprotected and
+// unbuffered without a claim; with one, next answers into a recorder
+// (*live) up to the response limit, and the run's outcome is what it
+// recorded.
+func (g *Guard) run(w http.ResponseWriter, r *http.Request, next http.Handler, rt *route, live **recorder) guard.RunFunc {
+	return func(ctx context.Context) (guard.Outcome, error) {
+		if _, protected := guard.ClaimFromContext(ctx); !protected {
+			next.ServeHTTP(w, r) // no key, key optional: unprotected, unbuffered
+			return guard.Outcome{}, nil
+		}
+		rec := newRecorder(g.opts.maxResp)
+		*live = rec
+		unknown := new(atomic.Bool)
+		next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, unknownKey{}, unknown)))
+		if unknown.Load() {
+			return guard.Outcome{}, guard.ErrOutcomeUnknown
+		}
+		if rec.overflow {
+			le := &errcode.Error{Code: errcode.OutcomeTooLarge, Metadata: map[string]string{errcode.MetaApplied: "true", "limitBytes": strconv.FormatInt(g.opts.maxResp, 10)},
+				Message: fmt.Sprintf("the request ran, but its response is larger than the %d bytes relayed, so it was neither sent nor kept: do not retry this intent", g.opts.maxResp)}
+			return guard.Outcome{Status: ledgerstatus.Encode(le)}, nil
+		}
+		out, err := encode(rt, rec.response())
+		if err == nil && rt.release(rec.status) {
+			out.Transient = true
+		}
+		return out, err
 	}
 }
 
