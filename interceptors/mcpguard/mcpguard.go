@@ -339,32 +339,48 @@ func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (
 			}
 			return c, err
 		}
-		var skip []string
-		if t.KeyArgument != "" {
-			skip = []string{t.KeyArgument}
-		}
-		var fp string
-		if len(t.FingerprintPointers) > 0 {
-			fp, err = fingerprint.JSONParts(method, req.Params.Arguments, t.FingerprintPointers)
-		} else {
-			fp, err = fingerprint.JSON(method, req.Params.Arguments, skip...)
-		}
+		fp, err := t.fingerprint(method, req.Params.Arguments)
 		if err != nil {
-			return c, errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)
+			return c, err
 		}
 		c.Tenant, c.Fingerprint = tenant, fp
 	}
-	if t.Reconcile != nil {
-		c.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
-			res, err := t.Reconcile(ctx, req)
-			if err != nil || res == nil {
-				return nil, err
-			}
-			out, err := resultOutcome(res)
-			return &out, err
-		}
-	}
+	c.Reconcile = t.reconcile(req)
 	return c, nil
+}
+
+// fingerprint is the fingerprint of a call's arguments: the parts at
+// FingerprintPointers, or all of them but the key argument.
+func (t Tool) fingerprint(method string, args json.RawMessage) (string, error) {
+	var fp string
+	var err error
+	if len(t.FingerprintPointers) > 0 {
+		fp, err = fingerprint.JSONParts(method, args, t.FingerprintPointers)
+	} else if t.KeyArgument != "" {
+		fp, err = fingerprint.JSON(method, args, t.KeyArgument)
+	} else {
+		fp, err = fingerprint.JSON(method, args)
+	}
+	if err != nil {
+		return "", errcode.Errorf(errcode.ValidationFailed, "the arguments are not JSON: %v", err)
+	}
+	return fp, nil
+}
+
+// reconcile is the tool's Reconcile as the guard asks it, for req; nil
+// when the tool has none.
+func (t Tool) reconcile(req *mcp.CallToolRequest) func(ctx context.Context) (*guard.Outcome, error) {
+	if t.Reconcile == nil {
+		return nil
+	}
+	return func(ctx context.Context) (*guard.Outcome, error) {
+		res, err := t.Reconcile(ctx, req)
+		if err != nil || res == nil {
+			return nil, err
+		}
+		out, err := resultOutcome(res)
+		return &out, err
+	}
 }
 
 // callKey is the call's key, by precedence: the key argument's (or the
@@ -372,10 +388,22 @@ func (g *Guard) prepare(ctx context.Context, t Tool, req *mcp.CallToolRequest) (
 // and Transport put in _meta), else _meta's, else the host call ids the
 // tool names.
 func callKey(t Tool, req *mcp.CallToolRequest) (key, source string, err error) {
-	if t.KeyArgument != "" && len(req.Params.Arguments) > 0 {
-		var args map[string]json.RawMessage
-		if json.Unmarshal(req.Params.Arguments, &args) == nil {
-			if raw, ok := args[t.KeyArgument]; ok && string(raw) != "null" {
+	if key, source, err = argumentKey(t, req.Params.Arguments); key != "" || err != nil {
+		return key, source, err
+	}
+	return metaKey(t, req.Params.Meta)
+}
+
+// argumentKey is the key in the call's arguments: the key argument's, else
+// the one at the KeyPointer.
+func argumentKey(t Tool, args json.RawMessage) (key, source string, err error) {
+	if len(args) == 0 {
+		return "", "", nil
+	}
+	if t.KeyArgument != "" {
+		var all map[string]json.RawMessage
+		if json.Unmarshal(args, &all) == nil {
+			if raw, ok := all[t.KeyArgument]; ok && string(raw) != "null" {
 				if json.Unmarshal(raw, &key) != nil {
 					return "", "", errcode.Errorf(errcode.KeyInvalid, "the %s argument is not a string", t.KeyArgument)
 				}
@@ -385,8 +413,8 @@ func callKey(t Tool, req *mcp.CallToolRequest) (key, source string, err error) {
 			}
 		}
 	}
-	if t.KeyPointer != "" && len(req.Params.Arguments) > 0 {
-		if raw, ok, err := fingerprint.Pointer(req.Params.Arguments, t.KeyPointer); err == nil && ok && string(raw) != "null" {
+	if t.KeyPointer != "" {
+		if raw, ok, err := fingerprint.Pointer(args, t.KeyPointer); err == nil && ok && string(raw) != "null" {
 			if json.Unmarshal(raw, &key) != nil {
 				return "", "", errcode.Errorf(errcode.KeyInvalid, "the key at %s in the arguments is not a string", t.KeyPointer)
 			}
@@ -395,7 +423,14 @@ func callKey(t Tool, req *mcp.CallToolRequest) (key, source string, err error) {
 			}
 		}
 	}
-	switch v := req.Params.Meta[paramKeyMeta].(type) {
+	return "", "", nil
+}
+
+// metaKey is the key in the call's _meta: SEP-3182's idempotencyKey
+// parameter (which Handler and Transport put there), else KeyMeta's,
+// else the first of the tool's host call ids.
+func metaKey(t Tool, meta mcp.Meta) (key, source string, err error) {
+	switch v := meta[paramKeyMeta].(type) {
 	case nil:
 	case string:
 		if v != "" {
@@ -405,7 +440,7 @@ func callKey(t Tool, req *mcp.CallToolRequest) (key, source string, err error) {
 		return "", "", errcode.Errorf(errcode.KeyInvalid, "the %s parameter is not a string", paramKey)
 	}
 	for i, k := range append([]string{KeyMeta}, t.HostCallIDs...) {
-		switch v := req.Params.Meta[k].(type) {
+		switch v := meta[k].(type) {
 		case nil:
 		case string:
 			if v == "" {
