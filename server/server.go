@@ -233,10 +233,10 @@ func Cause(err error) error {
 // Begin implements LedgerService.Begin.
 func (s *Server) Begin(ctx context.Context, req *ledgerv1.BeginRequest) (*ledgerv1.BeginResponse, error) {
 	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
-	var res *ledgerv1.BeginResponse
-	if err == nil {
-		res, err = s.begin(ctx, sc, req)
+	if err != nil {
+		return nil, s.fail(ctx, "Begin", sc, err)
 	}
+	res, err := s.begin(ctx, sc, req)
 	if err != nil {
 		return nil, s.fail(ctx, "Begin", sc, err)
 	}
@@ -301,43 +301,46 @@ func (s *Server) begin(ctx context.Context, sc ledger.Scope, req *ledgerv1.Begin
 // Complete implements LedgerService.Complete.
 func (s *Server) Complete(ctx context.Context, req *ledgerv1.CompleteRequest) (*ledgerv1.CompleteResponse, error) {
 	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
-	if err == nil {
-		var rec ledger.Record
-		if rec, err = s.ledger.Complete(ctx, sc, req.GetToken(), outcomeFromWire(req.GetOutcome())); err == nil {
-			s.observe(sc.Namespace, DecisionCompleted)
-			return &ledgerv1.CompleteResponse{CompletedAt: timestamppb.New(rec.CompletedAt), ExpiresAt: timestamppb.New(rec.ExpiresAt)}, nil
-		}
+	if err != nil {
+		return nil, s.fail(ctx, "Complete", sc, err)
 	}
-	return nil, s.fail(ctx, "Complete", sc, err)
+	rec, err := s.ledger.Complete(ctx, sc, req.GetToken(), outcomeFromWire(req.GetOutcome()))
+	if err != nil {
+		return nil, s.fail(ctx, "Complete", sc, err)
+	}
+	s.observe(sc.Namespace, DecisionCompleted)
+	return &ledgerv1.CompleteResponse{CompletedAt: timestamppb.New(rec.CompletedAt), ExpiresAt: timestamppb.New(rec.ExpiresAt)}, nil
 }
 
 // Release implements LedgerService.Release.
 func (s *Server) Release(ctx context.Context, req *ledgerv1.ReleaseRequest) (*ledgerv1.ReleaseResponse, error) {
 	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
-	if err == nil {
-		if err = s.ledger.Release(ctx, sc, req.GetToken()); err == nil {
-			s.observe(sc.Namespace, DecisionReleased)
-			return &ledgerv1.ReleaseResponse{}, nil
-		}
+	if err != nil {
+		return nil, s.fail(ctx, "Release", sc, err)
 	}
-	return nil, s.fail(ctx, "Release", sc, err)
+	if err := s.ledger.Release(ctx, sc, req.GetToken()); err != nil {
+		return nil, s.fail(ctx, "Release", sc, err)
+	}
+	s.observe(sc.Namespace, DecisionReleased)
+	return &ledgerv1.ReleaseResponse{}, nil
 }
 
 // Extend implements LedgerService.Extend.
 func (s *Server) Extend(ctx context.Context, req *ledgerv1.ExtendRequest) (*ledgerv1.ExtendResponse, error) {
 	sc, err := s.scope(ctx, req, req.GetTenant(), req.GetKey())
-	var lease time.Duration
-	if err == nil {
-		lease, err = optionalDuration("lease", req.GetLease())
+	if err != nil {
+		return nil, s.fail(ctx, "Extend", sc, err)
 	}
-	if err == nil {
-		var rec ledger.Record
-		if rec, err = s.ledger.Extend(ctx, sc, req.GetToken(), lease); err == nil {
-			s.observe(sc.Namespace, DecisionExtended)
-			return &ledgerv1.ExtendResponse{LeaseExpiresAt: timestamppb.New(rec.LeaseExpiresAt)}, nil
-		}
+	lease, err := optionalDuration("lease", req.GetLease())
+	if err != nil {
+		return nil, s.fail(ctx, "Extend", sc, err)
 	}
-	return nil, s.fail(ctx, "Extend", sc, err)
+	rec, err := s.ledger.Extend(ctx, sc, req.GetToken(), lease)
+	if err != nil {
+		return nil, s.fail(ctx, "Extend", sc, err)
+	}
+	s.observe(sc.Namespace, DecisionExtended)
+	return &ledgerv1.ExtendResponse{LeaseExpiresAt: timestamppb.New(rec.LeaseExpiresAt)}, nil
 }
 
 // Lookup implements LedgerService.Lookup.
