@@ -249,7 +249,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := pebble.Open(cfg.dataDir, pebble.Config{SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare, OnClockStep: onClockStep})
+		s, err := pebble.Open(cfg.dataDir, pebble.Config{Logger: log, SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare, OnClockStep: onClockStep})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -2,8 +2,7 @@ package pebble
 
 import (
 	"fmt"
-	"io"
-	"os"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,13 +76,15 @@ func (s *Store) room() error {
 
 // failure is the first fatal error Pebble reported; once set, the store
 // refuses every call.
-type failure struct{ first atomic.Pointer[string] }
+type failure struct {
+	first atomic.Pointer[string]
+	log   *slog.Logger
+}
 
-// note records msg as the failure if it is the first, and says so on
-// stderr once.
+// note records msg as the failure if it is the first, and says so once.
 func (f *failure) note(msg string) {
 	if f.first.CompareAndSwap(nil, &msg) {
-		fmt.Fprintf(os.Stderr, "pebble: the store failed and takes no more calls until ledgerd restarts: %s\n", msg)
+		f.log.Error("pebble: the store failed and takes no more calls until ledgerd restarts", "error", msg)
 	}
 }
 
@@ -238,8 +239,8 @@ type logger struct {
 	opening atomic.Bool // in Open, whose goroutine meets every fatal error
 	mu      sync.Mutex
 	seen    map[string]*logLimit // by format
-	out     io.Writer            // nil: stderr
-	now     func() time.Time     // nil: the wall clock
+	log     *slog.Logger
+	now     func() time.Time // nil: the wall clock
 }
 
 // logLimit is the state of one kind of line: when it was last written,
@@ -277,11 +278,7 @@ func (l *logger) Errorf(format string, args ...any) {
 	if dropped > 0 {
 		line += fmt.Sprintf(" (and %d more like it in the last %s)", dropped, logEvery)
 	}
-	out := l.out
-	if out == nil {
-		out = os.Stderr
-	}
-	fmt.Fprintln(out, line)
+	l.log.Error(line)
 }
 
 // Fatalf fails the store. On the commit path, and in Open, it panics, for

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -675,7 +676,7 @@ func answerDuringASync(t *testing.T, dir, write string) {
 func TestPebbleErrorLinesAreRateLimited(t *testing.T) {
 	var out bytes.Buffer
 	clock := ledgertest.NewClock(ledgertest.Start)
-	l := &logger{fail: &failure{}, seen: map[string]*logLimit{}, out: &out, now: clock.Now}
+	l := &logger{fail: &failure{}, seen: map[string]*logLimit{}, log: slog.New(slog.NewTextHandler(&out, nil)), now: clock.Now}
 	for range 1000 {
 		l.Errorf("background error: %v", syscall.ENOSPC)
 		clock.Advance(time.Millisecond)

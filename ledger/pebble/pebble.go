@@ -22,6 +22,7 @@ import (
 	"hash/maphash"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -142,6 +143,10 @@ func (s *Store) readLocked(ctx context.Context, scope ledger.Scope, key []byte) 
 
 // Config configures a Store. The zero value works.
 type Config struct {
+	// Logger hears what the store says of itself: a failure that needs a
+	// restart, damage found on disk, Pebble's own errors (one line of a
+	// kind every logEvery). nil: slog.Default().
+	Logger *slog.Logger
 	// Now is the clock, for tests. nil means the wall clock read at Open,
 	// moved on by the monotonic clock (recordkv.MonoClock).
 	Now func() time.Time
@@ -178,6 +183,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = time.Minute
 	}
@@ -276,8 +284,8 @@ func Open(dir string, cfg Config) (*Store, error) {
 func open(path, dir, want string, logs *logFS, cfg Config) (*Store, error) {
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
-	damage, fail, stalls := &damage{}, &failure{}, &stalls{}
-	log := &logger{fail: fail, seen: map[string]*logLimit{}}
+	damage, fail, stalls := &damage{log: cfg.Logger}, &failure{log: cfg.Logger}, &stalls{}
+	log := &logger{fail: fail, seen: map[string]*logLimit{}, log: cfg.Logger}
 	log.opening.Store(true)
 	defer log.opening.Store(false)
 	opts := &pebbledb.Options{
@@ -362,12 +370,15 @@ func check(db *pebbledb.DB, dir, want string) (id string, created bool, mark *wa
 }
 
 // damage remembers the first damaged file Pebble reported.
-type damage struct{ first atomic.Pointer[string] }
+type damage struct {
+	first atomic.Pointer[string]
+	log   *slog.Logger
+}
 
 func (d *damage) note(info pebbledb.DataCorruptionInfo) {
 	path := info.Path
 	if d.first.CompareAndSwap(nil, &path) {
-		fmt.Fprintf(os.Stderr, "pebble: on-disk corruption in %s: %v\n", info.Path, info.Details)
+		d.log.Error("on-disk corruption in the embedded store: restore it from a backup", "file", info.Path, "error", info.Details)
 	}
 }
 
