@@ -47,6 +47,7 @@ func newAdminFixture(t *testing.T) *adminFixture {
 // TestAdminIsForAdminsOnly: a write service's credentials are refused by
 // AdminService, and an admin's by LedgerService.
 func TestAdminIsForAdminsOnly(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t)
 	_, err := f.admin.ListRecords(as(t, "billing-token"), &ledgerv1.ListRecordsRequest{Namespace: "billing"})
 	ledgertest.WantStatus(t, err, errcode.PermissionDenied)
@@ -61,6 +62,7 @@ func TestAdminIsForAdminsOnly(t *testing.T) {
 // it is), and is audited with who asked (a write service's namespace,
 // unauthenticated, or the admin) for what (namespace, tenant, key).
 func TestAdminRefusalsAreTypedAndAudited(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t)
 	for _, tc := range []struct {
 		name, who string
@@ -103,6 +105,7 @@ func TestAdminRefusalsAreTypedAndAudited(t *testing.T) {
 // TestAdminListGetResolvePurge: an operator finds a key whose outcome is
 // unknown, settles it, and erases a tenant; each call is audited.
 func TestAdminListGetResolvePurge(t *testing.T) {
+	t.Parallel()
 	f := newAdminFixture(t)
 	billing, ops := as(t, "billing-token"), as(t, "ops-token")
 	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/google.protobuf.StringValue", Value: []byte("\x0a\x03inv")}}}

@@ -66,6 +66,7 @@ var badDurations = map[string]*durationpb.Duration{
 // server keeps answering, and the records that exist are unchanged, nor
 // does any new one appear.
 func TestBadInputCatalogue(t *testing.T) {
+	t.Parallel()
 	t.Run("Unary", func(t *testing.T) { badInputCatalogue(t, false) })
 	t.Run("Stream", func(t *testing.T) { badInputCatalogue(t, true) })
 }

@@ -26,6 +26,7 @@ import (
 // way in, and calls it with certificates that name principals in each way a
 // certificate can.
 func TestMutualTLS(t *testing.T) {
+	t.Parallel()
 	ca, stranger := servertest.NewCA(t), servertest.NewCA(t)
 	certs, err := server.ParseCertificates(strings.NewReader(
 		"# SPIFFE ID of the billing service\n" +
@@ -102,6 +103,7 @@ func TestMutualTLS(t *testing.T) {
 }
 
 func TestParseCertificates(t *testing.T) {
+	t.Parallel()
 	for _, bad := range []string{
 		"spiffe://x billing acme",
 		"uri: billing acme",

@@ -22,6 +22,7 @@ import (
 // TestErrorsOfEveryRPC drives each RPC into each error it can answer,
 // over the wire, and checks the typed code.
 func TestErrorsOfEveryRPC(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := as(t, "billing-token")
 	claim, err := f.client.Begin(ctx, beginReq("held"))
@@ -113,6 +114,7 @@ func TestErrorsOfEveryRPC(t *testing.T) {
 // TestStoreUnavailable: a store that cannot answer gives UNAVAILABLE,
 // retryable, on every RPC, and its cause stays out of the message.
 func TestStoreUnavailable(t *testing.T) {
+	t.Parallel()
 	conn := servertest.NewServer(t, servertest.Ledger(server.New(ledger.New(downStore{}, ledger.Config{}), server.Config{Auth: testAuth}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	ctx := as(t, "billing-token")

@@ -21,6 +21,7 @@ import (
 )
 
 func TestRateLimitPerNamespace(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3)}))).Dial(t)
 	client := ledgerv1.NewLedgerServiceClient(conn)
@@ -45,6 +46,7 @@ func TestRateLimitPerNamespace(t *testing.T) {
 }
 
 func TestDecisionMetrics(t *testing.T) {
+	t.Parallel()
 	clock := ledgertest.NewClock(ledgertest.Start)
 	var metrics decisions
 	l := ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})

@@ -64,6 +64,7 @@ func beginReq(key string) *ledgerv1.BeginRequest {
 }
 
 func TestLifecycleOverTheWire(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := as(t, "billing-token")
 	res, err := f.client.Begin(ctx, beginReq("k1"))
@@ -118,6 +119,7 @@ func TestLifecycleOverTheWire(t *testing.T) {
 }
 
 func TestTypedErrorsOverTheWire(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := as(t, "billing-token")
 	if _, err := f.client.Begin(ctx, beginReq("k")); err != nil {
@@ -143,6 +145,7 @@ func TestTypedErrorsOverTheWire(t *testing.T) {
 }
 
 func TestAuthentication(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	res, err := f.client.Begin(as(t, "billing-token"), beginReq("k"))
 	if err != nil {
@@ -189,6 +192,7 @@ func TestAuthentication(t *testing.T) {
 }
 
 func TestRequestValidation(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := as(t, "billing-token")
 	edit := func(fn func(*ledgerv1.BeginRequest)) *ledgerv1.BeginRequest { r := beginReq("k"); fn(r); return r }

@@ -44,6 +44,7 @@ func streamClient(t testing.TB, conn grpc.ClientConnInterface, token string) *le
 // answer: responses field for field, errors as whole statuses (code,
 // message, details).
 func TestStreamAnswersAsUnary(t *testing.T) {
+	t.Parallel()
 	type answer struct {
 		Res, Status proto.Message // one of them
 	}
@@ -138,6 +139,7 @@ func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code 
 // stream goes on; a call's timeout bounds it on the server; a cancel
 // cancels it there.
 func TestStreamProtocol(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	s := rawStream(t, f.conn)
 	send := func(req *ledgerv1.StreamRequest) {
@@ -211,6 +213,7 @@ func TestStreamProtocol(t *testing.T) {
 // Drain, under 8 concurrent callers: every call is answered, none fails,
 // and the callers moved to new streams.
 func TestStreamDrainLosesNoCall(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	srv := server.New(l, server.Config{Auth: testAuth, StreamMaxAge: 20 * time.Millisecond})
 	var streams atomic.Int64
@@ -257,6 +260,7 @@ func TestStreamDrainLosesNoCall(t *testing.T) {
 // TestStreamBreakIsUnavailable: calls in flight when the connection breaks
 // fail UNAVAILABLE, retryable, and the client fails fast after.
 func TestStreamBreakIsUnavailable(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth})))
 	client := streamClient(t, srv.Dial(t), "billing-token")
@@ -300,6 +304,7 @@ func (p panicky) Claim(ctx context.Context, c ledger.ClaimParams) (ledger.ClaimR
 // TestStreamCallPanicIsInternal: a panic in one call answers it INTERNAL;
 // the stream and the server go on.
 func TestStreamCallPanicIsInternal(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(panicky{memory.New(memory.Config{})}, ledger.Config{})
 	client := streamClient(t, servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth}))).Dial(t), "billing-token")
 	_, err := client.Begin(t.Context(), beginReq("boom"))
@@ -313,6 +318,7 @@ func TestStreamCallPanicIsInternal(t *testing.T) {
 // of its namespace's rate limit and counts its decision, as a unary call
 // does; RATE_LIMITED carries its retry-after in its details.
 func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
+	t.Parallel()
 	var metrics decisions
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	conn := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth, RateLimit: server.NewRateLimit(0.5, 3), Observe: metrics.observe}))).Dial(t)
@@ -337,6 +343,8 @@ func TestStreamCallsAreLimitedAndCounted(t *testing.T) {
 // runs at once (Begins held by the store) and then dies leaves nothing
 // behind: the stream's goroutines and calls are gone within seconds, not
 // at the stream's maximum age.
+//
+//nolint:paralleltest // it counts the process's goroutines: the parallel tests wait until it is done
 func TestDeadStreamIsFreed(t *testing.T) {
 	st := &heldClaims{Store: memory.New(memory.Config{}), entered: make(chan struct{}, server.MaxStreamCalls)}
 	l := ledger.New(st, ledger.Config{})
@@ -392,6 +400,7 @@ func (s *heldClaims) Claim(ctx context.Context, _ ledger.ClaimParams) (ledger.Cl
 // they wait, and a Complete wakes its key's waiter. Past MaxStreamLookups
 // a Lookup is RATE_LIMITED at once.
 func TestWaitingLookupsHoldNothingBack(t *testing.T) {
+	t.Parallel()
 	const n = server.MaxStreamCalls + 100
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 2 * server.MaxStreamLookups, MaxWaitersTotal: 2 * server.MaxStreamLookups})
 	srv := servertest.NewServer(t, servertest.Ledger(server.New(l, server.Config{Auth: testAuth})))

@@ -16,6 +16,7 @@ import (
 // as for a key nobody used (so it cannot learn that they exist), and its own
 // Begin on the same key is a record of its own.
 func TestNamespacesAreIsolated(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	billing, refunds := as(t, "billing-token"), as(t, "refunds-token")
 	held, err := f.client.Begin(billing, beginReq("held"))

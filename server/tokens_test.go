@@ -20,6 +20,7 @@ import (
 )
 
 func TestBearerTokens(t *testing.T) {
+	t.Parallel()
 	file := "# billing's writer\n" +
 		server.HashToken("s3cret-billing") + " billing acme,globex\n\n" +
 		server.HashToken("s3cret-ops") + " ops *\n"
@@ -94,6 +95,7 @@ func BenchmarkTokenLookup(b *testing.B) {
 // principal), and so is a file that lists one token twice or names a
 // namespace of ledgerd's own.
 func TestCredentialFilesAreGuarded(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, body string, mode os.FileMode) string {
 		t.Helper()
@@ -134,6 +136,7 @@ func TestCredentialFilesAreGuarded(t *testing.T) {
 // TestAdminEntries: an entry whose namespace field is _admin is an admin
 // principal named by its third field; a malformed one is refused.
 func TestAdminEntries(t *testing.T) {
+	t.Parallel()
 	tok, err := server.ParseTokens(strings.NewReader(server.HashToken("ops-secret") + " _admin ops-alice\n" +
 		server.HashToken("w-secret") + " billing acme\n"))
 	if err != nil {

@@ -26,6 +26,7 @@ func canonical(t *testing.T, in string, skip ...string) string {
 // TestRFC8785Numbers: the number serialisation examples of RFC 8785,
 // appendix B (IEEE 754 bits, and the text JCS writes for them).
 func TestRFC8785Numbers(t *testing.T) {
+	t.Parallel()
 	for bits, want := range map[uint64]string{
 		0x0000000000000000: "0",
 		0x8000000000000000: "0",
@@ -69,6 +70,7 @@ func TestRFC8785Numbers(t *testing.T) {
 // TestRFC8785Example: the example of RFC 8785, section 3.2.2: numbers,
 // string escaping and literals.
 func TestRFC8785Example(t *testing.T) {
+	t.Parallel()
 	in := `{
   "numbers": [333333333.33333329, 1E30, 4.50,
               2e-3, 0.000000000000000000000000001],
@@ -84,6 +86,7 @@ func TestRFC8785Example(t *testing.T) {
 // TestRFC8785Ordering: member names sorted by their UTF-16 code units,
 // section 3.2.3, where UTF-8 byte order and UTF-16 order differ.
 func TestRFC8785Ordering(t *testing.T) {
+	t.Parallel()
 	in := `{
   "\u20ac": "Euro Sign",
   "\r": "Carriage Return",
@@ -105,6 +108,7 @@ func TestRFC8785Ordering(t *testing.T) {
 }
 
 func TestJSONFingerprint(t *testing.T) {
+	t.Parallel()
 	fp := func(in string, skip ...string) string {
 		t.Helper()
 		fp, err := fingerprint.JSON(tool, []byte(in), skip...)
@@ -153,6 +157,7 @@ func TestJSONFingerprint(t *testing.T) {
 }
 
 func TestBytesFingerprint(t *testing.T) {
+	t.Parallel()
 	const method = "http:POST /v1/uploads"
 	base := fingerprint.Bytes(method, "text/plain; charset=utf-8", []byte("hello"))
 	if !strings.HasPrefix(base, "b1:") || len(base) != 67 {

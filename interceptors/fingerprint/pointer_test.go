@@ -10,6 +10,7 @@ import (
 
 // TestPointer: RFC 6901's examples (section 5), and what has no value.
 func TestPointer(t *testing.T) {
+	t.Parallel()
 	doc := []byte(`{"foo":["bar","baz"],"":0,"a/b":1,"c%d":2,"e^f":3,"g|h":4,"i\\j":5,"k\"l":6," ":7,"m~n":8}`)
 	for ptr, want := range map[string]string{
 		"": string(doc), "/foo": `["bar","baz"]`, "/foo/0": `"bar"`, "/": "0", "/a~1b": "1", "/c%d": "2", "/e^f": "3",
@@ -38,6 +39,7 @@ func TestPointer(t *testing.T) {
 // TestJSONParts: the named parts alone make the fingerprint; absent is
 // not null; the method counts.
 func TestJSONParts(t *testing.T) {
+	t.Parallel()
 	ptrs := []string{"/amount", "/currency"}
 	fp := func(method, v string) string {
 		t.Helper()

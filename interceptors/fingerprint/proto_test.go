@@ -43,6 +43,7 @@ func full() *testpb.CreateInvoiceRequest {
 }
 
 func TestFingerprintIsCanonical(t *testing.T) {
+	t.Parallel()
 	base := printOf(createInvoice, full())
 	if !regexp.MustCompile(`^v1:[0-9a-f]{64}$`).MatchString(base) {
 		t.Fatalf("fingerprint %q is not v1:<64 hex>", base)
@@ -139,6 +140,7 @@ func TestFingerprintIsCanonical(t *testing.T) {
 // the message it holds, whatever the order of its fields on the wire; any
 // other Any prints by its type URL and bytes.
 func TestFingerprintOfAny(t *testing.T) {
+	t.Parallel()
 	ts := timestamppb.New(time.Date(2030, 1, 2, 0, 0, 0, 0, time.UTC))
 	a, err := anypb.New(ts)
 	if err != nil {
@@ -173,6 +175,7 @@ func TestFingerprintOfAny(t *testing.T) {
 // registry, the print follows that registry, and two registries that
 // differ only in an unrelated type print alike.
 func TestFingerprintDoesNotDependOnLinkedTypes(t *testing.T) {
+	t.Parallel()
 	inner, err := structpb.NewStruct(map[string]any{"b": 2, "a": 1})
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ import (
 // retry gets a typed, permanent OUTCOME_TOO_LARGE that says the call ran:
 // the handler never runs a second time, also after the lease ran out.
 func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
+	t.Parallel()
 	// The ledger keeps 64 KiB and its gRPC server takes 128 KiB (ledgerd's
 	// limits are the same shape: the outcome plus 64 KiB).
 	const limit = 64 << 10
@@ -93,6 +94,7 @@ func TestOutcomeTooLargeNeverRunsTwice(t *testing.T) {
 // service logs one line, whether the interceptor calls the ledger with
 // unary calls or over a Stream; the handler does not run.
 func TestFailClosedIsOneAnswer(t *testing.T) {
+	t.Parallel()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

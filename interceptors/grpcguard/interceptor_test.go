@@ -166,6 +166,7 @@ func marshal(t *testing.T, m proto.Message) []byte {
 }
 
 func TestDuplicateReplaysIdenticalBytes(t *testing.T) {
+	t.Parallel()
 	forEachAPI(t, testDuplicateReplaysIdenticalBytes)
 }
 
@@ -206,7 +207,10 @@ func testDuplicateReplaysIdenticalBytes(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestChangedPayloadIsKeyReused(t *testing.T) { forEachAPI(t, testChangedPayloadIsKeyReused) }
+func TestChangedPayloadIsKeyReused(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testChangedPayloadIsKeyReused)
+}
 
 func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
@@ -226,7 +230,10 @@ func testChangedPayloadIsKeyReused(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestParallelDuplicatesRunOnce(t *testing.T) { forEachAPI(t, testParallelDuplicatesRunOnce) }
+func TestParallelDuplicatesRunOnce(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testParallelDuplicatesRunOnce)
+}
 
 func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 	release := make(chan struct{})
@@ -275,7 +282,10 @@ func testParallelDuplicatesRunOnce(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestTransientErrorReleases(t *testing.T) { forEachAPI(t, testTransientErrorReleases) }
+func TestTransientErrorReleases(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testTransientErrorReleases)
+}
 
 func testTransientErrorReleases(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
@@ -295,7 +305,10 @@ func testTransientErrorReleases(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestPermanentErrorIsReplayed(t *testing.T) { forEachAPI(t, testPermanentErrorIsReplayed) }
+func TestPermanentErrorIsReplayed(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testPermanentErrorIsReplayed)
+}
 
 func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	declined, err := status.New(codes.FailedPrecondition, "the customer's account is closed").WithDetails(&errdetails.ErrorInfo{Reason: "ACCOUNT_CLOSED", Domain: "billing.example"})
@@ -320,7 +333,10 @@ func testPermanentErrorIsReplayed(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestPanicLeavesTheLeaseToExpire(t *testing.T) { forEachAPI(t, testPanicLeavesTheLeaseToExpire) }
+func TestPanicLeavesTheLeaseToExpire(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testPanicLeavesTheLeaseToExpire)
+}
 
 func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 	var claims []guard.Claim
@@ -355,7 +371,10 @@ func testPanicLeavesTheLeaseToExpire(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestLedgerDownFailsClosed(t *testing.T) { forEachAPI(t, testLedgerDownFailsClosed) }
+func TestLedgerDownFailsClosed(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testLedgerDownFailsClosed)
+}
 
 func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -382,7 +401,10 @@ func testLedgerDownFailsClosed(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestLongHandlerKeepsItsLease(t *testing.T) { forEachAPI(t, testLongHandlerKeepsItsLease) }
+func TestLongHandlerKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testLongHandlerKeepsItsLease)
+}
 
 func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	started := make(chan struct{})
@@ -411,7 +433,10 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestKeysAndTenants(t *testing.T) { forEachAPI(t, testKeysAndTenants) }
+func TestKeysAndTenants(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testKeysAndTenants)
+}
 
 func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 	svc := &invoices{}
@@ -459,6 +484,7 @@ func testKeysAndTenants(t *testing.T, api ledgerAPI) {
 }
 
 func TestRefusesToBuild(t *testing.T) {
+	t.Parallel()
 	client := ledgerv1.NewLedgerServiceClient(ledgerConn(t))
 	for name, opts := range map[string][]grpcguard.Option{
 		"UnknownService": {grpcguard.WithMethod("/nope.v1.Nope/Create", grpcguard.Method{Policy: guard.Policy{}})},
@@ -479,7 +505,10 @@ func TestRefusesToBuild(t *testing.T) {
 // TestRunOutlivesItsCaller: a client whose deadline ends mid-handler does
 // not end the handler: it finishes under its claim, its answer is
 // stored, and the client's retry gets the replay; the write ran once.
-func TestRunOutlivesItsCaller(t *testing.T) { forEachAPI(t, testRunOutlivesItsCaller) }
+func TestRunOutlivesItsCaller(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testRunOutlivesItsCaller)
+}
 
 func testRunOutlivesItsCaller(t *testing.T, api ledgerAPI) {
 	release := make(chan struct{})

@@ -65,7 +65,10 @@ func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceCl
 // TestWaitReplaysTheFirstOutcome: under the zero policy (WAIT is the
 // default, on gRPC as on every transport) a duplicate of a running
 // attempt gets that attempt's answer, replayed.
-func TestWaitReplaysTheFirstOutcome(t *testing.T) { forEachAPI(t, testWaitReplaysTheFirstOutcome) }
+func TestWaitReplaysTheFirstOutcome(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testWaitReplaysTheFirstOutcome)
+}
 
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(300*time.Millisecond, nil)}
@@ -87,6 +90,7 @@ func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
 }
 
 func TestWaitClaimsWhenTheFirstReleases(t *testing.T) {
+	t.Parallel()
 	forEachAPI(t, testWaitClaimsWhenTheFirstReleases)
 }
 
@@ -103,7 +107,10 @@ func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestWaitIsBounded(t *testing.T) { forEachAPI(t, testWaitIsBounded) }
+func TestWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testWaitIsBounded)
+}
 
 func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 	for name, tt := range map[string]struct {
@@ -140,7 +147,10 @@ func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestRejectAnswersAtOnce(t *testing.T) { forEachAPI(t, testRejectAnswersAtOnce) }
+func TestRejectAnswersAtOnce(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testRejectAnswersAtOnce)
+}
 
 func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
 	svc := &invoices{create: slow(time.Second, nil)}
@@ -186,7 +196,10 @@ func resolvable(t *testing.T, api ledgerAPI) (client testpb.InvoiceServiceClient
 	return client, ledgerv1.NewLedgerServiceClient(conn), svc
 }
 
-func TestHoldThenResolveApplied(t *testing.T) { forEachAPI(t, testHoldThenResolveApplied) }
+func TestHoldThenResolveApplied(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testHoldThenResolveApplied)
+}
 
 func testHoldThenResolveApplied(t *testing.T, api ledgerAPI) {
 	client, ops, svc := resolvable(t, api)
@@ -219,7 +232,10 @@ func testHoldThenResolveApplied(t *testing.T, api ledgerAPI) {
 	ledgertest.WantStatus(t, err, errcode.ValidationFailed)
 }
 
-func TestHoldThenResolveNotApplied(t *testing.T) { forEachAPI(t, testHoldThenResolveNotApplied) }
+func TestHoldThenResolveNotApplied(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testHoldThenResolveNotApplied)
+}
 
 func testHoldThenResolveNotApplied(t *testing.T, api ledgerAPI) {
 	client, ops, svc := resolvable(t, api)
@@ -251,7 +267,10 @@ func (db *ledgerRows) get(key string) *testpb.CreateInvoiceResponse {
 	return db.rows[key]
 }
 
-func TestReconcile(t *testing.T) { forEachAPI(t, testReconcile) }
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testReconcile)
+}
 
 func testReconcile(t *testing.T, api ledgerAPI) {
 	db := &ledgerRows{rows: map[string]*testpb.CreateInvoiceResponse{}}
@@ -338,7 +357,10 @@ func testReconcile(t *testing.T, api ledgerAPI) {
 	}
 }
 
-func TestTombstoneIsKeyExpired(t *testing.T) { forEachAPI(t, testTombstoneIsKeyExpired) }
+func TestTombstoneIsKeyExpired(t *testing.T) {
+	t.Parallel()
+	forEachAPI(t, testTombstoneIsKeyExpired)
+}
 
 func testTombstoneIsKeyExpired(t *testing.T, api ledgerAPI) {
 	conn, clock := clockedLedger(t)

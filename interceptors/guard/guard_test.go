@@ -75,6 +75,7 @@ func counted(runs *atomic.Int64, out guard.Outcome, err error) guard.RunFunc {
 }
 
 func TestReplaysTheSameBytes(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t)
 	var runs atomic.Int64
 	body := `{"content":[{"type":"text","text":"invoice inv_1 created"}],"isError":false}`
@@ -92,6 +93,7 @@ func TestReplaysTheSameBytes(t *testing.T) {
 }
 
 func TestOutcomeClasses(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t)
 	var runs atomic.Int64
 	// A transient outcome releases: the next call runs.
@@ -129,6 +131,7 @@ func TestOutcomeClasses(t *testing.T) {
 }
 
 func TestKeyOptionalAndRefusals(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t)
 	var runs atomic.Int64
 	run := func(context.Context) (guard.Outcome, error) { runs.Add(1); return jsonResult("{}"), nil }
@@ -157,6 +160,7 @@ func TestKeyOptionalAndRefusals(t *testing.T) {
 }
 
 func TestRefusesToBuild(t *testing.T) {
+	t.Parallel()
 	if _, err := guard.New(nil); err == nil {
 		t.Fatal("built without a ledger")
 	}
@@ -173,6 +177,7 @@ func TestRefusesToBuild(t *testing.T) {
 }
 
 func TestPolicyCheck(t *testing.T) {
+	t.Parallel()
 	for name, p := range map[string]guard.Policy{
 		"NegativeWait":         {MaxWait: -1},
 		"UnknownInProgress":    {OnInProgress: 9},
@@ -193,6 +198,7 @@ func TestPolicyCheck(t *testing.T) {
 // UNAVAILABLE, a retry within the lease IN_PROGRESS, and one after it a
 // takeover (TAKEOVER) or OUTCOME_UNKNOWN (HOLD).
 func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
+	t.Parallel()
 	g, clock := clockedGuard(t)
 	unknown := func(context.Context) (guard.Outcome, error) {
 		return guard.Outcome{}, fmt.Errorf("the upstream hung up after the request: %w", guard.ErrOutcomeUnknown)
@@ -227,6 +233,7 @@ func TestOutcomeUnknownLeavesTheClaim(t *testing.T) {
 // write happened (guard.UnknownOutcome) has that reason in the error its
 // caller reads, and its cause kept out of it.
 func TestUnknownOutcomeSaysWhy(t *testing.T) {
+	t.Parallel()
 	g, _ := clockedGuard(t)
 	c := call("unknown-why")
 	_, err := g.Do(t.Context(), c, func(context.Context) (guard.Outcome, error) {
@@ -252,6 +259,7 @@ type invoice struct {
 // into the caller's type; a permanent error is stored and returned again
 // typed; a transient one releases the key, so the next Do runs fn.
 func TestTypedDo(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t)
 	var runs atomic.Int64
 	create := func(id string, err error) func(context.Context) (invoice, error) {
@@ -298,6 +306,7 @@ func TestTypedDo(t *testing.T) {
 // the run: it finishes, its outcome is stored, and the retry gets the
 // replay; the run ran once.
 func TestRunOutlivesItsCaller(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t)
 	var runs atomic.Int64
 	started, release := make(chan struct{}), make(chan struct{})
@@ -336,6 +345,7 @@ func TestRunOutlivesItsCaller(t *testing.T) {
 // gets UNAVAILABLE, the key is not released (a duplicate meets the
 // claim), and after the lease the next attempt takes over.
 func TestRunTimeoutLeavesTheOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	g, clock := clockedGuard(t)
 	c := call("hung")
 	c.Policy = guard.Policy{Lease: 5 * time.Second, RunTimeout: 50 * time.Millisecond, OnInProgress: guard.Reject}
@@ -368,6 +378,7 @@ func (downStore) Claim(context.Context, ledger.ClaimParams) (ledger.ClaimResult,
 // is: a ledger that cannot be reached, or a ledger that answered while its
 // store could not. Nothing runs either way.
 func TestBlameIsSaidPlainly(t *testing.T) {
+	t.Parallel()
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "tools", Tenants: []string{"*"}}, nil
 	})
@@ -411,6 +422,7 @@ func TestBlameIsSaidPlainly(t *testing.T) {
 // UNAVAILABLE with a retry hint, to retry on another instance; it does
 // not wait out its bound.
 func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
+	t.Parallel()
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "tools", Tenants: []string{"*"}}, nil
 	})

@@ -174,6 +174,7 @@ func wantProblem(t *testing.T, a answer, status int, code errcode.Code) httpguar
 // the body and the allow-listed headers come back byte for byte with
 // Idempotency-Replayed: true; other headers do not.
 func TestStoredAndReplayed(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	first := post(t, url, `"k-1"`, `{"amount":1}`)
@@ -213,6 +214,7 @@ func TestStoredAndReplayed(t *testing.T) {
 // TestBareKeys: a key sent unquoted, as stock clients send a UUID or
 // stripe-go its own keys, is the same key as its sf-string.
 func TestBareKeys(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	for _, key := range []string{"0e03978e-40d5-43e8-bc93-6894a57f9324", "1796182444475302461_B8TIFA"} {
@@ -235,6 +237,7 @@ func TestBareKeys(t *testing.T) {
 // header wins over the body's key; a retry that differs only outside the
 // named parts is the replay, one that differs in them KEY_REUSED.
 func TestKeyAndFingerprintFromTheBody(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	client := ledgerClient(t)
 	url := serve(t, a.handler(t, newGuard(t, client, httpguard.WithRoute("POST /v1/things", httpguard.Route{
@@ -276,6 +279,7 @@ func TestKeyAndFingerprintFromTheBody(t *testing.T) {
 // TestKeyRows: docs/contract.md's key rows: missing where required, malformed, reused
 // with another request.
 func TestKeyRows(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	wantProblem(t, post(t, url, "", `{}`), http.StatusBadRequest, errcode.KeyMissing)
@@ -300,6 +304,7 @@ func TestKeyRows(t *testing.T) {
 // TestConcurrentRows: a duplicate while the first runs waits and gets the
 // first response (WAIT, the default), or 409 with Retry-After (REJECT).
 func TestConcurrentRows(t *testing.T) {
+	t.Parallel()
 	a := &api{delay: 200 * time.Millisecond, started: make(chan struct{}, 8)}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	answers := make([]answer, 6)
@@ -329,6 +334,7 @@ func TestConcurrentRows(t *testing.T) {
 // TestReleasedStatuses: 408, 425, 429, 502, 503 and 504 are released (the
 // retry runs afresh); every other status is stored.
 func TestReleasedStatuses(t *testing.T) {
+	t.Parallel()
 	for _, status := range []int{408, 425, 429, 502, 503, 504, 400, 404, 409, 500} {
 		t.Run(fmt.Sprint(status), func(t *testing.T) {
 			a := &api{status: func(n int64) int {
@@ -367,6 +373,7 @@ func TestReleasedStatuses(t *testing.T) {
 // TestKeyExpiredIsConflict: past the route's retention the response is
 // gone, and the key answers 409 KEY_EXPIRED, not a second run.
 func TestKeyExpiredIsConflict(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	ledger, clock := clockedLedgerClient(t)
 	url := serve(t, a.handler(t, newGuard(t, ledger)))
@@ -383,6 +390,7 @@ func TestKeyExpiredIsConflict(t *testing.T) {
 // TestOutcomeUnknownIsConflict: a HOLD route whose handler died under its
 // claim answers 409 OUTCOME_UNKNOWN after the lease, and runs nothing.
 func TestOutcomeUnknownIsConflict(t *testing.T) {
+	t.Parallel()
 	var runs atomic.Int64
 	ledger, clock := clockedLedgerClient(t)
 	g := newGuard(t, ledger)
@@ -408,6 +416,7 @@ func TestOutcomeUnknownIsConflict(t *testing.T) {
 // TestLedgerUnreachable: 503 with Retry-After, and the handler does not
 // run.
 func TestLedgerUnreachable(t *testing.T) {
+	t.Parallel()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -429,6 +438,7 @@ func TestLedgerUnreachable(t *testing.T) {
 
 // TestClaimInContext: the handler's context carries the claim's token.
 func TestClaimInContext(t *testing.T) {
+	t.Parallel()
 	a := &api{}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
 	if r := post(t, url, `"k"`, `{"x":1}`); !strings.Contains(r.body, `"token":1`) || !strings.Contains(r.body, `{\"x\":1}`) {
@@ -437,6 +447,7 @@ func TestClaimInContext(t *testing.T) {
 }
 
 func TestRefusesToBuild(t *testing.T) {
+	t.Parallel()
 	client := ledgerClient(t)
 	for name, opts := range map[string][]httpguard.Option{
 		"NoTenant":    {httpguard.WithRoute("POST /x", httpguard.Route{})},
@@ -457,6 +468,7 @@ func TestRefusesToBuild(t *testing.T) {
 // happened marks it; the client gets 503 with Retry-After, and the claim
 // is left to run out (a retry within the lease is 409).
 func TestOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{Lease: 2 * time.Second, OnInProgress: guard.Reject}}))
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/things", g.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -476,6 +488,7 @@ func TestOutcomeUnknown(t *testing.T) {
 // than the ledger's windows gets 409 RETRY_TOO_LATE, and a malformed one
 // 400.
 func TestWaitBoundAndTooLate(t *testing.T) {
+	t.Parallel()
 	a := &api{delay: 500 * time.Millisecond, started: make(chan struct{}, 1)}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{MaxWait: 100 * time.Millisecond}}))))
 	done := make(chan answer, 1)
@@ -508,6 +521,7 @@ func TestWaitBoundAndTooLate(t *testing.T) {
 // end the handler: it finishes under its claim, its response is stored,
 // and the client's retry gets the replay; the write ran once.
 func TestRunOutlivesItsCaller(t *testing.T) {
+	t.Parallel()
 	var runs atomic.Int64
 	started, release := make(chan struct{}), make(chan struct{})
 	finished := make(chan error, 1)
@@ -546,6 +560,7 @@ func TestRunOutlivesItsCaller(t *testing.T) {
 // middleware buffers is dropped, not held in memory: the request, which
 // ran, and every retry answer 409 OUTCOME_TOO_LARGE, and it runs once.
 func TestResponseOverTheLimit(t *testing.T) {
+	t.Parallel()
 	var runs atomic.Int64
 	g, err := httpguard.New(coreGuard(t, ledgerClient(t)), httpguard.WithTenant(httpguard.Tenant("acme")),
 		httpguard.WithRoute("POST /v1/things", httpguard.Route{}), httpguard.WithMaxResponseBytes(1<<10))

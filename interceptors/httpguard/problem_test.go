@@ -13,6 +13,7 @@ import (
 // code is never answered 500 (a client would not retry it), and another
 // error that says its write ran is 409.
 func TestEveryCodeHasAnHTTPAnswer(t *testing.T) {
+	t.Parallel()
 	for c := errcode.Code(0); !strings.HasPrefix(c.String(), "Code("); c++ {
 		a, ok := httpAnswers[c]
 		if !ok || a.status == 0 || a.title == "" {

@@ -89,6 +89,7 @@ func typed(code errcode.Code, retryAfter time.Duration) error {
 // with a 150 ms retry-after twice; the interceptor retries with the same
 // key, waits at least the hint each time, and the third attempt writes.
 func TestOneKeyAcrossRetriesAndRetryAfter(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{failures: []error{typed(errcode.RateLimited, 150*time.Millisecond), typed(errcode.RateLimited, 150*time.Millisecond)}}
 	c := client(t, svc)
 	res, err := c.CreateInvoice(t.Context(), request())
@@ -109,6 +110,7 @@ func TestOneKeyAcrossRetriesAndRetryAfter(t *testing.T) {
 }
 
 func TestRetriesOnlyRetryable(t *testing.T) {
+	t.Parallel()
 	for name, tt := range map[string]struct {
 		err  error
 		runs int64
@@ -135,6 +137,7 @@ func TestRetriesOnlyRetryable(t *testing.T) {
 }
 
 func TestCapsAttempts(t *testing.T) {
+	t.Parallel()
 	unavailable := typed(errcode.Unavailable, 0)
 	svc := &invoices{failures: []error{unavailable, unavailable, unavailable, unavailable, unavailable, unavailable, unavailable}}
 	_, err := client(t, svc).CreateInvoice(t.Context(), request())
@@ -148,6 +151,7 @@ func TestCapsAttempts(t *testing.T) {
 }
 
 func TestStopsAtTheDeadline(t *testing.T) {
+	t.Parallel()
 	unavailable := typed(errcode.Unavailable, 0) // no hint: the backoff alone paces the retries
 	svc := &invoices{failures: slices.Repeat([]error{unavailable}, 100)}
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
@@ -163,6 +167,7 @@ func TestStopsAtTheDeadline(t *testing.T) {
 // retry after 2 s, and the call has 500 ms left, the caller gets the typed
 // IN_PROGRESS at once, not DEADLINE_EXCEEDED after a useless wait.
 func TestHintPastTheDeadlineAnswersAtOnce(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{failures: []error{typed(errcode.InProgress, 2*time.Second)}}
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
@@ -177,6 +182,7 @@ func TestHintPastTheDeadlineAnswersAtOnce(t *testing.T) {
 // TestIntentKey: calls in one intent share a key (and get one invoice);
 // calls without an intent each get a key of their own.
 func TestIntentKey(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{}
 	c := client(t, svc)
 	ctx := idemclient.WithIntent(t.Context())
@@ -205,6 +211,7 @@ func TestIntentKey(t *testing.T) {
 // TestKeyField: with WithKeyField the key goes into request_id when it is
 // empty and is taken from it when the caller set it.
 func TestKeyField(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{}
 	c := client(t, svc, idemclient.WithKeyField("request_id"))
 	req := request()
@@ -227,6 +234,7 @@ func TestKeyField(t *testing.T) {
 // TestParallelDuplicatesConverge: 50 goroutines retry one intent at once;
 // the handler runs once and every one of them gets that invoice.
 func TestParallelDuplicatesConverge(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{hold: 100 * time.Millisecond}
 	c := client(t, svc, idemclient.WithMaxAttempts(50))
 	ctx := idemclient.WithIntent(t.Context())
@@ -251,6 +259,7 @@ func TestParallelDuplicatesConverge(t *testing.T) {
 }
 
 func TestNewKey(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for range 1000 {
 		k := idemclient.NewKey()
@@ -263,6 +272,7 @@ func TestNewKey(t *testing.T) {
 
 // TestWithMethods: a method not listed gets neither a key nor retries.
 func TestWithMethods(t *testing.T) {
+	t.Parallel()
 	svc := &invoices{failures: []error{typed(errcode.Unavailable, 0)}}
 	c := client(t, svc, idemclient.WithMethods("/some.v1.Other/Method"))
 	_, err := c.CreateInvoice(t.Context(), request())

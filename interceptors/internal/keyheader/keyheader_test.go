@@ -11,6 +11,7 @@ import (
 // "Keys as clients send them": an sf-string, or the whole trimmed unquoted value of
 // 1 to 255 printable ASCII bytes without '"', ',' or ';'.
 func TestForms(t *testing.T) {
+	t.Parallel()
 	longest := strings.Repeat("k", 255)
 	for _, c := range []struct {
 		name   string
