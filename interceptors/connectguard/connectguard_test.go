@@ -93,6 +93,7 @@ func request(key string, amount int64) *connect.Request[testpb.CreateInvoiceRequ
 // one run, the same response, marked replayed. The key with another
 // request is KEY_REUSED, typed in the error's details.
 func TestConnectClient(t *testing.T) {
+	t.Parallel()
 	addr, s := serve(t)
 	for _, codec := range []connect.ClientOption{connect.WithProtoJSON(), connect.WithClientOptions()} {
 		client := connect.NewClient[testpb.CreateInvoiceRequest, testpb.CreateInvoiceResponse](http.DefaultClient, "http://"+addr+procedure, codec)
@@ -127,6 +128,7 @@ func TestConnectClient(t *testing.T) {
 // replayed with its code and details; a transient one is released, and
 // the retry runs afresh.
 func TestHandlerErrorsAreStored(t *testing.T) {
+	t.Parallel()
 	addr, s := serve(t)
 	client := connect.NewClient[testpb.CreateInvoiceRequest, testpb.CreateInvoiceResponse](http.DefaultClient, "http://"+addr+procedure)
 	s.fail.Store(connect.NewError(connect.CodeInvalidArgument, errors.New("no such customer")))
@@ -151,6 +153,7 @@ func TestHandlerErrorsAreStored(t *testing.T) {
 // the header metadata, and KEY_REUSED decoded from the status details as
 // the gRPC adapter sends it.
 func TestGRPCClient(t *testing.T) {
+	t.Parallel()
 	addr, s := serve(t)
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -181,6 +184,7 @@ func TestGRPCClient(t *testing.T) {
 // would: the retry's body is the same bytes, and KEY_REUSED is a Connect
 // JSON error whose details name the code.
 func TestCurlJSON(t *testing.T) {
+	t.Parallel()
 	curl, err := exec.LookPath("curl")
 	if err != nil {
 		if os.Getenv("CI") == "true" {

@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // fence table's migrations (sdk/typescript/migrations) as this module
 // does, byte for byte: one table, whichever guard writes it.
 func TestTheNpmPackageShipsTheseMigrations(t *testing.T) {
+	t.Parallel()
 	n := 0
 	err := fs.WalkDir(fence.Migrations, "migrations", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -47,6 +48,7 @@ func TestTheNpmPackageShipsTheseMigrations(t *testing.T) {
 }
 
 func TestDatabaseSQL(t *testing.T) {
+	t.Parallel()
 	fencetest.Run(t, func(t *testing.T) fencetest.DB {
 		db, err := sql.Open("pgx", pgtest.NewDatabase(t))
 		if err != nil {

@@ -65,6 +65,7 @@ func (f *faulty) RoundTrip(req *http.Request) (*http.Response, error) {
 var fastRetries = mcpguard.ClientMiddleware(mcpguard.WithBackoff(time.Millisecond, 10*time.Millisecond))
 
 func TestClientRetriesWithTheSameKey(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []string{"lose", "429", "reset"} {
 		t.Run(fault, func(t *testing.T) {
 			ts := &tools{}
@@ -91,6 +92,7 @@ func TestClientRetriesWithTheSameKey(t *testing.T) {
 }
 
 func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
+	t.Parallel()
 	ts := &tools{delay: 300 * time.Millisecond}
 	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{OnInProgress: guard.Reject})))
 	rt := &faulty{fault: func(int64) string { return "" }}
@@ -118,6 +120,7 @@ func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
 }
 
 func TestClientDoesNotRetryWhatIsNotRetryable(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	rt := &faulty{fault: func(int64) string { return "" }}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt, fastRetries)
@@ -145,6 +148,7 @@ func TestClientDoesNotRetryWhatIsNotRetryable(t *testing.T) {
 }
 
 func TestClientRetriesAreBounded(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	rt := &faulty{fault: func(int64) string { return "reset" }}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), rt,

@@ -13,6 +13,7 @@ import (
 // TestDocsShowTheAdvice: docs/mcp.md shows the line a model reads for
 // each retryable and permanent code, as Advice writes it.
 func TestDocsShowTheAdvice(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("../../docs/mcp.md")
 	if err != nil {
 		t.Fatal(err)

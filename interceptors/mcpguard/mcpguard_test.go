@@ -208,6 +208,7 @@ func wantError(t *testing.T, r *mcp.CallToolResult, code errcode.Code) mcpguard.
 func replayed(r *mcp.CallToolResult) bool { return r.Meta[mcpguard.ReplayedMeta] == true }
 
 func TestReplayIsTheSameJSON(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
 	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
@@ -230,6 +231,7 @@ func TestReplayIsTheSameJSON(t *testing.T) {
 }
 
 func TestErrorsAreToolResults(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	conn := ledgerClient(t)
 	g := newGuard(t, conn, mcpguard.WithTool("lax", mcpguard.Tool{Policy: guard.Policy{KeyOptional: true}}))
@@ -273,6 +275,7 @@ func TestErrorsAreToolResults(t *testing.T) {
 }
 
 func TestResultClasses(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	declined := func(ctx context.Context, n int64) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("card declined (run %d)", n)}}}, nil
@@ -348,6 +351,7 @@ func TestResultClasses(t *testing.T) {
 }
 
 func TestLedgerDownFailsClosed(t *testing.T) {
+	t.Parallel()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -373,6 +377,7 @@ func TestLedgerDownFailsClosed(t *testing.T) {
 // TestParallelDuplicatesWait: fan-out of one intent: the tool runs once,
 // every duplicate waits for its result (WAIT, the default) and gets it.
 func TestParallelDuplicatesWait(t *testing.T) {
+	t.Parallel()
 	ts := &tools{delay: 200 * time.Millisecond}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
 	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
@@ -399,6 +404,7 @@ func TestParallelDuplicatesWait(t *testing.T) {
 // TestClaimInMeta: a handler that cannot read the context finds the
 // claim in the call's _meta.
 func TestClaimInMeta(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	var seen atomic.Uint64
 	g := newGuard(t, ledgerClient(t), mcpguard.WithClaimInMeta())
@@ -422,6 +428,7 @@ func TestClaimInMeta(t *testing.T) {
 // TestKeySchema: tools/list shows the key argument, described for a
 // model.
 func TestKeySchema(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
 	list, err := cs.ListTools(t.Context(), nil)
@@ -453,6 +460,7 @@ func TestKeySchema(t *testing.T) {
 }
 
 func TestRefusesToBuild(t *testing.T) {
+	t.Parallel()
 	client := ledgerClient(t)
 	for name, opts := range map[string][]mcpguard.Option{
 		"NoTenant":  {mcpguard.WithTool("x", mcpguard.Tool{})},
@@ -482,6 +490,7 @@ func unmarshalStructured(r *mcp.CallToolResult, v any) error {
 // end the tool's run: it finishes under its claim, its result is stored,
 // and the re-sent call gets the replay; the write ran once.
 func TestRunOutlivesItsCaller(t *testing.T) {
+	t.Parallel()
 	started, release := make(chan struct{}), make(chan struct{})
 	finished := make(chan error, 1)
 	ts := &tools{before: func(ctx context.Context, n int64) (*mcp.CallToolResult, error) {
@@ -516,6 +525,7 @@ func TestRunOutlivesItsCaller(t *testing.T) {
 // stored by a 2025 call) say "complete" too, to a client of 2026-07-28
 // only.
 func TestModernResultsSayComplete(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	s := ts.newServer(newGuard(t, ledgerClient(t)))
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
@@ -568,6 +578,7 @@ func TestModernResultsSayComplete(t *testing.T) {
 // the tool's key argument, SEP-3182's parameter (as Handler puts it in
 // _meta), _meta, or a host's call id the tool names.
 func TestKeySourceIsRecorded(t *testing.T) {
+	t.Parallel()
 	client := ledgerClient(t)
 	host := mcpguard.NewTool(guard.Policy{})
 	host.HostCallIDs = []string{"claudecode/toolUseId"}

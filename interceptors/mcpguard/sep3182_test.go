@@ -72,6 +72,7 @@ func sepServer(t *testing.T, ts *tools, advertise bool) string {
 // that does not; both servers read it, and a retry of the intent is the
 // replay.
 func TestClientSendsTheParameterWhenAdvertised(t *testing.T) {
+	t.Parallel()
 	for _, advertise := range []bool{true, false} {
 		ts := &tools{}
 		url := sepServer(t, ts, advertise)
@@ -110,6 +111,7 @@ func TestClientSendsTheParameterWhenAdvertised(t *testing.T) {
 // which wins over _meta; a parameter that is not a string is KEY_INVALID.
 // The calls are posted as raw JSON-RPC, as any client may send them.
 func TestKeyPrecedence(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	url := sepServer(t, ts, true)
 	session := rawSession(t, url)
@@ -215,6 +217,7 @@ func mustJSON(t *testing.T, v any) string {
 // memory here; stdio alike), mcpguard.Transport on both sides sends the
 // key as SEP-3182's parameter and reads it for the guard.
 func TestTransportCarriesTheParameter(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	s := ts.newServerWith(newGuard(t, ledgerClient(t)), &mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{
 		Tools: &mcp.ToolCapabilities{}, Experimental: map[string]any{mcpguard.IdempotencyCapability: map[string]any{}},
@@ -285,6 +288,7 @@ func (c *paramSeenConn) Write(ctx context.Context, m jsonrpc.Message) error {
 // and the parts that make the fingerprint: a retry that differs only
 // outside them is the replay, one that differs in them KEY_REUSED.
 func TestKeyAndFingerprintFromTheArguments(t *testing.T) {
+	t.Parallel()
 	ts := &tools{}
 	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("echo", mcpguard.Tool{
 		KeyPointer: "/order/request_id", FingerprintPointers: []string{"/customer", "/amount_cents"},

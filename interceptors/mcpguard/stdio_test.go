@@ -63,6 +63,7 @@ func runStdio() int {
 // TestStdio: the guard over MCP's stdio transport, with the server a
 // child process.
 func TestStdio(t *testing.T) {
+	t.Parallel()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), stdioEnv+"=1")
 	cs := connect(t, &mcp.CommandTransport{Command: cmd})

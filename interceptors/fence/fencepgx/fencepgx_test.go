@@ -15,6 +15,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestPgx(t *testing.T) {
+	t.Parallel()
 	fencetest.Run(t, func(t *testing.T) fencetest.DB {
 		pool, err := pgxpool.New(context.Background(), pgtest.NewDatabase(t))
 		if err != nil {
