@@ -38,6 +38,7 @@ func Example() {
 }
 
 func TestCodeOf(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		err  error
@@ -67,6 +68,7 @@ func TestCodeOf(t *testing.T) {
 }
 
 func TestOutcomeRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, o := range []*ledger.Outcome{ledgertest.Response("inv_1"), ledgertest.ErrorStatus("declined")} {
 		b, err := o.MarshalBinary()
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 // not rest. It stops at a short batch, and at an error, which onError
 // hears.
 func TestSweepBacklogPaces(t *testing.T) {
+	t.Parallel()
 	const batch, full, took = 10, 4, 10 * time.Millisecond
 	sweeper := func(fail bool) (func(context.Context, int) (int, error), *time.Duration) {
 		calls := 0

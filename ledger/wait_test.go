@@ -61,6 +61,7 @@ func waitOn(t *testing.T, l *ledger.Ledger, ns string, n int) ([]ledger.Scope, c
 // waiters make the same few reads a second (each waiter polled the store
 // every 250 ms or less).
 func TestWaitersDoNotPollEach(t *testing.T) {
+	t.Parallel()
 	rate := func(n int) int64 {
 		s := &countingStore{Store: memory.New(memory.Config{})}
 		l := ledger.New(s, ledger.Config{PollInterval: 50 * time.Millisecond})
@@ -104,6 +105,7 @@ func TestWaitersDoNotPollEach(t *testing.T) {
 // TestWaiterWakesOnComplete: a Complete wakes its waiters at once, long
 // before the poller would look.
 func TestWaiterWakesOnComplete(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{PollInterval: time.Hour})
 	scopes, answers := waitOn(t, l, "ns", 3)
 	start := time.Now()
@@ -130,6 +132,7 @@ func TestWaiterWakesOnComplete(t *testing.T) {
 // TestWaitersAreBoundedPerNamespace: past MaxWaiters, a namespace's
 // Lookup with a wait is RATE_LIMITED; another namespace still waits.
 func TestWaitersAreBoundedPerNamespace(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 4})
 	scopes, _ := waitOn(t, l, "busy", 4)
 	_, err := l.Lookup(t.Context(), scopes[0], time.Second)
@@ -145,6 +148,7 @@ func TestWaitersAreBoundedPerNamespace(t *testing.T) {
 // TestWaitersAreBoundedInAll: past MaxWaitersTotal, a Lookup with a wait
 // is RATE_LIMITED in every namespace, each under its own bound.
 func TestWaitersAreBoundedInAll(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{MaxWaiters: 4, MaxWaitersTotal: 6})
 	waitOn(t, l, "a", 3)
 	scopes, _ := waitOn(t, l, "b", 3)
@@ -167,6 +171,7 @@ func TestWaitersAreBoundedInAll(t *testing.T) {
 // and every later one that would wait, at once with a retryable
 // UNAVAILABLE; a Lookup that needs no wait is answered as before.
 func TestEndWaitsAnswersEveryWaiter(t *testing.T) {
+	t.Parallel()
 	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
 	scopes, answers := waitOn(t, l, "ns", 20)
 	l.EndWaits()

@@ -114,6 +114,7 @@ func begin(key string) *ledgerv1.BeginRequest {
 // deadline as their timeout; a cancel follows a call its caller gave up
 // on; a request over MaxStreamedBytes goes as a unary call.
 func TestCallsGoOnTheStream(t *testing.T) {
+	t.Parallel()
 	_, addr, rec := start(t, "")
 	c := dial(t, addr)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -182,6 +183,7 @@ func waiting(t *testing.T, c *ledgerclient.Client) <-chan error {
 // UNAVAILABLE (retryable); once a server is back, calls go through on a new
 // stream.
 func TestServerRestart(t *testing.T) {
+	t.Parallel()
 	gs, addr, _ := start(t, "")
 	c := dial(t, addr)
 	errc := waiting(t, c)
@@ -215,6 +217,7 @@ func TestServerRestart(t *testing.T) {
 // TestClose: Close fails the calls in flight and every later call,
 // UNAVAILABLE, at once.
 func TestClose(t *testing.T) {
+	t.Parallel()
 	_, addr, _ := start(t, "")
 	c := dial(t, addr)
 	errc := waiting(t, c)
@@ -255,6 +258,7 @@ func (d *drainFirst) RecvMsg(m any) error {
 // answering calls until the client closes its side. Each call picks a
 // stream and is sent on it, drain notice or not: none fails "not run".
 func TestDrainingServerGetsEveryCall(t *testing.T) {
+	t.Parallel()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

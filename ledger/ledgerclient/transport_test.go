@@ -19,6 +19,7 @@ import (
 // as unary calls, are stored and replayed byte for byte, many at once:
 // no buffer lends one message's bytes to another.
 func TestOutcomesByteForByte(t *testing.T) {
+	t.Parallel()
 	_, addr, _ := start(t, "", server.TransportOptions()...)
 	c := dial(t, addr, ledgerclient.DialOptions()...)
 

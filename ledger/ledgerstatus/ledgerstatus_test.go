@@ -55,6 +55,7 @@ var specTable = []struct {
 }
 
 func TestTableMatchesSpec(t *testing.T) {
+	t.Parallel()
 	codesByName := map[string]errcode.Code{}
 	for _, c := range errcode.Codes() {
 		codesByName[c.String()] = c
@@ -93,6 +94,7 @@ func dialFailer(t *testing.T, errs map[string]error) *grpc.ClientConn {
 }
 
 func TestRoundTripEveryCode(t *testing.T) {
+	t.Parallel()
 	errs := map[string]error{}
 	for _, c := range errcode.Codes() {
 		e := &errcode.Error{Code: c, Message: "message of " + c.String(), Metadata: map[string]string{"method": "/a.B/C"}}
@@ -148,6 +150,7 @@ func TestRoundTripEveryCode(t *testing.T) {
 }
 
 func TestForeignErrorsLeakNothing(t *testing.T) {
+	t.Parallel()
 	st := ledgerstatus.Encode(fmt.Errorf("crdb: claim: %w", errors.New("dial tcp 10.1.2.3:26257: secret")))
 	if st.Code() != codes.Internal || st.Message() != "internal error" {
 		t.Fatalf("foreign error encoded as %s %q", st.Code(), st.Message())
@@ -162,6 +165,7 @@ func TestForeignErrorsLeakNothing(t *testing.T) {
 }
 
 func TestDecodeForeignStatuses(t *testing.T) {
+	t.Parallel()
 	garbage, _ := anypb.New(&errdetails.ErrorInfo{Reason: "KEY_REUSED", Domain: "someone.else"})
 	tests := []struct {
 		name string
@@ -230,6 +234,7 @@ func FuzzDecode(f *testing.F) {
 }
 
 func TestIsTyped(t *testing.T) {
+	t.Parallel()
 	for name, tt := range map[string]struct {
 		err  error
 		want bool

@@ -10,6 +10,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	ledgertest.Suite{
 		NewStore: func(_ *testing.T, now func() time.Time) ledger.Store {
 			return memory.New(memory.Config{Now: now, SweepInterval: 10 * time.Millisecond, SweepBatch: 2})
@@ -20,5 +21,6 @@ func TestConformance(t *testing.T) {
 }
 
 func TestCountsByState(t *testing.T) {
+	t.Parallel()
 	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store { return memory.New(memory.Config{Now: now}) })
 }

@@ -17,6 +17,7 @@ import (
 // there. A backup never overwrites, and a backup cut short (its sequence
 // marker ahead of its store) is refused, not opened as if whole.
 func TestBackupRestores(t *testing.T) {
+	t.Parallel()
 	clock := ledgertest.NewClock(ledgertest.Start)
 	s := open(t, t.TempDir(), pebble.Config{Now: clock.Now})
 	l := ledger.New(s, ledger.Config{})

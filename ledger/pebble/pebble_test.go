@@ -43,6 +43,7 @@ func scope(k string) ledger.Scope { return ledger.Scope{Namespace: "billing", Te
 // state, token and outcome reads back as it was written, and the ledger
 // keeps its identity.
 func TestRecordsSurviveReopen(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	clock := ledgertest.NewClock(ledgertest.Start)
 	s, err := pebble.Open(dir, pebble.Config{Now: clock.Now})
@@ -100,6 +101,7 @@ func TestRecordsSurviveReopen(t *testing.T) {
 // TestRefusesALostStore: a directory whose marker names a ledger whose
 // store is gone, or another ledger's store, is refused, not started empty.
 func TestRefusesALostStore(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := open(t, dir, pebble.Config{})
 	_ = s.Close()
@@ -123,6 +125,7 @@ func TestRefusesALostStore(t *testing.T) {
 // TestRefusesADamagedStore: a store whose manifest was truncated is
 // refused (ErrRefused, which ledgerd does not retry), not opened.
 func TestRefusesADamagedStore(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_ = open(t, dir, pebble.Config{}).Close()
 	manifests, err := filepath.Glob(filepath.Join(dir, pebble.DirName, "MANIFEST-*"))
@@ -148,6 +151,7 @@ func TestRefusesADamagedStore(t *testing.T) {
 // retry), and the message says a file is missing, not that the store was
 // emptied or replaced.
 func TestRefusesAStoreMissingAFile(t *testing.T) {
+	t.Parallel()
 	halve := func(f string) error {
 		st, err := os.Stat(f)
 		if err != nil {
@@ -202,6 +206,7 @@ func TestRefusesAStoreMissingAFile(t *testing.T) {
 }
 
 func TestSecondOpenFails(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	open(t, dir, pebble.Config{})
 	if s, err := pebble.Open(dir, pebble.Config{}); err == nil {
@@ -211,6 +216,7 @@ func TestSecondOpenFails(t *testing.T) {
 }
 
 func TestClosedStoreIsUnavailable(t *testing.T) {
+	t.Parallel()
 	s, err := pebble.Open(t.TempDir(), pebble.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -240,6 +246,7 @@ func TestClosedStoreIsUnavailable(t *testing.T) {
 // claim more than it counts, and times the syncs against a clock started
 // before Open, whose last sync may be counted after before is read.
 func TestWALSyncsCountEverySync(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	s, err := pebble.Open(t.TempDir(), pebble.Config{})
 	if err != nil {
@@ -297,11 +304,18 @@ var crash = ledgertest.Crash{Child: "TestCrashChild", Env: "IDEMLEDGER_PEBBLE_CR
 
 // TestSurvivesKill9: every key a child process acknowledged before it was
 // killed with SIGKILL replays its outcome after the store opens again.
-func TestSurvivesKill9(t *testing.T) { crash.SurvivesKill9(t) }
+func TestSurvivesKill9(t *testing.T) {
+	t.Parallel()
+	crash.SurvivesKill9(t)
+}
 
-func TestCrashChild(t *testing.T) { crash.RunChild(t) }
+func TestCrashChild(t *testing.T) {
+	t.Parallel()
+	crash.RunChild(t)
+}
 
 func TestLinearizable(t *testing.T) {
+	t.Parallel()
 	for run := range 5 {
 		t.Run(fmt.Sprint("history", run), func(t *testing.T) {
 			lincheck.Run(t, func(now func() time.Time) ledger.Store {
@@ -314,6 +328,7 @@ func TestLinearizable(t *testing.T) {
 // TestLinearizableAcrossRestarts closes and reopens the store every few
 // milliseconds while the history runs.
 func TestLinearizableAcrossRestarts(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var r *lincheck.Reopening
 	lincheck.Run(t, func(now func() time.Time) ledger.Store {
@@ -346,6 +361,7 @@ func TestLinearizableAcrossRestarts(t *testing.T) {
 }
 
 func TestCountsByState(t *testing.T) {
+	t.Parallel()
 	ledgertest.CountsByState(t, func(now func() time.Time) ledger.Store {
 		return open(t, t.TempDir(), pebble.Config{Now: now})
 	})
