@@ -129,12 +129,18 @@ func postInvoice(t *testing.T, base, key, body string) reply {
 // as given.
 func postInvoiceKeyed(t *testing.T, base, header, body string) reply {
 	t.Helper()
+	return postInvoiceAs(t, base, "acme", header, body)
+}
+
+// postInvoiceAs is postInvoiceKeyed for tenant.
+func postInvoiceAs(t *testing.T, base, tenant, header, body string) reply {
+	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/invoices", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Tenant", "acme")
+	req.Header.Set("X-Tenant", tenant)
 	if header != "" {
 		req.Header.Set(httpguard.KeyHeader, header)
 	}

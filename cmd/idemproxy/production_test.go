@@ -2,16 +2,10 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -32,8 +26,8 @@ import (
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
-// pki is a CA, ledgerd's certificate for ledgerd.test (and 127.0.0.1),
-// and a client certificate, as files in dir.
+// pki is a CA, ledgerd's certificate for ledgerd.test, and a client
+// certificate, as files in dir.
 type pki struct {
 	ca, serverCert, serverKey, clientCert, clientKey string
 	pool                                             *x509.CertPool
@@ -42,56 +36,13 @@ type pki struct {
 func newPKI(t *testing.T) pki {
 	t.Helper()
 	dir := t.TempDir()
-	write := func(name, kind string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	now := time.Now()
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "idemproxy test CA"}, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(time.Hour), IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
+	ca := servertest.NewCA(t)
+	p := pki{ca: filepath.Join(dir, "ca.crt"), pool: ca.Pool}
+	if err := os.WriteFile(p.ca, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	issue := func(n int64, tmpl *x509.Certificate) ([]byte, []byte) {
-		k := key()
-		tmpl.SerialNumber, tmpl.NotBefore, tmpl.NotAfter = big.NewInt(n), now.Add(-time.Hour), now.Add(time.Hour)
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kb, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, kb
-	}
-	srvDER, srvKey := issue(2, &x509.Certificate{Subject: pkix.Name{CommonName: "ledgerd.test"}, DNSNames: []string{"ledgerd.test"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature})
-	cliDER, cliKey := issue(3, &x509.Certificate{Subject: pkix.Name{CommonName: "idemproxy"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature})
-	p := pki{
-		ca:         write("ca.crt", "CERTIFICATE", caDER),
-		serverCert: write("server.crt", "CERTIFICATE", srvDER), serverKey: write("server.key", "PRIVATE KEY", srvKey),
-		clientCert: write("client.crt", "CERTIFICATE", cliDER), clientKey: write("client.key", "PRIVATE KEY", cliKey),
-		pool: x509.NewCertPool(),
-	}
-	p.pool.AddCert(caCert)
+	p.serverCert, p.serverKey = servertest.WriteFiles(t, dir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd.test", DNSNames: []string{"ledgerd.test"}, Server: true}))
+	p.clientCert, p.clientKey = servertest.WriteFiles(t, dir, "client", ca.Issue(t, servertest.Leaf{CommonName: "idemproxy"}))
 	return p
 }
 
@@ -205,20 +156,7 @@ func TestTenantNotCoveredIs403(t *testing.T) {
 	base := httpProxyWith(t, cfg)
 
 	post := func(tenant string) reply {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, base+"/v1/invoices", strings.NewReader(`{"amount":1}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant", tenant)
-		req.Header.Set("Idempotency-Key", `"k-`+tenant+`"`)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return reply{res.StatusCode, res.Header, string(b)}
+		return postInvoiceAs(t, base, tenant, `"k-`+tenant+`"`, `{"amount":1}`)
 	}
 	if r := post("globex"); r.status != http.StatusForbidden || !strings.Contains(r.body, `"code":"PERMISSION_DENIED"`) || !strings.Contains(r.body, "permission-denied") {
 		t.Fatalf("another tenant: %d %q", r.status, r.body)
