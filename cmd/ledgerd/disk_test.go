@@ -67,11 +67,7 @@ func (p *proc) status(t *testing.T, path string) int {
 // waitStatus polls an admin endpoint until it answers want.
 func (p *proc) waitStatus(t *testing.T, path string, want int) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); p.status(t, path) != want; time.Sleep(100 * time.Millisecond) { // poll the other process's readiness
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not turn %d within 20s", path, want)
-		}
-	}
+	ledgertest.Eventually(t, 20*time.Second, func() bool { return p.status(t, path) == want }, "%s did not turn %d", path, want)
 }
 
 // TestFullDisk fills the disk of ledgerd's embedded store, a tmpfs, after

@@ -315,11 +315,7 @@ func sigtermDrains(t *testing.T, stream bool) {
 		res, err := client.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "slow", Wait: durationpb.New(30 * time.Second)})
 		done <- answer{res, err}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1"); time.Sleep(10 * time.Millisecond) { // poll the other process's gauge
-		if time.Now().After(deadline) {
-			t.Fatal("the Lookup never waited")
-		}
-	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1") }, "the Lookup never waited")
 	signaled := time.Now()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -766,11 +762,7 @@ func TestSIGHUPReloadsCredentials(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); strings.Count(p.logs(), want) == before; time.Sleep(10 * time.Millisecond) { // poll the other process's log
-			if time.Now().After(deadline) {
-				t.Fatalf("no %q in the log after SIGHUP:\n%s", want, p.logs())
-			}
-		}
+		ledgertest.Eventually(t, 10*time.Second, func() bool { return strings.Count(p.logs(), want) > before }, "no %q in the log after SIGHUP", want)
 	}
 	write("new-secret", 0o600)
 	hup("credentials reloaded")
@@ -834,11 +826,7 @@ func TestReadinessFollowsWrites(t *testing.T) {
 	}
 	waitFor := func(want int) {
 		t.Helper()
-		for deadline := time.Now().Add(20 * time.Second); ready() != want; time.Sleep(100 * time.Millisecond) { // poll the other process's readiness
-			if time.Now().After(deadline) {
-				t.Fatalf("/readyz did not turn %d within 20s", want)
-			}
-		}
+		ledgertest.Eventually(t, 20*time.Second, func() bool { return ready() == want }, "/readyz did not turn %d", want)
 	}
 	waitFor(http.StatusServiceUnavailable)
 	res, err := healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
@@ -1034,11 +1022,7 @@ func TestIdleOnAReadOnlyDatabase(t *testing.T) {
 	if _, err := db.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, name); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(20 * time.Second); metricValue(t, p.metrics(t), "idemledger_ready") != 0; time.Sleep(50 * time.Millisecond) { // poll the other process's gauge
-		if time.Now().After(deadline) {
-			t.Fatal("ledgerd stayed ready on a read-only database")
-		}
-	}
+	ledgertest.Eventually(t, 20*time.Second, func() bool { return metricValue(t, p.metrics(t), "idemledger_ready") == 0 }, "ledgerd stayed ready on a read-only database")
 	xacts := func() int64 {
 		t.Helper()
 		var n int64
@@ -1081,11 +1065,7 @@ func TestConnectionFloodLeavesRoom(t *testing.T) {
 		}
 		waited <- err
 	}()
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1"); time.Sleep(10 * time.Millisecond) { // poll the other process's gauge
-		if time.Now().After(deadline) {
-			t.Fatal("the Lookup never waited")
-		}
-	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return strings.Contains(p.metrics(t), "idemledger_lookup_waiters 1") }, "the Lookup never waited")
 	for _, addr := range []string{p.grpc, p.http} {
 		for range 200 {
 			c, err := net.Dial("tcp", addr)

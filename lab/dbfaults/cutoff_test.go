@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemledger/idemledger/internal/ledgerdtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // cutoff is how long TestCutOffFromTheDatabase drops every packet between
@@ -46,12 +47,10 @@ func TestCutOffFromTheDatabase(t *testing.T) {
 	time.Sleep(*cutoff)
 	backAt := time.Now()
 	p.SetBlackhole(false)
-	for deadline := backAt.Add(60 * time.Second); time.Now().Before(deadline); {
-		if _, serving := l.readiness(backAt); !serving.IsZero() && time.Since(serving) > 2*time.Second {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // poll the other process until it answers
-	}
+	ledgertest.Eventually(t, 60*time.Second, func() bool {
+		_, serving := l.readiness(backAt)
+		return !serving.IsZero() && time.Since(serving) > 2*time.Second // and two seconds of load after
+	}, "ledgerd did not serve again after the path returned")
 	l.finish()
 
 	s := l.check(errcode.Unavailable, errcode.UpstreamTimeout)

@@ -11,6 +11,7 @@ import (
 	"github.com/idemledger/idemledger/internal/ledgerdtest"
 	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // failovers is how many times TestFailover kills the primary: 2 in the
@@ -74,10 +75,7 @@ func failover(t *testing.T, sync bool) {
 		if !sync {
 			canCommit = promotedAt
 		}
-		deadline := time.Now().Add(backBy + 5*time.Second)
-		for l.doneAfter(canCommit) < 0 && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond) // poll the load until a call succeeds
-		}
+		ledgertest.Eventually(t, backBy, func() bool { return l.doneAfter(canCommit) >= 0 }, "failover %d: no call succeeded after the new primary could commit", i+1)
 		first := l.doneAfter(canCommit)
 		if first < 0 || first > backBy {
 			t.Errorf("failover %d: no call succeeded within %s after the new primary could commit (%v)", i+1, backBy, first)

@@ -63,12 +63,7 @@ func dialLoad(t *testing.T, addr string) *load {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	l := &load{t: t, client: ledgerv1.NewLedgerServiceClient(conn), health: healthpb.NewHealthClient(conn), acked: map[string]bool{}, stop: make(chan struct{})}
-	for deadline := time.Now().Add(30 * time.Second); !l.serving(); {
-		if time.Now().After(deadline) {
-			t.Fatal("ledgerd never served")
-		}
-		time.Sleep(100 * time.Millisecond) // poll the other process until it answers
-	}
+	ledgertest.Eventually(t, 30*time.Second, l.serving, "ledgerd never served")
 	return l
 }
 
