@@ -92,7 +92,6 @@ import (
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
-	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
@@ -123,7 +122,7 @@ func main() {
 	for _, s := range snippets {
 		main.WriteString(s[1])
 	}
-	main.WriteString("\t_, _, _, _, _ = res, srv, server, mux, policy\n}\n")
+	main.WriteString("\t_, _, _, _ = srv, server, mux, policy\n}\n")
 	dir := t.TempDir()
 	src := filepath.Join(dir, "main.go")
 	if err := os.WriteFile(src, []byte(main.String()), 0o644); err != nil {

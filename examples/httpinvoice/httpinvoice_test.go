@@ -148,7 +148,10 @@ func TestDraftScenarios(t *testing.T) {
 	t.Run("ParallelDuplicates", func(t *testing.T) {
 		// The write takes 100 ms of real time: the duplicates arrive, and
 		// wait, while it runs.
-		api := &httpinvoice.API{BeforeWrite: func(*http.Request) int { time.Sleep(100 * time.Millisecond); return 0 }}
+		api := &httpinvoice.API{BeforeWrite: func(*http.Request) int {
+			time.Sleep(100 * time.Millisecond) // the write takes real time: duplicates arrive while it runs
+			return 0
+		}}
 		url := serve(t, api)
 		answers := make([]answer, 8)
 		var wg sync.WaitGroup

@@ -138,30 +138,30 @@ func gocmd(t *testing.T, dir string, args ...string) string {
 // are floors: the lowest versions they build and pass their tests with.
 var floorModules = []string{".", "interceptors/mcpguard", "interceptors/connectguard", "interceptors/fence"}
 
-// TestReadmeGivesTheFloors: the README's dependency table gives a floor
+// TestDocsGiveTheFloors: docs/repository.md's dependency table gives a floor
 // for exactly the direct requirements of the floor modules, at the
 // versions they require.
-func TestReadmeGivesTheFloors(t *testing.T) {
+func TestDocsGiveTheFloors(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := readmeFloors(t, filepath.Join(root, "README.md"))
+	table := docFloors(t, filepath.Join(root, "docs", "repository.md"))
 	seen := map[string]bool{}
 	for _, m := range floorModules {
 		for path, version := range directRequirements(t, filepath.Join(root, m)) {
 			seen[path] = true
 			switch floor, ok := table[path]; {
 			case !ok:
-				t.Errorf("%s requires %s %s, which the README's floors do not give", m, path, version)
+				t.Errorf("%s requires %s %s, which docs/repository.md's floors do not give", m, path, version)
 			case floor != version:
-				t.Errorf("%s requires %s %s; the README gives the floor %s", m, path, version, floor)
+				t.Errorf("%s requires %s %s; docs/repository.md gives the floor %s", m, path, version, floor)
 			}
 		}
 	}
 	for path := range table {
 		if !seen[path] {
-			t.Errorf("the README gives a floor for %s, which no floor module requires", path)
+			t.Errorf("docs/repository.md gives a floor for %s, which no floor module requires", path)
 		}
 	}
 }
@@ -178,10 +178,10 @@ func TestServiceAtTheFloorsKeepsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	floors := readmeFloors(t, filepath.Join(root, "README.md"))
+	floors := docFloors(t, filepath.Join(root, "docs", "repository.md"))
 	grpc, protobuf := floors["google.golang.org/grpc"], floors["google.golang.org/protobuf"]
 	if grpc == "" || protobuf == "" {
-		t.Fatalf("the README gives no floor for grpc or protobuf: %v", floors)
+		t.Fatalf("docs/repository.md gives no floor for grpc or protobuf: %v", floors)
 	}
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, "go.mod"), "module example.com/writeservice\n\ngo 1.26.0\n\n"+
@@ -210,9 +210,9 @@ func TestServiceAtTheFloorsKeepsThem(t *testing.T) {
 	}
 }
 
-// readmeFloors reads the floors of the README's dependency table: each
+// docFloors reads the floors of docs/repository.md's dependency table: each
 // module path of a row whose floor cell is a version, with that version.
-func readmeFloors(t *testing.T, readme string) map[string]string {
+func docFloors(t *testing.T, readme string) map[string]string {
 	t.Helper()
 	b, err := os.ReadFile(readme)
 	if err != nil {
@@ -220,7 +220,7 @@ func readmeFloors(t *testing.T, readme string) map[string]string {
 	}
 	_, section, ok := strings.Cut(string(b), "\n## Dependencies and why\n")
 	if !ok {
-		t.Fatal("the README has no Dependencies section")
+		t.Fatal("docs/repository.md has no Dependencies section")
 	}
 	floors := map[string]string{}
 	for _, line := range strings.Split(section, "\n") {
@@ -238,7 +238,7 @@ func readmeFloors(t *testing.T, readme string) map[string]string {
 		}
 	}
 	if len(floors) == 0 {
-		t.Fatal("the README's dependency table gives no floor")
+		t.Fatal("docs/repository.md's dependency table gives no floor")
 	}
 	return floors
 }

@@ -44,7 +44,7 @@ func TestCutOffFromTheDatabase(t *testing.T) {
 	time.Sleep(time.Second) // load before the cut
 	cutAt := time.Now()
 	p.SetBlackhole(true)
-	time.Sleep(*cutoff)
+	time.Sleep(*cutoff) // the cut lasts -cutoff of real time: the subject of the test
 	backAt := time.Now()
 	p.SetBlackhole(false)
 	ledgertest.Eventually(t, 60*time.Second, func() bool {

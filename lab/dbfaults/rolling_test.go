@@ -116,7 +116,7 @@ func TestRollingRestart(t *testing.T) {
 				return
 			}
 			mu.Unlock()
-			time.Sleep(max(le.RetryAfter, 50*time.Millisecond))
+			time.Sleep(max(le.RetryAfter, 50*time.Millisecond)) // a caller's backoff: the error's hint
 		}
 	}
 	stop := make(chan struct{})
@@ -144,7 +144,7 @@ func TestRollingRestart(t *testing.T) {
 
 	var restarts []string
 	for i := range 3 {
-		time.Sleep(1500 * time.Millisecond)
+		time.Sleep(1500 * time.Millisecond) // load on the three before the next restart
 		termAt := time.Now()
 		if err := procs[i].Terminate(); err != nil {
 			var exit interface{ ExitCode() int }
@@ -157,7 +157,7 @@ func TestRollingRestart(t *testing.T) {
 		restarts = append(restarts, fmt.Sprintf("ledgerd %d drained and exited in %s, back in %s", i,
 			exitedAt.Sub(termAt).Round(10*time.Millisecond), time.Since(exitedAt).Round(10*time.Millisecond)))
 	}
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // load after the last restart
 	close(stop)
 	wg.Wait()
 
