@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -19,7 +16,6 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
-	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -35,10 +31,9 @@ import (
 //	again; unguarded is a tool the middleware passes through.
 //	Proxy: the same through idemproxy, in front of a server without a
 //	guard.
-//	TypeScript: a TypeScript SDK server (sdk/typescript/bench/server.mjs)
-//	whose create_invoice is under @idemledger/guard, at the same
-//	LedgerService over gRPC.
-//	TypeScriptProxy: that server without the guard, behind idemproxy.
+//
+// The TypeScript guard and idemproxy in front of TypeScript servers, with
+// the official TypeScript client, are measured by sdk/typescript/bench/mcp.mjs.
 func BenchmarkToolCall(b *testing.B) {
 	addr := ledgerAddr(b)
 	conn, err := grpc.NewClient(addr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
@@ -61,12 +56,9 @@ func BenchmarkToolCall(b *testing.B) {
 	inProcess := httpEndpoint(b, guarded)
 	upstream := httpEndpoint(b, plainServer())
 	through, _ := proxy(b, config(addr, byURL(upstream), policyConfig{}))
-	node, guardJS := nodetest.Guard(b)
-	ts := benchServer(b, node, "IDEMLEDGER_GUARD="+guardJS, "LEDGER_GRPC=http://"+addr)
-	tsThrough, _ := proxy(b, config(addr, byURL(benchServer(b, node)), policyConfig{}))
 
 	for _, bm := range []struct{ name, endpoint string }{
-		{"InProcess", inProcess}, {"Proxy", through}, {"TypeScript", ts}, {"TypeScriptProxy", tsThrough},
+		{"InProcess", inProcess}, {"Proxy", through},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			cs := connect(b, bm.endpoint, http.DefaultTransport)
@@ -127,13 +119,4 @@ func httpEndpoint(b *testing.B, s *mcp.Server) string {
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	b.Cleanup(srv.Close)
 	return srv.URL
-}
-
-// benchServer starts sdk/typescript/bench/server.mjs with env and returns
-// its endpoint.
-func benchServer(b *testing.B, node string, env ...string) string {
-	b.Helper()
-	cmd := exec.Command(node, filepath.Join("..", "..", "sdk", "typescript", "bench", "server.mjs"))
-	cmd.Env = append(os.Environ(), env...)
-	return nodetest.Listen(b, cmd) + "/mcp"
 }

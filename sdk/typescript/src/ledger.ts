@@ -1,13 +1,17 @@
 // The LedgerService client: Connect or gRPC to ledgerd, with the write
 // service's bearer token and a deadline on every call.
-import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { LedgerService } from "./gen/idemledger/v1/ledger_pb.js";
 import { LedgerError } from "./errors.js";
+import { StreamLedger, type LedgerCalls } from "./stream.js";
 
-/** A LedgerService client. */
-export type Ledger = Client<typeof LedgerService>;
+/**
+ * A LedgerService client for a write service: its calls go over one
+ * LedgerService.Stream (StreamLedger), which close ends.
+ */
+export type Ledger = LedgerCalls & { close(): void };
 
 export interface LedgerOptions {
   /** ledgerd's HTTP listener (Connect, --http-listen): "http://127.0.0.1:7072"; or its gRPC listener (7070) with protocol "grpc". Never the admin listener (7071). */
@@ -35,9 +39,19 @@ export class LedgerConfigError extends Error {
   }
 }
 
-/** createLedger connects to ledgerd. */
+/**
+ * createLedger connects to ledgerd. Its calls share one stream over
+ * HTTP/2 (cleartext, or TLS with an https baseUrl), on either protocol.
+ */
 export function createLedger(opts: LedgerOptions): Ledger {
-  const interceptors: Interceptor[] = [misconfigured(opts)];
+  const config = misconfigured(opts);
+  const interceptors: Interceptor[] = [(next) => async (req) => {
+    try {
+      return await next(req);
+    } catch (err) {
+      throw config(err, req.method.name);
+    }
+  }];
   if (opts.token) {
     const header = `Bearer ${opts.token}`;
     interceptors.push((next) => (req) => {
@@ -45,12 +59,13 @@ export function createLedger(opts: LedgerOptions): Ledger {
       return next(req);
     });
   }
-  // connect-es takes a default timeout of 0 as "already past": 0 here is none.
-  const common = { baseUrl: opts.baseUrl, interceptors, defaultTimeoutMs: opts.timeoutMs === 0 ? undefined : (opts.timeoutMs ?? 5000) };
-  const transport = opts.protocol === "grpc"
-    ? createGrpcTransport(common)
-    : createConnectTransport({ ...common, httpVersion: "1.1" });
-  return createClient(LedgerService, transport);
+  const common = { baseUrl: opts.baseUrl, interceptors, useBinaryFormat: true };
+  if (opts.protocol === "grpc") {
+    const grpc = createClient(LedgerService, createGrpcTransport(common));
+    return new StreamLedger(grpc, grpc, opts.timeoutMs ?? 5000, config);
+  }
+  return new StreamLedger(createClient(LedgerService, createConnectTransport({ ...common, httpVersion: "2" })),
+    createClient(LedgerService, createConnectTransport({ ...common, httpVersion: "1.1" })), opts.timeoutMs ?? 5000, config);
 }
 
 // misconfigured turns an answer that no ledgerd gives (a 404 without the
@@ -58,31 +73,27 @@ export function createLedger(opts: LedgerOptions): Ledger {
 // an INTERNAL LedgerError whose cause, a LedgerConfigError, says what to
 // fix; it is written to opts.log the first time. A 503 from a proxy or a
 // refused connection stays what it is: UNAVAILABLE, retryable.
-function misconfigured(opts: LedgerOptions): Interceptor {
+function misconfigured(opts: LedgerOptions): (err: unknown, method: string) => unknown {
   let logged = false;
   const log = opts.log ?? ((m: string) => console.error(m));
-  return (next) => async (req) => {
-    try {
-      return await next(req);
-    } catch (err) {
-      const ce = ConnectError.from(err);
-      const contentType = ce.metadata.get("content-type") ?? "";
-      const ours = /^application\/(json|proto|grpc|connect)/.test(contentType) || ce.findDetails(ErrorDetailSchema).length > 0;
-      const foreign = ce.code === Code.Unimplemented || (ce.code === Code.Unknown && contentType !== "");
-      if (ours || !foreign) {
-        throw err;
-      }
-      const what = ce.code === Code.Unimplemented ? ce.rawMessage : `an answer of type ${contentType}`;
-      const cause = new LedgerError(ErrorCode.INTERNAL, "internal error", {
-        cause: new LedgerConfigError(
-          `idemledger: ${opts.baseUrl} is not ledgerd's LedgerService (${what} to ${req.method.name}): ` +
-          `set baseUrl to ledgerd's HTTP listener (--http-listen, 7072 by default), not its admin listener (7071)`, { cause: err }),
-      });
-      if (!logged) {
-        logged = true;
-        log(String((cause.cause as Error).message));
-      }
-      throw cause;
+  return (err, method) => {
+    const ce = ConnectError.from(err);
+    const contentType = ce.metadata.get("content-type") ?? "";
+    const ours = /^application\/(json|proto|grpc|connect)/.test(contentType) || ce.findDetails(ErrorDetailSchema).length > 0;
+    const foreign = ce.code === Code.Unimplemented || (ce.code === Code.Unknown && contentType !== "");
+    if (ours || !foreign || err instanceof LedgerError) {
+      return err;
     }
+    const what = ce.code === Code.Unimplemented ? ce.rawMessage : `an answer of type ${contentType}`;
+    const cause = new LedgerError(ErrorCode.INTERNAL, "internal error", {
+      cause: new LedgerConfigError(
+        `idemledger: ${opts.baseUrl} is not ledgerd's LedgerService (${what} to ${method}): ` +
+        `set baseUrl to ledgerd's HTTP listener (--http-listen, 7072 by default), not its admin listener (7071)`, { cause: err }),
+    });
+    if (!logged) {
+      logged = true;
+      log(String((cause.cause as Error).message));
+    }
+    return cause;
   };
 }

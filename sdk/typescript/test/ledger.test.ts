@@ -1,15 +1,18 @@
 // Claims, completes and replays against a real ledgerd over Connect (its
 // HTTP listener) and over gRPC (its gRPC listener), and decodes
-// KEY_REUSED and IN_PROGRESS with their details. The Go test
+// KEY_REUSED and IN_PROGRESS with their details, unary and on
+// createLedger's stream. The Go test
 // TestTypeScriptClient (cmd/ledgerd) starts ledgerd and runs this with
 // LEDGER_HTTP, LEDGER_GRPC, LEDGER_ADMIN and LEDGER_TOKEN set.
 import { strict as assert } from "node:assert";
 import { randomUUID } from "node:crypto";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
 import { create } from "@bufbuild/protobuf";
 import { anyPack, anyUnpack, StringValueSchema } from "@bufbuild/protobuf/wkt";
-import { createClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 
 import { createLedger, ErrorCode, Guard, LedgerConfigError, LedgerError, LedgerService, ledgerError } from "../src/index.js";
@@ -108,4 +111,68 @@ test("a baseUrl that is not the ledger is a configuration error, said once, neve
   assert.ok(down instanceof LedgerError);
   assert.equal(down.code, ErrorCode.UNAVAILABLE);
   assert.equal(logged.length, 1);
+});
+
+// createLedger's calls go over one LedgerService.Stream: answered as the
+// unary calls are, typed errors and their details included.
+for (const [protocol, baseUrl] of [["connect", () => process.env.LEDGER_HTTP!], ["grpc", () => process.env.LEDGER_GRPC!]] as const) {
+  test(`createLedger over ${protocol}: calls on one stream, answered as unary calls`, async () => {
+    const ledger = createLedger({ baseUrl: baseUrl(), protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      const begin = { tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" };
+      const [claimed, busy] = await Promise.allSettled([ledger.begin(begin), ledger.begin(begin)]);
+      const won = claimed.status === "fulfilled" ? claimed : busy;
+      const lost = claimed.status === "fulfilled" ? busy : claimed;
+      assert.equal(won.status, "fulfilled");
+      assert.equal(lost.status, "rejected", "two Begins of one key in flight on one stream: one claims");
+      assert.equal(ledgerError((lost as PromiseRejectedResult).reason)?.code, ErrorCode.IN_PROGRESS);
+      const claim = (won as PromiseFulfilledResult<Awaited<ReturnType<typeof ledger.begin>>>).value.result;
+      assert.equal(claim.case, "claim");
+      const answer = anyPack(StringValueSchema, create(StringValueSchema, { value: "inv_0042" }));
+      await ledger.complete({ tenant: "acme", key, token: claim.case === "claim" ? claim.value.token : 0n, outcome: { result: { case: "response", value: answer } } });
+      const replayed = await ledger.begin(begin);
+      assert.equal(replayed.result.case, "replay");
+      const reused = await ledger.begin({ ...begin, fingerprint: "v1:" + "cd".repeat(32) }).then(() => assert.fail("reused"), (e: unknown) => ledgerError(e));
+      assert.equal(reused?.code, ErrorCode.KEY_REUSED);
+      assert.equal(reused?.metadata.method, "http:POST /v1/invoices", "the detail's metadata travels on the stream");
+      const missing = await ledger.lookup({ tenant: "acme", key: `${key}-absent` }).then(() => assert.fail("found"), (e: unknown) => ledgerError(e));
+      assert.equal(missing?.code, ErrorCode.NOT_FOUND);
+
+      // A Lookup that waits, given up by its signal: canceled at once, and the stream goes on.
+      await ledger.begin({ ...begin, key: `${key}-held` });
+      const ctl = new AbortController();
+      const waiting = ledger.lookup({ tenant: "acme", key: `${key}-held`, wait: { seconds: 5n } }, { signal: ctl.signal, timeoutMs: 10_000 });
+      ctl.abort();
+      const canceled = await waiting.then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+      assert.equal(canceled.code, Code.Canceled);
+      assert.equal((await ledger.lookup({ tenant: "acme", key })).record?.method, "http:POST /v1/invoices", "the stream goes on");
+    } finally {
+      ledger.close();
+    }
+  });
+}
+
+test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary call", async () => {
+  // A forwarding proxy that speaks HTTP/1.1 alone, as some ingresses do.
+  const upstream = new URL(process.env.LEDGER_HTTP!);
+  const proxy = http.createServer((req, res) => {
+    const out = http.request({ host: upstream.hostname, port: upstream.port, path: req.url, method: req.method, headers: req.headers }, (r) => {
+      res.writeHead(r.statusCode ?? 502, r.headers);
+      r.pipe(res);
+    });
+    req.pipe(out);
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  const ledger = createLedger({ baseUrl: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`, token, log: (m) => assert.fail(m) });
+  try {
+    const result = await new Guard(ledger).do({ tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: {} },
+      async () => ({ response: anyPack(StringValueSchema, create(StringValueSchema, { value: "inv_7" })) }));
+    assert.equal(result.protected, true);
+    assert.equal(result.replayed, false);
+  } finally {
+    ledger.close();
+    proxy.closeAllConnections();
+    proxy.close();
+  }
 });

@@ -1,0 +1,220 @@
+// The MCP targets of docs/performance.md in one run: what @idemledger/guard
+// and idemproxy add to a tools/call, as ratios of calls measured in turns
+// on one machine. It starts ledgerd on its embedded store, the benchmark
+// servers (server.mjs) and idemproxy, and drives them with the official v2
+// client (@modelcontextprotocol/client), a fresh key per call:
+//   - guard: a v2 and a v1 server whose create_invoice is guarded, against
+//     the same server's unguarded echo, on the 2026-07-28 revision (v2 only:
+//     the v1 SDK serves the 2025 revisions) and the 2025 handshake;
+//   - proxy: create_invoice through idemproxy against the same call sent
+//     straight to the server it fronts, over Streamable HTTP and, with the
+//     server as the proxy's stdio child, against the client running that
+//     server over stdio itself.
+// At 1 client each side of a pair takes --block calls in turn until each
+// has made --calls; the p50s are compared (target: guarded at most 1.3×).
+// At --clients concurrent clients each side runs for --seconds in turn,
+// --rounds times; the calls a second are compared (target: at least 0.7×).
+//
+//   npm run build && node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls 600]
+//     [--block 50] [--clients 32] [--seconds 3] [--rounds 2] [--only NAME,...] [--json FILE]
+//
+// `make bench-mcp` builds both binaries and runs it.
+import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+
+import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const { values: opt } = parseArgs({
+  options: {
+    ledgerd: { type: 'string' }, idemproxy: { type: 'string' },
+    calls: { type: 'string', default: '600' }, block: { type: 'string', default: '50' },
+    clients: { type: 'string', default: '32' }, seconds: { type: 'string', default: '3' },
+    rounds: { type: 'string', default: '2' }, only: { type: 'string', default: '' }, json: { type: 'string', default: '' },
+  },
+});
+if (!opt.ledgerd || !opt.idemproxy) {
+  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE]');
+  process.exit(2);
+}
+const calls = Number(opt.calls), block = Number(opt.block), clients = Number(opt.clients);
+const seconds = Number(opt.seconds), rounds = Number(opt.rounds);
+const only = opt.only ? opt.only.split(',') : [];
+
+const children = [];
+const dir = mkdtempSync(join(tmpdir(), 'idemledger-bench-mcp-'));
+process.on('exit', () => {
+  for (const c of children) c.kill('SIGTERM');
+  rmSync(dir, { recursive: true, force: true });
+});
+process.on('SIGINT', () => process.exit(130));
+
+// start runs a process and resolves with the first line of its output
+// for which ready returns a value.
+function start(cmd, args, env, ready) {
+  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  return new Promise((resolve, reject) => {
+    let done = false;
+    const lines = [];
+    const read = (stream) => createInterface({ input: stream }).on('line', (line) => {
+      if (done) return;
+      lines.push(line);
+      const v = ready(line);
+      if (v !== undefined) {
+        done = true;
+        resolve(v);
+      }
+    });
+    read(child.stdout);
+    read(child.stderr);
+    child.on('exit', (code) => done || reject(new Error(`${cmd} exited (${code}) before it was ready:\n${lines.slice(-20).join('\n')}`)));
+  });
+}
+
+const logged = (msg, field) => (line) => {
+  try {
+    const l = JSON.parse(line);
+    return l.msg === msg ? l[field] : undefined;
+  } catch {
+    return undefined;
+  }
+};
+const port = (line) => line.startsWith('listening ') ? `http://127.0.0.1:${line.slice(10).trim()}/mcp` : undefined;
+
+const ledger = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
+  '--admin-listen', ''], {}, (line) => {
+  const grpc = logged('ledgerd listening', 'grpc')(line);
+  return grpc && { grpc, http: `http://${JSON.parse(line).http}` };
+});
+const guardJS = join(here, '..', 'dist', 'index.js');
+const server = join(here, 'server.mjs');
+const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledger.http };
+
+async function proxy(name, upstream) {
+  const cfg = join(dir, `${name}.yaml`);
+  writeFileSync(cfg, [
+    'ledger:', `  address: ${ledger.grpc}`,
+    'mcp:', '  upstream:', ...upstream.map((l) => `    ${l}`),
+    '  tenant:', '    static: acme',
+    '  tools:', '    create_invoice: {}', '',
+  ].join('\n'));
+  return start(opt.idemproxy, ['--config', cfg, '--listen', '127.0.0.1:0', '--admin-listen', ''], {}, logged('idemproxy listening', 'endpoint'));
+}
+
+const [v2Guarded, v1Guarded, v2Plain] = await Promise.all([
+  start(process.execPath, [server, '--sdk', 'v2'], guardEnv, port),
+  start(process.execPath, [server, '--sdk', 'v1'], guardEnv, port),
+  start(process.execPath, [server, '--sdk', 'v2'], {}, port),
+]);
+const [httpProxy, stdioProxy] = await Promise.all([
+  proxy('http', [`url: ${v2Plain}`]),
+  proxy('stdio', [`command: [${JSON.stringify(process.execPath)}, ${JSON.stringify(server)}, --sdk, v2, --stdio]`]),
+]);
+
+// A side is one kind of call: how to connect a client, and which tool.
+const http = (url) => () => new StreamableHTTPClientTransport(new URL(url));
+const stdio = () => new StdioClientTransport({ command: process.execPath, args: [server, '--sdk', 'v2', '--stdio'] });
+const side = (transport, tool, era) => ({ transport, tool, era });
+
+const pairs = [];
+for (const era of ['2026-07-28', '2025']) {
+  pairs.push({ name: `guard v2 ${era}`, target: 'guard', era, base: side(http(v2Guarded), 'echo', era), test: side(http(v2Guarded), 'create_invoice', era) });
+  if (era === '2025') {
+    pairs.push({ name: `guard v1 ${era}`, target: 'guard', era, base: side(http(v1Guarded), 'echo', era), test: side(http(v1Guarded), 'create_invoice', era) });
+  }
+  pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era) });
+  pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(http(stdioProxy), 'create_invoice', era) });
+}
+
+// connect is a v2 client on era: pinned to 2026-07-28, or the 2025 handshake.
+async function connect(s) {
+  const client = new Client({ name: 'bench', version: '1.0.0' },
+    s.era === '2025' ? {} : { versionNegotiation: { mode: { pin: '2026-07-28' } } });
+  await client.connect(s.transport());
+  const run = randomUUID();
+  let n = 0;
+  const call = async () => {
+    const res = await client.callTool({ name: s.tool, arguments: { customer: 'c' }, _meta: { 'io.idemledger/idempotency-key': `${run}-${n++}` } });
+    if (res.isError) {
+      throw new Error(`${s.tool}: ${JSON.stringify(res)}`);
+    }
+  };
+  await call(); // the connection is up and the path warm
+  return { call, close: () => client.close() };
+}
+
+const median = (a) => {
+  const s = [...a].sort((x, y) => x - y);
+  return s[s.length >> 1];
+};
+
+// latency takes turns of block calls on one client a side; p50s in ms.
+async function latency(p) {
+  const [base, test] = await Promise.all([connect(p.base), connect(p.test)]);
+  const times = { base: [], test: [] };
+  for (let i = 0; i < block; i++) {
+    await base.call(); // warm-up round, not counted
+    await test.call();
+  }
+  while (times.test.length < calls) {
+    for (const [k, c] of [['base', base], ['test', test]]) {
+      for (let i = 0; i < block; i++) {
+        const t0 = performance.now();
+        await c.call();
+        times[k].push(performance.now() - t0);
+      }
+    }
+  }
+  await Promise.all([base.close(), test.close()]);
+  return { base: median(times.base), test: median(times.test) };
+}
+
+// throughput runs clients concurrent clients a side, seconds at a time in
+// turns; calls a second over every round.
+async function throughput(p) {
+  const total = { base: 0, test: 0 };
+  const sides = { base: await Promise.all(Array.from({ length: clients }, () => connect(p.base))), test: await Promise.all(Array.from({ length: clients }, () => connect(p.test))) };
+  for (let r = 0; r < rounds; r++) {
+    for (const k of ['base', 'test']) {
+      const until = performance.now() + seconds * 1000;
+      const counts = await Promise.all(sides[k].map(async (c) => {
+        let n = 0;
+        while (performance.now() < until) {
+          await c.call();
+          n++;
+        }
+        return n;
+      }));
+      total[k] += counts.reduce((a, b) => a + b, 0);
+    }
+  }
+  await Promise.all([...sides.base, ...sides.test].map((c) => c.close()));
+  return { base: total.base / (rounds * seconds), test: total.test / (rounds * seconds) };
+}
+
+const rows = [];
+for (const p of pairs) {
+  if (only.length > 0 && !only.some((o) => p.name.startsWith(o))) continue;
+  const lat = await latency(p);
+  const tput = await throughput(p);
+  const row = {
+    name: p.name, target: p.target, era: p.era,
+    p50_base_ms: lat.base, p50_test_ms: lat.test, p50_ratio: lat.test / lat.base,
+    cps_base: tput.base, cps_test: tput.test, cps_ratio: tput.test / tput.base,
+  };
+  rows.push(row);
+  console.log(`${row.name.padEnd(24)} p50 ${row.p50_base_ms.toFixed(2)} → ${row.p50_test_ms.toFixed(2)} ms  ${row.p50_ratio.toFixed(2)}× ${row.p50_ratio <= 1.3 ? 'met' : 'NOT met'} (≤ 1.3)` +
+    `   ${clients} clients ${row.cps_base.toFixed(0)} → ${row.cps_test.toFixed(0)} calls/s  ${row.cps_ratio.toFixed(2)}× ${row.cps_ratio >= 0.7 ? 'met' : 'NOT met'} (≥ 0.7)`);
+}
+if (opt.json) {
+  writeFileSync(opt.json, JSON.stringify({ calls, block, clients, seconds, rounds, rows }, null, 2) + '\n');
+}
+process.exit(0);

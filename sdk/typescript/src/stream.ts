@@ -1,0 +1,282 @@
+// The ledger's calls over one LedgerService.Stream, as ledgerclient does
+// in Go: a call is a message each way on a stream that stays open, not a
+// request of its own, which halves what a guarded call adds
+// (docs/performance.md). Each call is answered exactly as its unary
+// counterpart, typed errors and their details included.
+import { create, toBinary, type MessageInitShape } from "@bufbuild/protobuf";
+import { durationFromMs } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, type CallOptions, type Client } from "@connectrpc/connect";
+import {
+  LedgerService, StreamRequestSchema,
+  type BeginRequestSchema, type BeginResponse, type CompleteRequestSchema, type CompleteResponse, type ExtendRequestSchema, type ExtendResponse,
+  type LookupRequestSchema, type LookupResponse, type ReleaseRequestSchema, type ReleaseResponse, type ResolveRequestSchema, type ResolveResponse,
+  type StreamRequest, type StreamResponse,
+} from "./gen/idemledger/v1/ledger_pb.js";
+
+/** The calls a write service makes, each as its unary counterpart answers it. */
+export interface LedgerCalls {
+  begin(req: MessageInitShape<typeof BeginRequestSchema>, opts?: CallOptions): Promise<BeginResponse>;
+  complete(req: MessageInitShape<typeof CompleteRequestSchema>, opts?: CallOptions): Promise<CompleteResponse>;
+  release(req: MessageInitShape<typeof ReleaseRequestSchema>, opts?: CallOptions): Promise<ReleaseResponse>;
+  extend(req: MessageInitShape<typeof ExtendRequestSchema>, opts?: CallOptions): Promise<ExtendResponse>;
+  lookup(req: MessageInitShape<typeof LookupRequestSchema>, opts?: CallOptions): Promise<LookupResponse>;
+  resolve(req: MessageInitShape<typeof ResolveRequestSchema>, opts?: CallOptions): Promise<ResolveResponse>;
+}
+
+/** A request larger than this goes as a unary call, so that one over the server's limit fails alone. */
+export const maxStreamedBytes = 64 << 10;
+
+/** How long a stream without calls in flight stays open: a process whose last call is done exits this long after it, or at once after close(). */
+const idleMs = 1_000;
+
+type Kind = keyof LedgerCalls;
+
+/** A call in flight: what it is, and how it is answered. */
+interface Pending {
+  kind: Kind;
+  init: object;
+  opts: CallOptions;
+  resolve(res: unknown): void;
+  reject(err: unknown): void;
+}
+
+/** One stream: its queue of messages to send and its calls in flight. */
+class Session {
+  readonly pending = new Map<bigint, Pending>();
+  readonly ctl = new AbortController();
+  private readonly queue: StreamRequest[] = [];
+  private wake: (() => void) | undefined;
+  private closing = false;
+  ended = false;
+
+  send(req: StreamRequest): void {
+    this.queue.push(req);
+    this.poke();
+  }
+
+  /** closeSend sends what is queued, then closes the client's side. */
+  closeSend(): void {
+    this.closing = true;
+    this.poke();
+  }
+
+  private poke(): void {
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+
+  async *requests(): AsyncGenerator<StreamRequest> {
+    for (;;) {
+      while (this.queue.length > 0) {
+        yield this.queue.shift()!;
+      }
+      if (this.closing || this.ended) {
+        return;
+      }
+      await new Promise<void>((r) => (this.wake = r));
+    }
+  }
+
+  /** end takes the calls in flight off the stream, for failing or sending again. */
+  end(): Pending[] {
+    this.ended = true;
+    this.poke();
+    const calls = [...this.pending.values()];
+    this.pending.clear();
+    return calls;
+  }
+}
+
+/**
+ * StreamLedger sends Begin, Complete, Release, Extend, Lookup and Resolve
+ * over one LedgerService.Stream of raw, opened when first needed, opened
+ * again after it ends, and closed after a second without calls (so that
+ * it keeps no process alive). Differences a caller may notice:
+ *   - the call's timeoutMs travels as the call's timeout, and its signal
+ *     cancels it on the server;
+ *   - headers are the stream's (raw's interceptors), not the call's;
+ *   - calls in flight when the stream breaks fail UNAVAILABLE: they may
+ *     have run, as a unary call cut off by a broken connection may have;
+ *   - a baseUrl that does not speak HTTP/2 (a proxy of HTTP/1.1 only) gets
+ *     every call as a unary call of unary, from the first on.
+ */
+export class StreamLedger implements LedgerCalls {
+  private cur: Session | undefined;
+  private ids = 0n;
+  private idle: ReturnType<typeof setTimeout> | undefined;
+  private closed = false;
+  private http1 = false;
+
+  /**
+   * raw opens the streams; unary takes the calls too large for one, and
+   * every call when raw's endpoint does not speak HTTP/2; defaultTimeoutMs
+   * bounds a call that sets no timeoutMs (0: none); failed maps what
+   * ended a stream to what its calls fail with.
+   */
+  constructor(private readonly raw: Client<typeof LedgerService>, private readonly unary: Client<typeof LedgerService>,
+    private readonly defaultTimeoutMs: number, private readonly failed: (err: unknown, method: string) => unknown = (err) => err) {}
+
+  begin(req: MessageInitShape<typeof BeginRequestSchema>, opts?: CallOptions): Promise<BeginResponse> {
+    return this.call("begin", req, opts) as Promise<BeginResponse>;
+  }
+
+  complete(req: MessageInitShape<typeof CompleteRequestSchema>, opts?: CallOptions): Promise<CompleteResponse> {
+    return this.call("complete", req, opts) as Promise<CompleteResponse>;
+  }
+
+  release(req: MessageInitShape<typeof ReleaseRequestSchema>, opts?: CallOptions): Promise<ReleaseResponse> {
+    return this.call("release", req, opts) as Promise<ReleaseResponse>;
+  }
+
+  extend(req: MessageInitShape<typeof ExtendRequestSchema>, opts?: CallOptions): Promise<ExtendResponse> {
+    return this.call("extend", req, opts) as Promise<ExtendResponse>;
+  }
+
+  lookup(req: MessageInitShape<typeof LookupRequestSchema>, opts?: CallOptions): Promise<LookupResponse> {
+    return this.call("lookup", req, opts) as Promise<LookupResponse>;
+  }
+
+  resolve(req: MessageInitShape<typeof ResolveRequestSchema>, opts?: CallOptions): Promise<ResolveResponse> {
+    return this.call("resolve", req, opts) as Promise<ResolveResponse>;
+  }
+
+  /** close ends the stream: calls in flight fail UNAVAILABLE, later calls at once. */
+  close(): void {
+    this.closed = true;
+    clearTimeout(this.idle);
+    this.cur?.ctl.abort(new ConnectError("the ledger client is closed", Code.Unavailable));
+  }
+
+  private call(kind: Kind, init: object, opts: CallOptions = {}): Promise<unknown> {
+    if (this.closed) {
+      return Promise.reject(new ConnectError("the ledger client is closed", Code.Unavailable));
+    }
+    const timeoutMs = opts.timeoutMs ?? this.defaultTimeoutMs;
+    const req = create(StreamRequestSchema, { call: { case: kind, value: init } } as MessageInitShape<typeof StreamRequestSchema>);
+    if (this.http1 || toBinary(StreamRequestSchema, req).length > maxStreamedBytes) {
+      return this.callUnary(kind, init, opts);
+    }
+    if (opts.signal?.aborted) {
+      return Promise.reject(ConnectError.from(opts.signal.reason, Code.Canceled));
+    }
+    if (timeoutMs > 0) {
+      req.timeout = durationFromMs(timeoutMs);
+    }
+    req.id = ++this.ids;
+    const s = this.session();
+    clearTimeout(this.idle);
+    return new Promise<unknown>((resolve, reject) => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const giveUp = (err: ConnectError) => {
+        if (s.pending.delete(req.id)) {
+          s.send(create(StreamRequestSchema, { id: req.id, call: { case: "cancel", value: {} } }));
+          done();
+          reject(err);
+        }
+      };
+      const onAbort = () => giveUp(ConnectError.from(opts.signal!.reason, Code.Canceled));
+      const done = () => {
+        clearTimeout(timer);
+        opts.signal?.removeEventListener("abort", onAbort);
+        if (s.pending.size === 0 && s === this.cur) {
+          this.idle = setTimeout(() => this.retire(s), idleMs);
+          this.idle.unref?.();
+        }
+      };
+      s.pending.set(req.id, {
+        kind, init, opts,
+        resolve: (res) => { done(); resolve(res); },
+        reject: (err) => { done(); reject(err); },
+      });
+      opts.signal?.addEventListener("abort", onAbort, { once: true });
+      if (timeoutMs > 0) {
+        // The server ends the call at its timeout; this is for a server that does not answer at all.
+        timer = setTimeout(() => giveUp(new ConnectError("the call's deadline passed", Code.DeadlineExceeded)), timeoutMs);
+      }
+      s.send(req);
+    });
+  }
+
+  private callUnary(kind: Kind, init: object, opts: CallOptions): Promise<unknown> {
+    return (this.unary[kind] as (r: object, o: CallOptions) => Promise<unknown>)(init, { ...opts, timeoutMs: opts.timeoutMs ?? this.defaultTimeoutMs });
+  }
+
+  // session is the open stream, opened when there is none.
+  private session(): Session {
+    if (this.cur && !this.cur.ended) {
+      return this.cur;
+    }
+    const s = new Session();
+    this.cur = s;
+    void this.read(s);
+    return s;
+  }
+
+  // read delivers the stream's answers until it ends.
+  private async read(s: Session): Promise<void> {
+    let err: unknown = new ConnectError("the ledger ended the stream", Code.Unavailable);
+    try {
+      for await (const res of this.raw.stream(s.requests(), { signal: s.ctl.signal })) {
+        if (res.result.case === "drain") {
+          this.retire(s); // calls already sent are answered; new ones go on a new stream
+          continue;
+        }
+        const p = s.pending.get(res.id);
+        s.pending.delete(res.id);
+        if (p) {
+          try {
+            p.resolve(answer(p.kind, res));
+          } catch (e) {
+            p.reject(e);
+          }
+        }
+      }
+    } catch (e) {
+      err = e;
+    }
+    if (this.cur === s) {
+      this.cur = undefined;
+    }
+    if (notHTTP2(err)) {
+      // Nothing was served on s: its calls go again, as unary calls.
+      this.http1 = true;
+      for (const p of s.end()) {
+        this.callUnary(p.kind, p.init, p.opts).then(p.resolve, p.reject);
+      }
+      return;
+    }
+    const failure = this.failed(err, "Stream");
+    for (const p of s.end()) {
+      p.reject(failure);
+    }
+  }
+
+  // retire sends no more calls on s: it closes once its calls are answered.
+  private retire(s: Session): void {
+    if (this.cur === s) {
+      this.cur = undefined;
+    }
+    s.closeSend();
+  }
+}
+
+/** notHTTP2 says err is what connect-node makes of an endpoint that answered HTTP/2's preface in HTTP/1.1. */
+export function notHTTP2(err: unknown): boolean {
+  const ce = ConnectError.from(err);
+  return ce.code === Code.Internal && (ce.cause as { code?: unknown } | undefined)?.code === "ERR_HTTP2_ERROR";
+}
+
+// answer is the response of kind from res, or the error it carries.
+function answer(kind: Kind, res: StreamResponse): unknown {
+  const r = res.result;
+  if (r.case === "error") {
+    const err = new ConnectError(r.value.message, r.value.code === 0 ? Code.Unknown : (r.value.code as Code));
+    err.details.push(...r.value.details.map((a) => ({ type: a.typeUrl.slice(a.typeUrl.lastIndexOf("/") + 1), value: a.value })));
+    throw err;
+  }
+  if (r.case !== kind) {
+    throw new ConnectError(`the ledger answered ${kind} with ${r.case}`, Code.Internal);
+  }
+  return r.value;
+}
