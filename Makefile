@@ -18,7 +18,7 @@ FLOOR_MODULES := . interceptors/mcpguard interceptors/connectguard interceptors/
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test floors release node npm test-short lint breaking generate checkgenerate fuzz bench buf golangci
+.PHONY: help build run test floors release node npm test-short lint breaking generate checkgenerate fuzz bench bench-mcp goals buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -84,6 +84,13 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 20s).
 
 bench: ## Run the benchmarks (compare runs with benchstat).
 	go test -run '^$$' -bench . -benchmem $(PKGS)
+
+bench-mcp: npm ## What @idemledger/guard and idemproxy add to a tools/call, with the official v2 client in both eras (ARGS: bench/mcp.mjs's flags).
+	go build -o bin/ ./cmd/ledgerd ./cmd/idemproxy
+	cd sdk/typescript && npm run build --silent && node bench/mcp.mjs --ledgerd ../../bin/ledgerd --idemproxy ../../bin/idemproxy $(ARGS)
+
+goals: bench-mcp ## Every performance target of docs/performance.md in one run: bench-mcp, then ledgerbench's stores (about 12 minutes).
+	go run ./lab/cmd/ledgerbench -stores embedded,postgres -workloads fresh -clients 1,8,32,128 -api stream -batching only -duration 3s -rounds 2 -outcome-size 500,262144 -ledgerd-procs postgres=1 -waiters 10000 -growth-records 4000000 -growth-rate 3000
 
 buf: $(BUF) $(PROTOC_PLUGINS)
 $(BUF): tools/buf/go.mod tools/buf/go.sum
