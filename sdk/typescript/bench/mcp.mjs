@@ -18,6 +18,7 @@
 //
 //   npm run build && node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls 600]
 //     [--block 50] [--clients 32] [--seconds 3] [--rounds 2] [--only NAME,...] [--json FILE]
+//     [--guard PATH (the package's index.js; dist/index.js when absent)]
 //
 // `make bench-mcp` builds both binaries and runs it.
 import { spawn } from 'node:child_process';
@@ -35,14 +36,14 @@ import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 const here = dirname(fileURLToPath(import.meta.url));
 const { values: opt } = parseArgs({
   options: {
-    ledgerd: { type: 'string' }, idemproxy: { type: 'string' },
+    ledgerd: { type: 'string' }, idemproxy: { type: 'string' }, guard: { type: 'string', default: join(here, '..', 'dist', 'index.js') },
     calls: { type: 'string', default: '600' }, block: { type: 'string', default: '50' },
     clients: { type: 'string', default: '32' }, seconds: { type: 'string', default: '3' },
     rounds: { type: 'string', default: '2' }, only: { type: 'string', default: '' }, json: { type: 'string', default: '' },
   },
 });
 if (!opt.ledgerd || !opt.idemproxy) {
-  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE]');
+  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE] [--guard PATH]');
   process.exit(2);
 }
 const calls = Number(opt.calls), block = Number(opt.block), clients = Number(opt.clients);
@@ -95,7 +96,7 @@ const ledger = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--
   const grpc = logged('ledgerd listening', 'grpc')(line);
   return grpc && { grpc, http: `http://${JSON.parse(line).http}` };
 });
-const guardJS = join(here, '..', 'dist', 'index.js');
+const guardJS = opt.guard;
 const server = join(here, 'server.mjs');
 const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledger.http };
 

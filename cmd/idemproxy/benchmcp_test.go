@@ -1,0 +1,45 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemledger/idemledger/internal/nodetest"
+)
+
+// TestBenchMCPRuns runs make bench-mcp's script (sdk/typescript/bench/
+// mcp.mjs) briefly, as the Makefile does, on ledgerd and idemproxy built
+// from this tree: every pair it measures answers, and each prints its
+// ratios. The numbers themselves are docs/performance.md's.
+func TestBenchMCPRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds ledgerd and idemproxy")
+	}
+	t.Parallel()
+	node, guardJS := nodetest.Guard(t)
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin, ".", "github.com/idemledger/idemledger/cmd/ledgerd")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.CommandContext(t.Context(), node, filepath.Join("..", "..", "sdk", "typescript", "bench", "mcp.mjs"), //nolint:gosec // the test's own
+		"--ledgerd", filepath.Join(bin, "ledgerd"), "--idemproxy", filepath.Join(bin, "idemproxy"), "--guard", guardJS,
+		"--calls", "10", "--block", "5", "--clients", "2", "--seconds", "0.2", "--rounds", "1")
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench/mcp.mjs: %v\n%s", err, out)
+	}
+	rows := 0
+	for line := range strings.Lines(string(out)) {
+		if strings.Contains(line, " p50 ") && strings.Contains(line, "calls/s") {
+			rows++
+		}
+	}
+	if rows != 9 {
+		t.Fatalf("%d pairs measured, want 9 (the guard on v2 in both eras and v1, the proxy over HTTP and stdio and its pass-through in both eras):\n%s", rows, out)
+	}
+}
