@@ -359,44 +359,7 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 			res = streamError(req.GetId(), errcode.Errorf(errcode.Internal, "internal error"))
 		}
 	}()
-	handle := func(ctx context.Context, _ any) (any, error) {
-		var err error
-		switch c := req.GetCall().(type) {
-		case *ledgerv1.StreamRequest_Begin:
-			var r *ledgerv1.BeginResponse
-			if r, err = s.Begin(ctx, c.Begin); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Begin{Begin: r}
-			}
-		case *ledgerv1.StreamRequest_Complete:
-			var r *ledgerv1.CompleteResponse
-			if r, err = s.Complete(ctx, c.Complete); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Complete{Complete: r}
-			}
-		case *ledgerv1.StreamRequest_Release:
-			var r *ledgerv1.ReleaseResponse
-			if r, err = s.Release(ctx, c.Release); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Release{Release: r}
-			}
-		case *ledgerv1.StreamRequest_Extend:
-			var r *ledgerv1.ExtendResponse
-			if r, err = s.Extend(ctx, c.Extend); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Extend{Extend: r}
-			}
-		case *ledgerv1.StreamRequest_Lookup:
-			var r *ledgerv1.LookupResponse
-			if r, err = s.Lookup(ctx, c.Lookup); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r}
-			}
-		case *ledgerv1.StreamRequest_Resolve:
-			var r *ledgerv1.ResolveResponse
-			if r, err = s.Resolve(ctx, c.Resolve); err == nil {
-				res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r}
-			}
-		default:
-			err = ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "the call is missing"))
-		}
-		return res, err
-	}
+	handle := func(ctx context.Context, _ any) (any, error) { return res, s.dispatch(ctx, req, res) }
 	var err error
 	if s.intercept != nil {
 		_, err = s.intercept(ctx, req, &grpc.UnaryServerInfo{Server: s, FullMethod: streamcall.FullMethod(req)}, handle)
@@ -407,6 +370,35 @@ func (s *Server) streamCall(ctx context.Context, req *ledgerv1.StreamRequest) (r
 		return &ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Error{Error: callStatus(err)}}
 	}
 	return res
+}
+
+// dispatch runs req's call as its unary method and puts its response in
+// res: one line a kind of call.
+func (s *Server) dispatch(ctx context.Context, req *ledgerv1.StreamRequest, res *ledgerv1.StreamResponse) error {
+	switch c := req.GetCall().(type) {
+	case *ledgerv1.StreamRequest_Begin:
+		return runCall(ctx, s.Begin, c.Begin, func(r *ledgerv1.BeginResponse) { res.Result = &ledgerv1.StreamResponse_Begin{Begin: r} })
+	case *ledgerv1.StreamRequest_Complete:
+		return runCall(ctx, s.Complete, c.Complete, func(r *ledgerv1.CompleteResponse) { res.Result = &ledgerv1.StreamResponse_Complete{Complete: r} })
+	case *ledgerv1.StreamRequest_Release:
+		return runCall(ctx, s.Release, c.Release, func(r *ledgerv1.ReleaseResponse) { res.Result = &ledgerv1.StreamResponse_Release{Release: r} })
+	case *ledgerv1.StreamRequest_Extend:
+		return runCall(ctx, s.Extend, c.Extend, func(r *ledgerv1.ExtendResponse) { res.Result = &ledgerv1.StreamResponse_Extend{Extend: r} })
+	case *ledgerv1.StreamRequest_Lookup:
+		return runCall(ctx, s.Lookup, c.Lookup, func(r *ledgerv1.LookupResponse) { res.Result = &ledgerv1.StreamResponse_Lookup{Lookup: r} })
+	case *ledgerv1.StreamRequest_Resolve:
+		return runCall(ctx, s.Resolve, c.Resolve, func(r *ledgerv1.ResolveResponse) { res.Result = &ledgerv1.StreamResponse_Resolve{Resolve: r} })
+	}
+	return ledgerstatus.Err(errcode.Errorf(errcode.ValidationFailed, "the call is missing"))
+}
+
+// runCall runs one call with method and hands its response to set.
+func runCall[Req, Res any](ctx context.Context, method func(context.Context, Req) (Res, error), req Req, set func(Res)) error {
+	r, err := method(ctx, req)
+	if err == nil {
+		set(r)
+	}
+	return err
 }
 
 // streamError is the answer to call id that failed with a ledger error.
