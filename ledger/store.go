@@ -292,21 +292,27 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// RunSweeps calls sweep(ctx, batch) every interval until ctx ends, and at
-// once again after a sweep that deleted a full batch. It returns nil when
-// ctx ends. A failed sweep is tried again at the next interval; onError,
-// when not nil, hears of it. Stores build their Run methods on it.
-func RunSweeps(ctx context.Context, interval time.Duration, batch int, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) error {
-	return RunPacedSweeps(ctx, interval, batch, 1, sweep, onError)
+// Sweeps is how a store sweeps its expired records: Sweep(ctx, Batch)
+// deletes up to a batch and says how many it handled. Stores build their
+// Run methods on it.
+type Sweeps struct {
+	Interval time.Duration
+	Batch    int
+	// Share is the most of the time the sweeps take while a backlog
+	// lasts (0.25: each full batch is followed by a rest three times as
+	// long as it took); 0 or 1 and above sweep without resting.
+	Share   float64
+	Sweep   func(ctx context.Context, limit int) (int, error)
+	OnError func(error) // hears of a failed sweep, when not nil
 }
 
-// RunPacedSweeps is RunSweeps whose sweeps take at most share of the time
-// while a backlog lasts (SweepBacklog).
-func RunPacedSweeps(ctx context.Context, interval time.Duration, batch int, share float64, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) error {
-	t := time.NewTicker(interval)
+// Run sweeps the backlog every Interval until ctx ends, and returns nil
+// then. A failed sweep is tried again at the next interval.
+func (w Sweeps) Run(ctx context.Context) error {
+	t := time.NewTicker(w.Interval)
 	defer t.Stop()
 	for {
-		SweepBacklog(ctx, batch, share, sweep, onError)
+		w.Backlog(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -315,25 +321,23 @@ func RunPacedSweeps(ctx context.Context, interval time.Duration, batch int, shar
 	}
 }
 
-// SweepBacklog calls sweep(ctx, batch) until it handles less than a full
-// batch, fails, or ctx ends, and returns how many records it handled.
-// With share under 1, it rests after each full batch so that sweeping
-// takes at most that share of the time (0.25: three times as long as the
-// batch took), leaving the rest to the writers.
-func SweepBacklog(ctx context.Context, batch int, share float64, sweep func(ctx context.Context, limit int) (int, error), onError func(error)) int {
+// Backlog calls Sweep until it handles less than a full batch, fails,
+// or ctx ends, resting after each full batch as Share says, and returns
+// how many records it handled.
+func (w Sweeps) Backlog(ctx context.Context) int {
 	total := 0
 	for ctx.Err() == nil {
 		start := time.Now()
-		n, err := sweep(ctx, batch)
+		n, err := w.Sweep(ctx, w.Batch)
 		total += n
-		if err != nil && ctx.Err() == nil && onError != nil {
-			onError(err)
+		if err != nil && ctx.Err() == nil && w.OnError != nil {
+			w.OnError(err)
 		}
-		if err != nil || n < batch {
+		if err != nil || n < w.Batch {
 			break
 		}
-		if share > 0 && share < 1 {
-			rest := time.Duration(float64(time.Since(start)) * (1/share - 1))
+		if w.Share > 0 && w.Share < 1 {
+			rest := time.Duration(float64(time.Since(start)) * (1/w.Share - 1))
 			select {
 			case <-ctx.Done():
 			case <-time.After(rest):

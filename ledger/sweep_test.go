@@ -9,12 +9,12 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// TestSweepBacklogPaces: with a share of 0.25 the sweeper rests three
+// TestSweepsBacklogPaces: with a share of 0.25 the sweeper rests three
 // times as long as each full batch took, so sweeping takes at most a
 // quarter of the time while the backlog lasts; with a share of 1 it does
 // not rest. It stops at a short batch, and at an error, which onError
 // hears.
-func TestSweepBacklogPaces(t *testing.T) {
+func TestSweepsBacklogPaces(t *testing.T) {
 	t.Parallel()
 	const batch, full, took = 10, 4, 10 * time.Millisecond
 	sweeper := func(fail bool) (func(context.Context, int) (int, error), *time.Duration) {
@@ -46,7 +46,7 @@ func TestSweepBacklogPaces(t *testing.T) {
 	} {
 		sweep, busy := sweeper(false)
 		start := time.Now()
-		n := ledger.SweepBacklog(t.Context(), batch, tc.share, sweep, nil)
+		n := ledger.Sweeps{Batch: batch, Share: tc.share, Sweep: sweep}.Backlog(t.Context())
 		elapsed := time.Since(start)
 		if n != full*batch+3 {
 			t.Fatalf("share %v: handled %d, want %d", tc.share, n, full*batch+3)
@@ -57,7 +57,7 @@ func TestSweepBacklogPaces(t *testing.T) {
 	}
 	sweep, _ := sweeper(true)
 	var heard error
-	if n := ledger.SweepBacklog(t.Context(), batch, 0.5, sweep, func(err error) { heard = err }); n != full*batch || heard == nil {
+	if n := (ledger.Sweeps{Batch: batch, Share: 0.5, Sweep: sweep, OnError: func(err error) { heard = err }}).Backlog(t.Context()); n != full*batch || heard == nil {
 		t.Fatalf("a failing sweep: handled %d, heard %v", n, heard)
 	}
 }

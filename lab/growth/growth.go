@@ -219,7 +219,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) ([]bench.Result, error) {
 	start := time.Now()
 	go func() {
 		var failed error
-		swept = ledger.SweepBacklog(ctx, batch, share, s.Sweep, func(err error) { failed = err })
+		swept = ledger.Sweeps{Batch: batch, Share: share, Sweep: s.Sweep, OnError: func(err error) { failed = err }}.Backlog(ctx)
 		sweepDone <- failed
 	}()
 	during := observed(func() timed { return measureUntil(ctx, cfg.Writers, sweepDone, rate, pair("m3")) })

@@ -40,5 +40,5 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 // another. It returns nil when ctx ends. A failed sweep is retried at the
 // next interval; onError, when not nil, hears of it.
 func (s *Store) Run(ctx context.Context, onError func(error)) error {
-	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
+	return ledger.Sweeps{Interval: s.cfg.SweepInterval, Batch: s.cfg.SweepBatch, Sweep: s.Sweep, OnError: onError}.Run(ctx)
 }

@@ -182,7 +182,7 @@ func (s *Store) Sweep(_ context.Context, limit int) (int, error) {
 // Run sweeps expired records in batches of Config.SweepBatch every
 // Config.SweepInterval until ctx ends, and returns nil then.
 func (s *Store) Run(ctx context.Context, onError func(error)) error {
-	return ledger.RunSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.Sweep, onError)
+	return ledger.Sweeps{Interval: s.cfg.SweepInterval, Batch: s.cfg.SweepBatch, Sweep: s.Sweep, OnError: onError}.Run(ctx)
 }
 
 // Len returns how many records the store holds, expired ones included.

@@ -131,7 +131,7 @@ func (s *Store) Run(ctx context.Context, onError func(error)) error {
 		s.keepWatermark(ctx, onError)
 	}()
 	defer func() { <-saved }()
-	return ledger.RunPacedSweeps(ctx, s.cfg.SweepInterval, s.cfg.SweepBatch, s.cfg.SweepShare, s.Sweep, onError)
+	return ledger.Sweeps{Interval: s.cfg.SweepInterval, Batch: s.cfg.SweepBatch, Share: s.cfg.SweepShare, Sweep: s.Sweep, OnError: onError}.Run(ctx)
 }
 
 // keepWatermark records the last acknowledged write every
