@@ -184,41 +184,10 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 	if !ok {
 		return nil, connectError(errcode.Errorf(errcode.Internal, "the request is not a protobuf message"))
 	}
-	procedureName := req.Spec().Procedure
 	ctx = guard.Continue(ctx, propagation.HeaderCarrier(req.Header()))
-	call := guard.Call{Method: procedureName, Policy: p.Policy}
-	var err error
-	if call.Key, call.KeySource, err = i.key(req, msg); err != nil {
+	call, err := i.call(ctx, p, req, msg)
+	if err != nil {
 		return nil, connectError(err)
-	}
-	if call.Key != "" {
-		if call.Tenant, err = i.opts.tenant(ctx, req); err != nil {
-			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
-				err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
-			}
-			return nil, connectError(err)
-		}
-		if v := req.Header().Get(FirstAttemptHeader); v != "" {
-			if call.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
-				return nil, connectError(errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader))
-			}
-		}
-		call.Fingerprint = fingerprint.Proto(procedureName, msg, fingerprint.ProtoOptions{
-			Skip: i.skip, Resolve: fingerprint.Related(msg.ProtoReflect().Descriptor().ParentFile()),
-		})
-	}
-	call.Encode = func(result any) (guard.Outcome, error) {
-		switch r := result.(type) {
-		case error:
-			return outcome(nil, typed(r))
-		case connect.AnyResponse:
-			result = r.Any()
-		}
-		msg, ok := result.(proto.Message)
-		if !ok || msg.ProtoReflect().Descriptor().FullName() != p.output {
-			return guard.Outcome{}, fmt.Errorf("connectguard: a fence of %s holds a %s, not a %T", procedureName, p.output, result)
-		}
-		return protoutcome.Response(msg)
 	}
 	var resp connect.AnyResponse
 	var herr error
@@ -237,6 +206,51 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 		return i.answer(ctx, p, res.Outcome, res.Replayed)
 	}
 	return resp, herr
+}
+
+// call is the guard's Call of req (its message msg) to procedure p: its
+// key and where it came from, and for a keyed call its tenant, first
+// attempt and fingerprint; how a fence's result is encoded.
+func (i *Interceptor) call(ctx context.Context, p procedure, req connect.AnyRequest, msg proto.Message) (guard.Call, error) {
+	procedureName := req.Spec().Procedure
+	call := guard.Call{Method: procedureName, Policy: p.Policy, Encode: p.encode(procedureName)}
+	var err error
+	if call.Key, call.KeySource, err = i.key(req, msg); err != nil || call.Key == "" {
+		return call, err
+	}
+	if call.Tenant, err = i.opts.tenant(ctx, req); err != nil {
+		if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+			err = errcode.Errorf(errcode.ValidationFailed, "the request names no tenant")
+		}
+		return guard.Call{}, err
+	}
+	if v := req.Header().Get(FirstAttemptHeader); v != "" {
+		if call.FirstAttemptAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return guard.Call{}, errcode.Errorf(errcode.ValidationFailed, "the %s header is not an RFC 3339 time", FirstAttemptHeader)
+		}
+	}
+	call.Fingerprint = fingerprint.Proto(procedureName, msg, fingerprint.ProtoOptions{
+		Skip: i.skip, Resolve: fingerprint.Related(msg.ProtoReflect().Descriptor().ParentFile()),
+	})
+	return call, nil
+}
+
+// encode turns what a fenced handler of procedureName hands its fence
+// (its response or its error) into the outcome to store.
+func (p procedure) encode(procedureName string) func(any) (guard.Outcome, error) {
+	return func(result any) (guard.Outcome, error) {
+		switch r := result.(type) {
+		case error:
+			return outcome(nil, typed(r))
+		case connect.AnyResponse:
+			result = r.Any()
+		}
+		msg, ok := result.(proto.Message)
+		if !ok || msg.ProtoReflect().Descriptor().FullName() != p.output {
+			return guard.Outcome{}, fmt.Errorf("connectguard: a fence of %s holds a %s, not a %T", procedureName, p.output, result)
+		}
+		return protoutcome.Response(msg)
+	}
 }
 
 // key is the request field's key (WithKeyField) or the header's.

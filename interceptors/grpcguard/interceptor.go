@@ -116,43 +116,9 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	ctx = guard.Continue(ctx, metadataCarrier(md))
-	call := guard.Call{Method: info.FullMethod, Policy: m.policy}
-	call.Key, call.KeySource = i.key(ctx, msg)
-	if call.Key != "" {
-		tenant, err := i.opts.tenant(ctx, msg)
-		if err != nil {
-			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
-				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
-			}
-			return nil, i.fail(ctx, err)
-		}
-		if call.FirstAttemptAt, err = firstAttempt(ctx); err != nil {
-			return nil, i.fail(ctx, err)
-		}
-		call.Tenant = tenant
-		call.Fingerprint = fingerprint.Proto(info.FullMethod, msg, m.print)
-	}
-	if m.reconcile != nil {
-		call.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
-			resp, err := m.reconcile(ctx, msg)
-			if err != nil || resp == nil {
-				return nil, err
-			}
-			if got := resp.ProtoReflect().Descriptor().FullName(); got != m.output.Descriptor().FullName() {
-				return nil, fmt.Errorf("grpcguard: reconcile returned a %s, want a %s", got, m.output.Descriptor().FullName())
-			}
-			out, err := outcome(resp, nil)
-			return &out, err
-		}
-	}
-	call.Encode = func(result any) (guard.Outcome, error) {
-		if err, ok := result.(error); ok {
-			return outcome(nil, typed(err))
-		}
-		if msg, ok := result.(proto.Message); ok && msg.ProtoReflect().Descriptor().FullName() != m.output.Descriptor().FullName() {
-			return guard.Outcome{}, fmt.Errorf("grpcguard: a fence of %s holds a %s, not a %s", info.FullMethod, m.output.Descriptor().FullName(), msg.ProtoReflect().Descriptor().FullName())
-		}
-		return outcome(result, nil)
+	call, err := i.call(ctx, m, info.FullMethod, msg)
+	if err != nil {
+		return nil, i.fail(ctx, err)
 	}
 	var resp any
 	var herr error
@@ -174,6 +140,57 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return i.answer(ctx, m, res.Outcome) // the outcome its fence holds
 	}
 	return resp, herr
+}
+
+// call is the guard's Call of a request msg to fullMethod: its key and
+// where it came from, and for a keyed call its tenant, first attempt and
+// fingerprint; how a takeover reconciles and how a fence's result is
+// encoded.
+func (i *interceptor) call(ctx context.Context, m *method, fullMethod string, msg proto.Message) (guard.Call, error) {
+	call := guard.Call{Method: fullMethod, Policy: m.policy, Encode: m.encode(fullMethod)}
+	call.Key, call.KeySource = i.key(ctx, msg)
+	if call.Key != "" {
+		tenant, err := i.opts.tenant(ctx, msg)
+		if err != nil {
+			if le := (*errcode.Error)(nil); !errors.As(err, &le) {
+				err = errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
+			}
+			return guard.Call{}, err
+		}
+		if call.FirstAttemptAt, err = firstAttempt(ctx); err != nil {
+			return guard.Call{}, err
+		}
+		call.Tenant = tenant
+		call.Fingerprint = fingerprint.Proto(fullMethod, msg, m.print)
+	}
+	if m.reconcile != nil {
+		call.Reconcile = func(ctx context.Context) (*guard.Outcome, error) {
+			resp, err := m.reconcile(ctx, msg)
+			if err != nil || resp == nil {
+				return nil, err
+			}
+			if got := resp.ProtoReflect().Descriptor().FullName(); got != m.output.Descriptor().FullName() {
+				return nil, fmt.Errorf("grpcguard: reconcile returned a %s, want a %s", got, m.output.Descriptor().FullName())
+			}
+			out, err := outcome(resp, nil)
+			return &out, err
+		}
+	}
+	return call, nil
+}
+
+// encode turns what a fenced handler of fullMethod hands its fence (its
+// response or its error) into the outcome to store.
+func (m *method) encode(fullMethod string) func(any) (guard.Outcome, error) {
+	return func(result any) (guard.Outcome, error) {
+		if err, ok := result.(error); ok {
+			return outcome(nil, typed(err))
+		}
+		if msg, ok := result.(proto.Message); ok && msg.ProtoReflect().Descriptor().FullName() != m.output.Descriptor().FullName() {
+			return guard.Outcome{}, fmt.Errorf("grpcguard: a fence of %s holds a %s, not a %s", fullMethod, m.output.Descriptor().FullName(), msg.ProtoReflect().Descriptor().FullName())
+		}
+		return outcome(result, nil)
+	}
 }
 
 // key is the request field's key (WithKeyField) or the header's.

@@ -227,15 +227,7 @@ func (g *Guard) Do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 
 func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) {
 	if call.Key == "" {
-		if call.Policy.KeyOptional {
-			out, err := run(ctx)
-			if err != nil {
-				g.opts.log.ErrorContext(ctx, "an unprotected call's result cannot be encoded", "method", call.Method, "error", err)
-				return Result{}, errcode.Errorf(errcode.Internal, "internal error")
-			}
-			return Result{Outcome: out}, nil
-		}
-		return Result{}, errcode.Errorf(errcode.KeyMissing, "the call has no idempotency key")
+		return g.unkeyed(ctx, call, run)
 	}
 	if call.Tenant == "" {
 		return Result{}, errcode.Errorf(errcode.ValidationFailed, "the call names no tenant")
@@ -264,23 +256,43 @@ func (g *Guard) do(ctx context.Context, call Call, run RunFunc) (Result, error) 
 			}
 			continue
 		}
-		switch r := res.GetResult().(type) {
-		case *ledgerv1.BeginResponse_Replay:
-			out, err := fromWire(r.Replay.GetOutcome())
-			if err != nil {
-				g.opts.log.ErrorContext(ctx, "the ledger replayed an outcome that does not decode", "method", call.Method, "error", err)
-				return Result{}, errcode.Errorf(errcode.Internal, "internal error")
-			}
-			return Result{Outcome: out, Replayed: true, Protected: true}, nil
-		case *ledgerv1.BeginResponse_Claim:
-			c := Claim{
-				Tenant: call.Tenant, Key: call.Key, Method: call.Method,
-				Token: r.Claim.GetToken(), Attempt: r.Claim.GetAttempt(), LeaseExpiresAt: r.Claim.GetLeaseExpiresAt().AsTime(),
-			}
-			return g.run(ctx, call, c, r.Claim, run)
-		}
-		return Result{}, errcode.Errorf(errcode.Internal, "the ledger's answer to Begin is neither a claim nor a replay")
+		return g.begun(ctx, call, res, run)
 	}
+}
+
+// unkeyed is a call without a key: it runs unprotected where the policy
+// makes the key optional, and is KEY_MISSING otherwise.
+func (g *Guard) unkeyed(ctx context.Context, call Call, run RunFunc) (Result, error) {
+	if !call.Policy.KeyOptional {
+		return Result{}, errcode.Errorf(errcode.KeyMissing, "the call has no idempotency key")
+	}
+	out, err := run(ctx)
+	if err != nil {
+		g.opts.log.ErrorContext(ctx, "an unprotected call's result cannot be encoded", "method", call.Method, "error", err)
+		return Result{}, errcode.Errorf(errcode.Internal, "internal error")
+	}
+	return Result{Outcome: out}, nil
+}
+
+// begun answers from Begin's answer: the stored outcome of a replay, or
+// the run under a claim.
+func (g *Guard) begun(ctx context.Context, call Call, res *ledgerv1.BeginResponse, run RunFunc) (Result, error) {
+	switch r := res.GetResult().(type) {
+	case *ledgerv1.BeginResponse_Replay:
+		out, err := fromWire(r.Replay.GetOutcome())
+		if err != nil {
+			g.opts.log.ErrorContext(ctx, "the ledger replayed an outcome that does not decode", "method", call.Method, "error", err)
+			return Result{}, errcode.Errorf(errcode.Internal, "internal error")
+		}
+		return Result{Outcome: out, Replayed: true, Protected: true}, nil
+	case *ledgerv1.BeginResponse_Claim:
+		c := Claim{
+			Tenant: call.Tenant, Key: call.Key, Method: call.Method,
+			Token: r.Claim.GetToken(), Attempt: r.Claim.GetAttempt(), LeaseExpiresAt: r.Claim.GetLeaseExpiresAt().AsTime(),
+		}
+		return g.run(ctx, call, c, r.Claim, run)
+	}
+	return Result{}, errcode.Errorf(errcode.Internal, "the ledger's answer to Begin is neither a claim nor a replay")
 }
 
 // begin is the call's BeginRequest.

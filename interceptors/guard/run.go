@@ -106,23 +106,37 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, claim *ledgerv1.Cla
 			g.opts.log.WarnContext(ctx, "the run panicked under a claim; its lease will run out", "method", call.Method, "key", c.Key, "token", c.Token)
 		}
 	}()
-	if c.Attempt > 1 && call.Reconcile != nil {
-		res, done, err := g.reconcile(rctx, ctx, call, c)
-		if done {
-			panicked = false
-			return res, err
-		}
-	}
-	if c.Attempt > 1 && fenced != nil {
-		res, done, err := g.reserveFence(rctx, ctx, call, c, fenced)
-		if done {
-			panicked = false
-			return res, err
-		}
+	if res, done, err := g.takeover(rctx, ctx, call, c, fenced); done {
+		panicked = false
+		return res, err
 	}
 	out, err := run(rctx)
 	panicked = false
 	stop()
+	return g.settle(ctx, rctx, call, c, fenced, out, err)
+}
+
+// takeover is what a takeover (attempt 2 or later) asks before it runs:
+// the policy's reconcile function, or the fence, whether the earlier
+// attempt's write landed. done says the call is answered.
+func (g *Guard) takeover(rctx, ctx context.Context, call Call, c Claim, fenced *fencing.Run) (Result, bool, error) {
+	if c.Attempt > 1 && call.Reconcile != nil {
+		if res, done, err := g.reconcile(rctx, ctx, call, c); done {
+			return res, true, err
+		}
+	}
+	if c.Attempt > 1 && fenced != nil {
+		if res, done, err := g.reserveFence(rctx, ctx, call, c, fenced); done {
+			return res, true, err
+		}
+	}
+	return Result{}, false, nil
+}
+
+// settle records what the run returned (out, err; rctx its context) and
+// answers the call: the outcome completed, the key released for a
+// transient one, or left to run out when nobody knows what happened.
+func (g *Guard) settle(ctx, rctx context.Context, call Call, c Claim, fenced *fencing.Run, out Outcome, err error) (Result, error) {
 	if errors.Is(context.Cause(rctx), errRunTimedOut) && (err != nil || !out.isResponse()) {
 		// Ended by the run timeout: whatever it answered, nobody knows
 		// whether its write happened.
@@ -134,41 +148,44 @@ func (g *Guard) run(ctx context.Context, call Call, c Claim, claim *ledgerv1.Cla
 			return *res, err
 		}
 	}
-	if errors.Is(err, ErrOutcomeUnknown) {
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
 		g.opts.log.WarnContext(ctx, "the call's outcome is unknown: its claim is left to run out", "method", call.Method, "key", c.Key, "token", c.Token, "error", err)
-		msg := "the service's handler could not tell whether this call was done: retry with the same key once its lease has run out"
-		var why *unknownOutcome
-		if errors.As(err, &why) {
-			msg = why.why + ", so nobody knows whether this call was done: retry with the same key once its lease has run out"
-		}
-		if errors.Is(err, errRunTimedOut) {
-			msg = fmt.Sprintf("the service's handler did not finish within its run timeout (%s), so nobody knows whether this call was done: retry with the same key once its lease has run out", call.Policy.runTimeout())
-		}
-		return Result{}, &errcode.Error{Code: errcode.Unavailable, Message: msg,
-			RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
-	}
-	if err != nil {
+		return Result{}, unknownOutcomeError(call, c, err)
+	case err != nil:
 		g.opts.log.ErrorContext(ctx, "the run's result cannot be stored: the record says the call ran", "method", call.Method, "key", c.Key, "error", err)
 		g.complete(ctx, c, notKept(errcode.Internal, 0, g.opts.maxOutcomeBytes))
 		return Result{}, errcode.Errorf(errcode.Internal, "internal error")
-	}
-	if errors.Is(context.Cause(rctx), errLeaseLost) && !out.isResponse() {
+	case errors.Is(context.Cause(rctx), errLeaseLost) && !out.isResponse():
 		return Result{}, &errcode.Error{Code: errcode.InProgress, Message: "another attempt took over this key", RetryAfter: 100 * time.Millisecond}
-	}
-	if out.Transient {
+	case out.Transient:
 		_ = g.record(ctx, "release", c, func(ctx context.Context) error {
 			_, err := g.ledger.Release(ctx, &ledgerv1.ReleaseRequest{Tenant: c.Tenant, Key: c.Key, Token: c.Token})
 			return err
 		})
 		return Result{Outcome: out, Protected: true}, nil
-	}
-	if out.Response == nil && out.Status == nil {
+	case out.Response == nil && out.Status == nil:
 		g.opts.log.ErrorContext(ctx, "the run returned an empty outcome: the record says the call ran", "method", call.Method, "key", c.Key)
 		g.complete(ctx, c, notKept(errcode.Internal, 0, g.opts.maxOutcomeBytes))
 		return Result{}, errcode.Errorf(errcode.Internal, "internal error")
 	}
 	g.complete(ctx, c, out.toWire())
 	return Result{Outcome: out, Protected: true}, nil
+}
+
+// unknownOutcomeError is what the caller hears when nobody knows whether
+// the run did its write: UNAVAILABLE, to retry with the same key once the
+// lease has run out, saying why.
+func unknownOutcomeError(call Call, c Claim, err error) error {
+	msg := "the service's handler could not tell whether this call was done: retry with the same key once its lease has run out"
+	var why *unknownOutcome
+	if errors.As(err, &why) {
+		msg = why.why + ", so nobody knows whether this call was done: retry with the same key once its lease has run out"
+	}
+	if errors.Is(err, errRunTimedOut) {
+		msg = fmt.Sprintf("the service's handler did not finish within its run timeout (%s), so nobody knows whether this call was done: retry with the same key once its lease has run out", call.Policy.runTimeout())
+	}
+	return &errcode.Error{Code: errcode.Unavailable, Message: msg, RetryAfter: max(100*time.Millisecond, time.Until(c.LeaseExpiresAt)), Err: err}
 }
 
 // reconcile asks the policy's reconcile function about the earlier

@@ -213,42 +213,51 @@ func New(g *guard.Guard, opts ...Option) (*Guard, error) {
 	}
 	hg := &Guard{guard: g, opts: o, routes: map[string]*route{}}
 	for pattern, r := range o.routes {
-		method, path, ok := strings.Cut(pattern, " ")
-		if !ok {
-			method, path = "", pattern
-		}
-		if !strings.HasPrefix(path, "/") {
-			return nil, fmt.Errorf("httpguard: %q is not a ServeMux pattern without a host, such as \"POST /v1/invoices\"", pattern)
-		}
-		if method != "" {
-			r.Methods = []string{method}
-		}
-		if r.Methods == nil {
-			r.Methods = defaultMethods
-		}
-		for _, m := range r.Methods {
-			if err := ledger.ValidateMethod(MethodPrefix + m + " " + path); err != nil {
-				return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
-			}
-		}
-		if err := r.Policy.Check(); err != nil {
+		rt, err := newRoute(pattern, r)
+		if err != nil {
 			return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
-		}
-		for _, ptr := range append([]string{r.KeyPointer}, r.FingerprintPointers...) {
-			if err := fingerprint.CheckPointer(ptr); err != nil {
-				return nil, fmt.Errorf("httpguard: %q: %w", pattern, err)
-			}
-		}
-		rt := &route{Route: r, method: path, release: r.Release, stored: append(slices.Clone(DefaultStoredHeaders), r.StoreHeaders...)}
-		if r.Stripe {
-			rt.stored = append(rt.stored, stripeRequestIDHeader)
-		}
-		if rt.release == nil {
-			rt.release = DefaultRelease
 		}
 		hg.routes[pattern] = rt
 	}
 	return hg, nil
+}
+
+// newRoute checks the route r of pattern and fills in its defaults.
+func newRoute(pattern string, r Route) (*route, error) {
+	method, path, ok := strings.Cut(pattern, " ")
+	if !ok {
+		method, path = "", pattern
+	}
+	if !strings.HasPrefix(path, "/") {
+		return nil, errors.New("not a ServeMux pattern without a host, such as \"POST /v1/invoices\"")
+	}
+	if method != "" {
+		r.Methods = []string{method}
+	}
+	if r.Methods == nil {
+		r.Methods = defaultMethods
+	}
+	for _, m := range r.Methods {
+		if err := ledger.ValidateMethod(MethodPrefix + m + " " + path); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.Policy.Check(); err != nil {
+		return nil, err
+	}
+	for _, ptr := range append([]string{r.KeyPointer}, r.FingerprintPointers...) {
+		if err := fingerprint.CheckPointer(ptr); err != nil {
+			return nil, err
+		}
+	}
+	rt := &route{Route: r, method: path, release: r.Release, stored: append(slices.Clone(DefaultStoredHeaders), r.StoreHeaders...)}
+	if r.Stripe {
+		rt.stored = append(rt.stored, stripeRequestIDHeader)
+	}
+	if rt.release == nil {
+		rt.release = DefaultRelease
+	}
+	return rt, nil
 }
 
 // Middleware protects next's requests to the configured routes; it must
