@@ -21,6 +21,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/ledgerdtest"
+	"github.com/idemledger/idemledger/internal/syncbuf"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 )
@@ -30,7 +31,7 @@ func TestMain(m *testing.M) { os.Exit(ledgerdtest.Main(m)) }
 // startLedgerd runs ledgerd on its embedded store with a write service
 // (billing, token billing-secret) and an admin (ops-alice, token
 // ops-secret), and returns its gRPC address and its log.
-func startLedgerd(t *testing.T) (string, *ledgertest.Buffer) {
+func startLedgerd(t *testing.T) (string, *syncbuf.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")

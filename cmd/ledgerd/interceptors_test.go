@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/syncbuf"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
-	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -32,7 +32,7 @@ func (panicking) Begin(context.Context, *ledgerv1.BeginRequest) (*ledgerv1.Begin
 // INTERNAL, the panic and the call are logged, the call is counted, and the
 // server goes on serving.
 func TestInterceptorsRecoverLogAndCount(t *testing.T) {
-	var logs ledgertest.Buffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	metrics := grpcprom.NewServerMetrics()
 	reg := prometheus.NewRegistry()

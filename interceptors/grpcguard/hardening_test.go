@@ -15,6 +15,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/internal/syncbuf"
 	"github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -108,7 +109,7 @@ func TestFailClosedIsOneAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = conn.Close() })
-		var logs ledgertest.Buffer
+		var logs syncbuf.Buffer
 		svc := &invoices{}
 		g := newGuard(t, api.client(t, conn), guard.WithLogger(slog.New(slog.NewJSONHandler(&logs, nil))))
 		client := serveGuard(t, g, svc, protect(grpcguard.Method{Policy: guard.Policy{}})...)

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/internal/syncbuf"
 )
 
 // binary is ledgerd, built by Main.
@@ -48,7 +48,7 @@ func Run(run func() int) int {
 // not open) and what it logged.
 type Proc struct {
 	GRPC, Admin, HTTP string
-	Log               *ledgertest.Buffer
+	Log               *syncbuf.Buffer
 	cmd               *exec.Cmd
 	done              chan struct{} // closed when its log ends: it exited
 }
@@ -80,7 +80,7 @@ func Start(t *testing.T, args ...string) *Proc {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	p := &Proc{Log: &ledgertest.Buffer{}, cmd: cmd, done: done}
+	p := &Proc{Log: &syncbuf.Buffer{}, cmd: cmd, done: done}
 	ready := make(chan struct{})
 	go func() {
 		defer close(done)

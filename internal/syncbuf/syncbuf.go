@@ -1,4 +1,5 @@
-package ledgertest
+// Package syncbuf is a buffer that several goroutines may write and read.
+package syncbuf
 
 import (
 	"bytes"
