@@ -15,12 +15,10 @@
 package pebble
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -40,106 +38,6 @@ import (
 
 // DirName is the name of the store's directory in a data directory.
 const DirName = "ledger"
-
-// Keys: a record under 'r' + its scope key, its expiry index entry under
-// 'x' + recordkv.ExpiryKey, the ledger's identity under 'm' + "identity".
-var (
-	recordPrefix = []byte{'r'}
-	expiryPrefix = []byte{'x'}
-	identityKey  = []byte("midentity")
-)
-
-// lockStripes is how many locks the scopes share: two transitions of
-// scopes that hash alike wait for each other, which costs nothing but
-// time.
-const lockStripes = 1024
-
-// maxHeld is how many records in progress a stripe keeps in memory.
-const maxHeld = 64
-
-// stripe is one of the locks the scopes share. Every write of a record
-// key takes its stripe's lock (a purge's batch takes several, in the
-// stripes' order; every other holder holds one), and after it counts the
-// write and keeps held in step. So, under the lock, a record in held is
-// the record Pebble holds, and a claim whose lock-free read began after
-// the last write counted has read what Pebble holds: a fresh pair reads
-// Pebble once, in its claim's first read, not three times.
-//
-// Pebble shows a batch to readers once it is applied, before the log's
-// sync that makes it durable has ended; a write holds its stripe's lock
-// until then. A read without the lock is answered from only when no write
-// of its stripe was syncing while it read (settled); otherwise it is done
-// again under the lock, so that no call is answered with a record the
-// store may never acknowledge.
-type stripe struct {
-	sync.Mutex
-	writes  atomic.Uint64
-	syncing atomic.Int32             // writes from their commit until they are counted
-	held    map[string]ledger.Record // by record key: records in progress only
-}
-
-// begin starts a read of the stripe without its lock, before the read
-// can see anything.
-func (st *stripe) begin() seen {
-	writes := st.writes.Load()
-	return seen{writes: writes, quiet: st.syncing.Load() == 0}
-}
-
-// settled reports whether the read r may be answered from: no write of the
-// stripe was syncing, or failed, while it read.
-func (st *stripe) settled(r seen) bool {
-	return r.quiet && st.syncing.Load() == 0 && st.writes.Load() == r.writes
-}
-
-// stripe is the stripe of a record key.
-func (s *Store) stripe(key []byte) *stripe { return &s.locks[s.stripeAt(key)] }
-
-// stripeAt is the index of a record key's stripe in Store.locks.
-func (s *Store) stripeAt(key []byte) uint64 { return maphash.Bytes(s.seed, key) % lockStripes }
-
-// wrote counts a write of key, whose record is now rec (nil when erased
-// or not known: a commit that failed). Under the lock.
-func (st *stripe) wrote(key []byte, rec *ledger.Record) {
-	st.writes.Add(1)
-	if rec == nil || rec.State != ledger.StateInProgress {
-		delete(st.held, string(key))
-		return
-	}
-	if _, ok := st.held[string(key)]; !ok && len(st.held) >= maxHeld {
-		return
-	}
-	if st.held == nil {
-		st.held = make(map[string]ledger.Record, maxHeld)
-	}
-	st.held[string(key)] = *rec
-}
-
-// read is key's record as Pebble holds it: the one held in memory, or
-// Pebble's. Under the lock.
-func (st *stripe) read(db reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
-	if rec, ok := st.held[string(key)]; ok {
-		return &rec, nil
-	}
-	return getRecord(db, scope, key)
-}
-
-// readLocked reads key's record under its stripe's lock: the read again
-// of one that met a write still syncing. It returns at ctx's end while
-// that write's sync stalls.
-func (s *Store) readLocked(ctx context.Context, scope ledger.Scope, key []byte) (*ledger.Record, error) {
-	var rec *ledger.Record
-	err := waitFor(ctx, func() error {
-		st := s.stripe(key)
-		st.Lock()
-		defer st.Unlock()
-		return s.with(func(db *pebbledb.DB) error {
-			var err error
-			rec, err = st.read(db, scope, key)
-			return err
-		})
-	})
-	return rec, err
-}
 
 // Config configures a Store. The zero value works.
 type Config struct {
@@ -609,14 +507,6 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 // which also stores nothing.
 type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
 
-// seen is a record read without the lock, the count of its stripe's
-// writes before the read began, and whether none was syncing then.
-type seen struct {
-	writes uint64
-	quiet  bool
-	rec    *ledger.Record
-}
-
 // update runs one transition under the scope's lock and commits it with
 // an fsync. It reads the record again unless read (when given) is still
 // what Pebble holds: no write of its stripe since it began. The call
@@ -668,73 +558,6 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 		return s.classify(op, err)
 	}
 	return ruleErr
-}
-
-// recordKey is the key of a scope's record.
-func recordKey(sc ledger.Scope) []byte {
-	return append(bytes.Clone(recordPrefix), recordkv.ScopeKey(sc)...)
-}
-
-// indexKey is the key of a record's expiry index entry; key is its
-// record key.
-func indexKey(rec *ledger.Record, key []byte) []byte {
-	return append(bytes.Clone(expiryPrefix), recordkv.ExpiryKey(recordkv.IndexAt(rec), key[len(recordPrefix):])...)
-}
-
-// reader is what getRecord reads from: the database or a snapshot.
-type reader interface {
-	Get(key []byte) ([]byte, io.Closer, error)
-}
-
-// get returns a copy of key's value, nil when absent.
-func get(r reader, key []byte) ([]byte, error) {
-	v, closer, err := r.Get(key)
-	if errors.Is(err, pebbledb.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	return bytes.Clone(v), nil
-}
-
-// getRecord returns key's record, nil when absent. It decodes Pebble's
-// value in place: Decode copies what it keeps.
-func getRecord(r reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
-	v, closer, err := r.Get(key)
-	if errors.Is(err, pebbledb.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	rec, err := recordkv.Decode(scope, v)
-	if err != nil {
-		return nil, err
-	}
-	return &rec, nil
-}
-
-// put stores rec in place of cur in b, and moves its expiry index entry
-// when its time moved: a Complete writes the record alone.
-func put(b *pebbledb.Batch, key []byte, cur, rec *ledger.Record) error {
-	v, err := recordkv.Encode(rec)
-	if err != nil {
-		return err
-	}
-	if cur == nil || !recordkv.IndexAt(cur).Equal(recordkv.IndexAt(rec)) {
-		if cur != nil {
-			if err := b.Delete(indexKey(cur, key), nil); err != nil {
-				return err
-			}
-		}
-		if err := b.Set(indexKey(rec, key), nil, nil); err != nil {
-			return err
-		}
-	}
-	return b.Set(key, v, nil)
 }
 
 // waitFor runs f, and returns its error, or ctx's when ctx ends first.
