@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/peterbourgon/ff/v3"
@@ -30,14 +31,12 @@ type config struct {
 	backupDir      string
 	databaseURL    string
 	migrate        bool
-	migrateOnly    bool
+	job            string // the one-shot database job a subcommand names: "migrate", "homes apply", "homes print"; "" serves
 	sqlBatching    bool
 	homesFile      string
 	homes          *crdb.Homes // read from homesFile by parseConfig
 	region         string
 	followerReads  time.Duration
-	applyHomes     bool
-	printHomesSQL  bool
 
 	tokensFile string
 	certsFile  string
@@ -63,12 +62,46 @@ type config struct {
 	reflection     bool
 }
 
-// parseConfig reads the flags and the LEDGER_* environment. Errors are
-// usage errors.
+// The subcommands: one-shot database jobs that run and exit (a
+// Kubernetes Job); without one ledgerd serves.
+const jobsUsage = `Usage:
+  ledgerd [flags]                     serve
+  ledgerd migrate [flags]             apply the SQL schema migrations (--database-url) and exit
+  ledgerd homes apply [flags]         render the homes file (--homes) into the database (regions, survival goal,
+                                      the tenants' home column) and exit; with --migrate, the migrations first;
+                                      as a SQL user allowed to alter the database
+  ledgerd homes print [flags]         print the statements homes apply would run, and exit
+
+Flags:
+`
+
+// jobOf splits a subcommand off args.
+func jobOf(args []string) (job string, rest []string, err error) {
+	switch {
+	case len(args) > 0 && args[0] == "migrate":
+		return "migrate", args[1:], nil
+	case len(args) > 1 && args[0] == "homes" && (args[1] == "apply" || args[1] == "print"):
+		return "homes " + args[1], args[2:], nil
+	case len(args) > 0 && args[0] == "homes":
+		return "", nil, errors.New("homes takes apply or print: ledgerd homes apply|print --homes FILE --database-url URL")
+	}
+	return "", args, nil
+}
+
+// parseConfig reads the subcommand, the flags and the LEDGER_*
+// environment. Errors are usage errors.
 func parseConfig(args []string, stderr io.Writer) (config, error) {
 	var c config
+	var err error
+	if c.job, args, err = jobOf(args); err != nil {
+		return c, err
+	}
 	fs := flag.NewFlagSet("ledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, jobsUsage)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:7070", "gRPC address")
 	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:7071", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
 	fs.StringVar(&c.httpListen, "http-listen", "127.0.0.1:7072", "HTTP address serving LedgerService over the Connect protocol (JSON POSTs), gRPC-Web and gRPC; empty turns it off")
@@ -76,14 +109,11 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.dataDir, "data-dir", "ledgerd-data", "directory of the embedded store, used when --database-url is empty")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL or CockroachDB URL; empty uses the embedded store in --data-dir")
 	fs.StringVar(&c.backupDir, "backup-dir", "", "where AdminService.Backup (idemctl backup) writes online backups of the embedded store, each a data directory; empty: none")
-	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url)")
-	fs.BoolVar(&c.migrateOnly, "migrate-only", false, "apply the SQL schema migrations and exit (a migration job)")
+	fs.BoolVar(&c.migrate, "migrate", false, "apply the SQL schema migrations at start (with --database-url; ledgerd migrate is the migration job)")
 	fs.BoolVar(&c.sqlBatching, "sql-batching", true, "coalesce concurrent Begins and Completes into multi-row statements (with --database-url)")
 	fs.StringVar(&c.homesFile, "homes", "", "the platform's homes file: the database's regions and each tenant's home region (with --database-url; docs/multi-region.md)")
 	fs.StringVar(&c.region, "region", "", "the region this ledgerd runs in, one of the homes file's (with --homes)")
 	fs.DurationVar(&c.followerReads, "follower-reads", 0, "answer replays of completed records of tenants homed outside --region from the nearest replica, at most this stale (CockroachDB follower reads); 0 turns it off")
-	fs.BoolVar(&c.applyHomes, "apply-homes", false, "render the homes file into the database (regions, survival goal, the tenants' home column) and exit; after --migrate-only, as a user allowed to alter the database")
-	fs.BoolVar(&c.printHomesSQL, "print-homes-sql", false, "print the statements --apply-homes would run on the database, and exit")
 	fs.StringVar(&c.tokensFile, "tokens", "", "bearer token file: lines of sha256:<hex> <namespace> <tenants>")
 	fs.StringVar(&c.certsFile, "certs", "", "client certificate file: lines of uri:|dns:|cn:<identity> <namespace> <tenants> (needs --client-ca)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "server certificate (PEM); with --tls-key, serve TLS")
@@ -179,12 +209,12 @@ func (c config) check() error {
 		return errors.New("--certs needs --client-ca")
 	case c.clientCA != "" && c.certsFile == "":
 		return errors.New("--client-ca needs --certs, the table of certificate principals")
-	case (c.migrate || c.migrateOnly) && c.databaseURL == "":
-		return errors.New("--migrate and --migrate-only need --database-url")
+	case (c.migrate || c.job != "") && c.databaseURL == "":
+		return errors.New("--migrate, ledgerd migrate and ledgerd homes need --database-url")
 	case (c.homesFile != "" || c.followerReads != 0) && c.databaseURL == "":
 		return errors.New("--homes and --follower-reads need --database-url: the embedded store has one region")
-	case (c.applyHomes || c.printHomesSQL) && c.homesFile == "":
-		return errors.New("--apply-homes and --print-homes-sql need --homes")
+	case strings.HasPrefix(c.job, "homes ") && c.homesFile == "":
+		return errors.New("ledgerd homes apply and homes print need --homes")
 	case c.region != "" && c.homesFile == "":
 		return errors.New("--region needs --homes")
 	case c.followerReads < 0:
@@ -217,7 +247,7 @@ func (c config) check() error {
 }
 
 // oneShot: ledgerd runs a database job (migrations, homes) and exits.
-func (c config) oneShot() bool { return c.migrateOnly || c.applyHomes || c.printHomesSQL }
+func (c config) oneShot() bool { return c.job != "" }
 
 // devMode: no credentials are configured, so every caller is the principal
 // "dev" with every tenant.

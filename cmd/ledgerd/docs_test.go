@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// TestDocsListEveryFlag: docs/ledgerd.md names every flag ledgerd --help
-// lists.
+// TestDocsListEveryFlag: docs/ledgerd.md names every flag and every
+// subcommand ledgerd --help lists.
 func TestDocsListEveryFlag(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	doc, err := os.ReadFile("../../docs/ledgerd.md")
@@ -24,6 +24,15 @@ func TestDocsListEveryFlag(t *testing.T) {
 	for _, f := range flags {
 		if !strings.Contains(string(doc), "`--"+f[1]+"`") {
 			t.Errorf("docs/ledgerd.md does not list --%s", f[1])
+		}
+	}
+	jobs := regexp.MustCompile(`(?m)^\s+(ledgerd [a-z ]+?) \[flags\]`).FindAllStringSubmatch(string(out), -1)
+	if len(jobs) != 3 {
+		t.Fatalf("ledgerd --help listed %d subcommands, want 3 (migrate, homes apply, homes print):\n%s", len(jobs), out)
+	}
+	for _, j := range jobs {
+		if !strings.Contains(string(doc), "`"+j[1]+"`") {
+			t.Errorf("docs/ledgerd.md does not list %s", j[1])
 		}
 	}
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/idemledger/idemledger/internal/pgtest"
 )
 
-// TestHomes: ledgerd --migrate-only --apply-homes renders a homes file
-// into the database and a second run does nothing; --print-homes-sql shows
-// a tenant's move before --apply-homes makes it; ledgerd serves with the
+// TestHomes: ledgerd homes apply --migrate renders a homes file into the
+// database and a second run does nothing; ledgerd homes print shows a
+// tenant's move before homes apply makes it; ledgerd serves with the
 // file, its region and follower reads, and counts the replays a follower
 // answered; a region the file does not declare is refused.
 func TestHomes(t *testing.T) {
@@ -30,7 +30,7 @@ func TestHomes(t *testing.T) {
 	}
 	run := func(args ...string) (string, string) {
 		t.Helper()
-		cmd := exec.Command(binary, append([]string{"--database-url", url, "--homes", homes}, args...)...)
+		cmd := exec.Command(binary, append(args, "--database-url", url, "--homes", homes)...)
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {
@@ -39,19 +39,19 @@ func TestHomes(t *testing.T) {
 		return stdout.String(), stderr.String()
 	}
 	write("region here primary\nregion away\ndefault here\ntenant far away\ntenant moving away\n")
-	if _, log := run("--migrate-only", "--apply-homes"); !strings.Contains(log, `"msg":"homes applied","generation":1`) {
+	if _, log := run("homes", "apply", "--migrate"); !strings.Contains(log, `"msg":"homes applied","generation":1`) {
 		t.Fatalf("the first apply:\n%s", log)
 	}
-	if _, log := run("--apply-homes"); !strings.Contains(log, `"msg":"homes applied","generation":1,"statements":0`) {
+	if _, log := run("homes", "apply"); !strings.Contains(log, `"msg":"homes applied","generation":1,"statements":0`) {
 		t.Fatalf("the same file again:\n%s", log)
 	}
 	write("region here primary\nregion away\ndefault here\ntenant far away\n")
-	sql, _ := run("--print-homes-sql")
+	sql, _ := run("homes", "print")
 	if !strings.Contains(sql, "ADD COLUMN home_region_2 TEXT GENERATED ALWAYS AS (CASE WHEN tenant IN ('far') THEN 'away'::TEXT ELSE 'here'::TEXT END) STORED;") ||
 		!strings.Contains(sql, "DROP COLUMN home_region_1;") {
-		t.Fatalf("--print-homes-sql of the move:\n%s", sql)
+		t.Fatalf("homes print of the move:\n%s", sql)
 	}
-	if _, log := run("--apply-homes"); !strings.Contains(log, `"msg":"homes applied","generation":2`) {
+	if _, log := run("homes", "apply"); !strings.Contains(log, `"msg":"homes applied","generation":2`) {
 		t.Fatalf("the move:\n%s", log)
 	}
 

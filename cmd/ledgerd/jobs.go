@@ -1,6 +1,6 @@
 package main
 
-// The one-shot database jobs: --migrate-only and the homes.
+// The one-shot database jobs: ledgerd migrate and ledgerd homes.
 
 import (
 	"context"
@@ -11,9 +11,10 @@ import (
 	"github.com/idemledger/idemledger/ledger/crdb"
 )
 
-// databaseJob applies the schema migrations (--migrate-only), then the
-// homes file (--apply-homes), or prints what the homes file would run
-// (--print-homes-sql), and returns: ledgerd as a Job.
+// databaseJob applies the schema migrations (ledgerd migrate, or --migrate
+// before the homes), then the homes file (ledgerd homes apply), or prints
+// what the homes file would run (ledgerd homes print), and returns:
+// ledgerd as a Job.
 func databaseJob(ctx context.Context, cfg config, stdout io.Writer, log *slog.Logger) error {
 	homes := cfg.homes
 	s, err := crdb.Open(ctx, cfg.databaseURL, crdb.Config{})
@@ -21,21 +22,21 @@ func databaseJob(ctx context.Context, cfg config, stdout io.Writer, log *slog.Lo
 		return err
 	}
 	defer s.Close()
-	if cfg.migrateOnly {
+	if cfg.job == "migrate" || cfg.migrate {
 		applied, err := s.Migrate(ctx)
 		if err != nil {
 			return err
 		}
 		log.InfoContext(ctx, "schema migrated", "applied", applied, "dialect", s.Dialect().String())
 	}
-	if cfg.printHomesSQL {
+	if cfg.job == "homes print" {
 		stmts, err := s.ApplyHomes(ctx, homes, true)
 		for _, stmt := range stmts {
 			fmt.Fprintln(stdout, stmt+";")
 		}
 		return err
 	}
-	if cfg.applyHomes {
+	if cfg.job == "homes apply" {
 		stmts, err := s.ApplyHomes(ctx, homes, false)
 		for _, stmt := range stmts {
 			log.InfoContext(ctx, "homes: ran", "statement", stmt)

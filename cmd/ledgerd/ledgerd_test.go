@@ -679,19 +679,24 @@ func TestMessageSizeLimit(t *testing.T) {
 	}
 }
 
-// TestMigrateOnly: ledgerd --migrate-only applies the schema and exits 0,
-// and again (a Job that runs twice) changes nothing and exits 0.
-func TestMigrateOnly(t *testing.T) {
+// TestMigrateJob: ledgerd migrate applies the schema and exits 0, and
+// again (a Job that runs twice) changes nothing and exits 0; homes without
+// apply or print is a usage error.
+func TestMigrateJob(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := pgtest.NewDatabase(t)
 	for i := range 2 {
-		out, err := exec.Command(binary, "--migrate-only", "--database-url", url).CombinedOutput()
+		out, err := exec.Command(binary, "migrate", "--database-url", url).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "schema migrated") {
 			t.Fatalf("run %d: %v\n%s", i, err, out)
 		}
 		if i == 1 && !strings.Contains(string(out), `"applied":null`) && !strings.Contains(string(out), `"applied":[]`) {
 			t.Fatalf("the second run applied something:\n%s", out)
 		}
+	}
+	cmd := exec.Command(binary, "homes", "--database-url", url)
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "homes takes apply or print") {
+		t.Fatalf("ledgerd homes: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
 	}
 	p := start(t, "--database-url", url)
 	p.waitServing(t, p.dial(t))

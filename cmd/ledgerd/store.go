@@ -290,7 +290,7 @@ func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep fu
 		case err != nil:
 			log.WarnContext(ctx, "could not read the database's homes", "error", err)
 		case !same:
-			log.WarnContext(ctx, "the homes file is not the mapping the database applied: batches may mix regions until ledgerd --apply-homes runs", "file", cfg.homesFile, "applied_generation", gen)
+			log.WarnContext(ctx, "the homes file is not the mapping the database applied: batches may mix regions until ledgerd homes apply runs", "file", cfg.homesFile, "applied_generation", gen)
 		default:
 			log.InfoContext(ctx, "homes", "file", cfg.homesFile, "generation", gen, "region", cfg.region)
 		}

@@ -164,8 +164,8 @@ func TestMultiRegionPerCluster(t *testing.T) {
 	}
 }
 
-// TestBootstrap: the bootstrap Job runs ledgerd --migrate-only
-// --apply-homes on the same homes file, as the admin SQL user.
+// TestBootstrap: the bootstrap Job runs ledgerd homes apply --migrate
+// on the same homes file, as the admin SQL user.
 func TestBootstrap(t *testing.T) {
 	objs := render(t, "../kubernetes/overlays/multi-region/bootstrap")
 	job, ok := objs["Job/ledgerd-apply-homes"].(*batchv1.Job)
@@ -173,7 +173,10 @@ func TestBootstrap(t *testing.T) {
 		t.Fatalf("no Job ledgerd-apply-homes: %v", slices.Collect(maps.Keys(objs)))
 	}
 	c := job.Spec.Template.Spec.Containers[0]
-	for _, arg := range []string{"--migrate-only", "--apply-homes", "--homes=/etc/ledgerd/homes/homes"} {
+	if len(c.Args) < 2 || c.Args[0] != "homes" || c.Args[1] != "apply" {
+		t.Errorf("the Job does not run ledgerd homes apply: %v", c.Args)
+	}
+	for _, arg := range []string{"--migrate", "--homes=/etc/ledgerd/homes/homes"} {
 		if !slices.Contains(c.Args, arg) {
 			t.Errorf("the Job lacks %s: %v", arg, c.Args)
 		}
@@ -392,7 +395,7 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("secret %s: %v", name, err)
 		}
 	}
-	if !bytes.Contains(b, []byte("--migrate-only")) {
+	if !bytes.Contains(b, []byte("\"migrate\"")) {
 		t.Error("the compose file does not migrate")
 	}
 	ledgerd, _ := compose.Services["ledgerd"].(map[string]any)
