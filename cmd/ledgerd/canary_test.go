@@ -5,17 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 )
 
@@ -54,15 +58,11 @@ func TestReadinessNeedsAWrite(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	waitFor := func(want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
 		t.Helper()
-		for deadline := time.Now().Add(within); ; time.Sleep(10 * time.Millisecond) { // the health watch runs on its own goroutine: poll its answer
+		// The health watch runs on its own goroutine: poll its answer.
+		ledgertest.Eventually(t, within, func() bool {
 			res, err := h.Check(t.Context(), &healthpb.HealthCheckRequest{})
-			if err == nil && res.GetStatus() == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("health is not %s within %s", want, within)
-			}
-		}
+			return err == nil && res.GetStatus() == want
+		}, "health is %s", want)
 	}
 	waitFor(healthpb.HealthCheckResponse_SERVING, 2*time.Second)
 	fd.full.Store(true)
@@ -123,9 +123,40 @@ func TestLivenessAsksForARestart(t *testing.T) {
 	if got := live(); got != http.StatusOK {
 		t.Fatalf("/healthz with a full disk = %d, want 200", got)
 	}
+	// Watch says the same as Check, and says the change.
+	watch := watchLiveness(t, p)
+	if res, err := watch.Recv(); err != nil || res.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch(liveness) = %v, %v; want SERVING", res, err)
+	}
 	s = &failed{fullDisk{Store: memory.New(memory.Config{})}}
 	st.s.Store(&s)
 	if got := live(); got != http.StatusServiceUnavailable {
 		t.Fatalf("/healthz with a failed store = %d, want 503", got)
 	}
+	if res, err := watch.Recv(); err != nil || res.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Watch(liveness) after the store failed = %v, %v; want NOT_SERVING", res, err)
+	}
+}
+
+// watchLiveness serves p on loopback and watches its liveness service.
+func watchLiveness(t *testing.T, p probes) healthpb.Health_WatchClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	healthpb.RegisterHealthServer(gs, p)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	watch, err := healthpb.NewHealthClient(conn).Watch(t.Context(), &healthpb.HealthCheckRequest{Service: livenessService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return watch
 }

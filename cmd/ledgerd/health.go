@@ -38,6 +38,36 @@ func (p probes) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*h
 	return &healthpb.HealthCheckResponse{Status: status}, nil
 }
 
+// Watch is Check as a stream: for livenessService the status now, and
+// again each time it changes (looked at every second; it changes once at
+// most, to NOT_SERVING, when the store must be reopened); for every other
+// service the health server's own.
+func (p probes) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	if req.GetService() != livenessService {
+		return p.Server.Watch(req, stream)
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last := healthpb.HealthCheckResponse_UNKNOWN
+	for {
+		res, err := p.Check(stream.Context(), req)
+		if err != nil {
+			return err
+		}
+		if res.GetStatus() != last {
+			if err := stream.Send(res); err != nil {
+				return err
+			}
+			last = res.GetStatus()
+		}
+		select {
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		case <-tick.C:
+		}
+	}
+}
+
 // watchHealth reports SERVING while the store takes a write (the canary),
 // checked at once and then every few seconds, and NOT_SERVING otherwise:
 // a store that reads but cannot write (a full disk, a read-only database)
