@@ -3,7 +3,9 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
@@ -13,9 +15,14 @@ import (
 // times as long as each full batch took, so sweeping takes at most a
 // quarter of the time while the backlog lasts; with a share of 1 it does
 // not rest. It stops at a short batch, and at an error, which onError
-// hears.
+// hears. The sweeps and the rests run on a bubble's clock, so the shares
+// are exact.
 func TestSweepsBacklogPaces(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, testSweepsBacklogPaces)
+}
+
+func testSweepsBacklogPaces(t *testing.T) {
 	const batch, full, took = 10, 4, 10 * time.Millisecond
 	sweeper := func(fail bool) (func(context.Context, int) (int, error), *time.Duration) {
 		calls := 0
@@ -23,7 +30,7 @@ func TestSweepsBacklogPaces(t *testing.T) {
 		return func(context.Context, int) (int, error) {
 			calls++
 			start := time.Now()
-			time.Sleep(took) // a sweep of known real duration: the pacing is computed from it
+			time.Sleep(took) // a sweep of known duration on the bubble's clock: the pacing is computed from it
 			busy += time.Since(start)
 			switch {
 			case calls <= full:
@@ -35,14 +42,13 @@ func TestSweepsBacklogPaces(t *testing.T) {
 		}, &busy
 	}
 	for _, tc := range []struct {
-		share    float64
-		maxShare float64 // of the elapsed time spent sweeping
-		minShare float64
+		share float64
+		want  float64 // of the elapsed time spent sweeping
 	}{
-		// Wide bounds: sleeps overshoot on a busy machine. A quarter plus
-		// the last, short batch, which is not followed by a rest, is 0.29.
-		{share: 0.25, minShare: 0.1, maxShare: 0.5},
-		{share: 1, minShare: 0.7, maxShare: 1},
+		// Five sweeps of 10 ms, the four full ones each followed by a
+		// rest of 30 ms: 50 of 170 ms.
+		{share: 0.25, want: 50.0 / 170},
+		{share: 1, want: 1},
 	} {
 		sweep, busy := sweeper(false)
 		start := time.Now()
@@ -51,8 +57,8 @@ func TestSweepsBacklogPaces(t *testing.T) {
 		if n != full*batch+3 {
 			t.Fatalf("share %v: handled %d, want %d", tc.share, n, full*batch+3)
 		}
-		if got := busy.Seconds() / elapsed.Seconds(); got < tc.minShare || got > tc.maxShare {
-			t.Errorf("share %v: swept %.2f of the time (%v of %v), want %.2f-%.2f", tc.share, got, *busy, elapsed, tc.minShare, tc.maxShare)
+		if got := busy.Seconds() / elapsed.Seconds(); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("share %v: swept %.4f of the time (%v of %v), want %.4f", tc.share, got, *busy, elapsed, tc.want)
 		}
 	}
 	sweep, _ := sweeper(true)

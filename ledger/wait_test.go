@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemledger/idemledger/ledger"
@@ -48,11 +49,7 @@ func waitOn(t *testing.T, l *ledger.Ledger, ns string, n int) ([]ledger.Scope, c
 			answers <- err
 		}()
 	}
-	for deadline := time.Now().Add(10 * time.Second); l.Waiters() < base+n; time.Sleep(time.Millisecond) { // poll until every waiter is registered
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d waiters waiting", l.Waiters(), n)
-		}
-	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() >= base+n }, "%d waiters waiting", n)
 	return scopes, answers
 }
 
@@ -62,44 +59,41 @@ func waitOn(t *testing.T, l *ledger.Ledger, ns string, n int) ([]ledger.Scope, c
 // every 250 ms or less).
 func TestWaitersDoNotPollEach(t *testing.T) {
 	t.Parallel()
-	rate := func(n int) int64 {
-		s := &countingStore{Store: memory.New(memory.Config{})}
-		l := ledger.New(s, ledger.Config{PollInterval: 50 * time.Millisecond})
-		scopes, answers := waitOn(t, l, fmt.Sprint("ns", n), n)
-		// Each waiter reads once more once registered: let those reads
-		// end (on a loaded machine they trail the registrations) before
-		// the measure starts.
-		for settle := time.Now().Add(10 * time.Second); time.Now().Before(settle); {
-			r := s.reads.Load()
-			time.Sleep(100 * time.Millisecond) // the poller runs on the wall clock: let its reads settle
-			if s.reads.Load()-r <= 4 {         // two polls' worth
-				break
+	// In a bubble the poller's ticker runs on the bubble's clock: a second
+	// of polling passes as soon as every goroutine waits, and the count is
+	// exact.
+	synctest.Test(t, func(t *testing.T) {
+		rate := func(n int) int64 {
+			s := &countingStore{Store: memory.New(memory.Config{})}
+			l := ledger.New(s, ledger.Config{PollInterval: 50 * time.Millisecond})
+			scopes, answers := waitOn(t, l, fmt.Sprint("ns", n), n)
+			synctest.Wait() // each waiter's own first read is done
+			before := s.reads.Load()
+			time.Sleep(time.Second) // a second of the bubble's clock: the poller's reads in it are the subject
+			reads := s.reads.Load() - before
+			for _, sc := range scopes { // end the waits: a release wakes its waiter
+				rec, err := l.Lookup(t.Context(), sc, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Release(t.Context(), sc, rec.Token); err != nil {
+					t.Fatal(err)
+				}
 			}
+			for range n {
+				if err := <-answers; errcode.Of(err) != errcode.NotFound {
+					t.Fatalf("a woken waiter: %v; want NOT_FOUND (released)", err)
+				}
+			}
+			time.Sleep(2 * l.Config().PollInterval) // the bubble's clock: the poller ends at its next tick, nothing watched
+			return reads
 		}
-		before := s.reads.Load()
-		time.Sleep(time.Second) // count the poller's reads over a second of real time: the subject of the test
-		reads := s.reads.Load() - before
-		for _, sc := range scopes { // end the waits: a release wakes its waiter
-			rec, err := l.Lookup(t.Context(), sc, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := l.Release(t.Context(), sc, rec.Token); err != nil {
-				t.Fatal(err)
-			}
+		few, many := rate(10), rate(1000)
+		t.Logf("store reads in 1 s with 10 waiters: %d; with 1,000: %d", few, many)
+		if few > 25 || many > 25 {
+			t.Fatalf("store reads in 1 s: %d with 10 waiters, %d with 1,000; want the poller's ~20 (1,000 reads in chunks of 1,000)", few, many)
 		}
-		for range n {
-			if err := <-answers; errcode.Of(err) != errcode.NotFound {
-				t.Fatalf("a woken waiter: %v; want NOT_FOUND (released)", err)
-			}
-		}
-		return reads
-	}
-	few, many := rate(10), rate(1000)
-	t.Logf("store reads in 1 s with 10 waiters: %d; with 1,000: %d", few, many)
-	if few > 25 || many > 25 {
-		t.Fatalf("store reads in 1 s: %d with 10 waiters, %d with 1,000; want the poller's ~20 (1,000 reads in chunks of 1,000)", few, many)
-	}
+	})
 }
 
 // TestWaiterWakesOnComplete: a Complete wakes its waiters at once, long

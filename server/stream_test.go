@@ -273,7 +273,7 @@ func TestStreamBreakIsUnavailable(t *testing.T) {
 		_, err := client.Lookup(ctx, &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
 		errc <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let the Lookup reach the server; one that does not is refused UNAVAILABLE too
+	ledgertest.Eventually(t, 5*time.Second, func() bool { return l.Waiters() > 0 }, "the Lookup waits at the server")
 	srv.Stop()
 	select {
 	case err := <-errc:
@@ -369,12 +369,8 @@ func TestDeadStreamIsFreed(t *testing.T) {
 	}
 	cancel() // the client dies
 	_ = conn.Close()
-	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > baseline+5 || streamsRunning(); time.Sleep(20 * time.Millisecond) { // poll until the streams' goroutines are gone
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines 5s after the client died (baseline %d), stream handler running %v: the dead stream was kept",
-				runtime.NumGoroutine(), baseline, streamsRunning())
-		}
-	}
+	ledgertest.Eventually(t, 5*time.Second, func() bool { return runtime.NumGoroutine() <= baseline+5 && !streamsRunning() },
+		"the dead stream's goroutines end after the client died (baseline %d)", baseline)
 	if n := st.claims.Load(); n != server.MaxStreamCalls {
 		t.Fatalf("the store saw %d claims, want %d: the stream ran past its bound", n, server.MaxStreamCalls)
 	}
@@ -428,11 +424,7 @@ func TestWaitingLookupsHoldNothingBack(t *testing.T) {
 			}
 		})
 	}
-	for deadline := time.Now().Add(10 * time.Second); l.Waiters() < n; time.Sleep(10 * time.Millisecond) { // poll until every Lookup waits
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d Lookups waiting", l.Waiters(), n)
-		}
-	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() >= n }, "%d Lookups waiting", n)
 	bctx, bcancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer bcancel()
 	if _, err := client.Begin(bctx, beginReq("fresh")); err != nil {

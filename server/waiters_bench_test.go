@@ -13,6 +13,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
 	"github.com/idemledger/idemledger/server/servertest"
@@ -77,11 +78,7 @@ func BenchmarkLookupWaiters(b *testing.B) {
 						}
 					}
 				}
-				for deadline := time.Now().Add(time.Minute); l.Waiters() < n; time.Sleep(10 * time.Millisecond) { // poll until every waiter is registered
-					if time.Now().After(deadline) {
-						b.Fatalf("%d of %d waiting", l.Waiters(), n)
-					}
-				}
+				ledgertest.Eventually(b, time.Minute, func() bool { return l.Waiters() >= n }, "%d waiting", n)
 				reads := st.reads.Load()
 				time.Sleep(time.Second) // count the store's reads over a second of real time: what the benchmark reports
 				b.ReportMetric(float64(st.reads.Load()-reads), "store-reads/s")

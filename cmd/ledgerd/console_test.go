@@ -274,15 +274,11 @@ func guardedCalls(t *testing.T, lc *ledgerclient.Client) consoleKeys {
 	}
 	// The unknown key's lease runs out on ledgerd's clock: poll until it
 	// reads OUTCOME_UNKNOWN.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	ledgertest.Eventually(t, 10*time.Second, func() bool {
 		res, err := lc.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: k.unknown})
-		if err == nil && res.GetRecord().GetState() == ledgerv1.State_STATE_OUTCOME_UNKNOWN {
-			return k
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the unknown key: %v, %v", res, err)
-		}
-	}
+		return err == nil && res.GetRecord().GetState() == ledgerv1.State_STATE_OUTCOME_UNKNOWN
+	}, "the unknown key reads OUTCOME_UNKNOWN")
+	return k
 }
 
 // getRecord reads billing's record of acme's key as the admin.

@@ -163,10 +163,10 @@ func TestStoreMetrics(t *testing.T) {
 	if _, err := client.Begin(t.Context(), begin("held")); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		m := p.metrics(t)
-		missing := ""
+	var m, missing string
+	// Metrics are scraped from another process: poll until they show.
+	ledgertest.Eventually(t, 5*time.Second, func() bool {
+		m, missing = p.metrics(t), ""
 		for _, want := range []string{
 			`idemledger_records{state="completed"} 1`,
 			`idemledger_records{state="in_progress"} 1`,
@@ -179,14 +179,8 @@ func TestStoreMetrics(t *testing.T) {
 				missing = want
 			}
 		}
-		if missing == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics lack %s:\n%s", missing, m)
-		}
-		time.Sleep(50 * time.Millisecond) // metrics are scraped from another process: poll until they show
-	}
+		return missing == ""
+	}, "every metric shows")
 }
 
 // TestHTTPListenerTypesBadInput: what a caller can get wrong over

@@ -20,6 +20,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -101,16 +102,13 @@ func TestSpanTree(t *testing.T) {
 			}
 			// A server's span ends after its answer is sent, so the client
 			// may have the answer first: wait a little for the last spans.
-			spans, paths := collect()
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); spans, paths = collect() {
-				if missing(wants, paths) == nil {
-					break
-				}
-				time.Sleep(10 * time.Millisecond) // spans end on the servers' goroutines: poll until they are all recorded
-			}
-			for _, want := range missing(wants, paths) {
-				t.Errorf("no span at\n  %s\nspans:\n  %s", want, strings.Join(paths, "\n  "))
-			}
+			var spans []sdktrace.ReadOnlySpan
+			var paths []string
+			ledgertest.Eventually(t, 5*time.Second, func() bool {
+				spans, paths = collect()
+				return missing(wants, paths) == nil
+			}, "a span at every path; missing:\n  %s\nspans:\n  %s", lazy(func() string { return strings.Join(missing(wants, paths), "\n  ") }),
+				lazy(func() string { return strings.Join(paths, "\n  ") }))
 			for _, s := range spans {
 				if s.Name() != "idemledger.store claim" {
 					continue
@@ -158,3 +156,9 @@ func missing(wants, paths []string) []string {
 	}
 	return out
 }
+
+// lazy is a message part formatted when a test fails, not when it is
+// written.
+type lazy func() string
+
+func (f lazy) String() string { return f() }

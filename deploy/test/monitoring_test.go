@@ -261,12 +261,9 @@ func ledgerdFamilies(t *testing.T, bin, store string, args ...string) map[string
 	req := &ledgerv1.BeginRequest{Tenant: "acme", Key: "k", Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var res *ledgerv1.BeginResponse
-	for res == nil {
-		if res, err = client.Begin(ctx, req); err != nil && ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond) // poll the other process until it answers
+	res, err := client.Begin(ctx, req, grpc.WaitForReady(true)) // the other process may still be starting
+	if err != nil {
+		t.Fatal(err)
 	}
 	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Status{Status: &ledgerv1.StoredStatus{Code: 9, Message: "declined"}}}
 	if _, err := client.Complete(ctx, &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: res.GetClaim().GetToken(), Outcome: out}); err != nil {
@@ -278,15 +275,12 @@ func ledgerdFamilies(t *testing.T, bin, store string, args ...string) map[string
 	// The census runs as soon as the store is open and every 100ms after;
 	// on a loaded machine the first may take a while.
 	var body []byte
-	for {
+	ledgertest.Eventually(t, 20*time.Second, func() bool {
 		if body, err = scrape("http://" + admin + "/metrics"); err != nil {
 			t.Fatal(err)
 		}
-		if regexp.MustCompile(`(?m)^idemledger_records\{`).Match(body) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // poll the other process until it answers
-	}
+		return regexp.MustCompile(`(?m)^idemledger_records\{`).Match(body)
+	}, "the census's idemledger_records on %s", store)
 	if strings.Contains(logged.String(), "census failed") {
 		t.Fatalf("the census failed on %s:\n%s", store, logged.String())
 	}

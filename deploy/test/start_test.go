@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/idemledger/idemledger/internal/pgtest"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 )
 
@@ -332,17 +333,22 @@ func (w *world) waitServing(what, addr, service string) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
 	defer cancel()
-	for {
-		res, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
-		if err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+	go func() {
+		select {
+		case <-w.exited: // it will never say SERVING
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// Watch sends the status as it is, then each change: no polling.
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	var res *healthpb.HealthCheckResponse
+	for err == nil {
+		if res, err = stream.Recv(); err == nil && res.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			return
 		}
-		if ctx.Err() != nil || w.ended() {
-			w.t.Errorf("%s: gRPC health of %q on %s never said SERVING: %v, %v", what, service, addr, res, err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // poll the other process until it is ready
 	}
+	w.t.Errorf("%s: gRPC health of %q on %s never said SERVING: %v, %v", what, service, addr, res, err)
 }
 
 // ended reports whether the served ledgerd has ended.
@@ -358,18 +364,18 @@ func (w *world) ended() bool {
 // waitHTTP waits up to 60 s for url to answer 200.
 func (w *world) waitHTTP(what, url string) {
 	w.t.Helper()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) { // poll the other process until it answers
+	ok := false
+	// Poll the other process until it answers, or has ended.
+	ledgertest.Eventually(w.t, 60*time.Second, func() bool {
 		res, err := http.Get(url)
 		if err == nil {
 			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return
-			}
+			ok = res.StatusCode == http.StatusOK
 		}
-		if time.Now().After(deadline) || w.ended() {
-			w.t.Errorf("%s: %s never answered 200: %v", what, url, err)
-			return
-		}
+		return ok || w.ended()
+	}, "%s: %s answers 200", what, url)
+	if !ok {
+		w.t.Errorf("%s: %s never answered 200: ledgerd ended", what, url)
 	}
 }
 

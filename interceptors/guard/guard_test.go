@@ -451,9 +451,7 @@ func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
 		_, err := g.Do(t.Context(), c, counted(&runs, jsonResult("{}"), nil))
 		dup <- err
 	}()
-	for l.Waiters() == 0 {
-		time.Sleep(time.Millisecond) // poll until the duplicate waits at the ledger
-	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() > 0 }, "the duplicate waits at the ledger")
 	srv.Drain()
 	le := ledgertest.WantCode(t, <-dup, errcode.Unavailable)
 	if !le.Retryable() || le.RetryAfter <= 0 || !strings.Contains(le.Message, "shutting down") {

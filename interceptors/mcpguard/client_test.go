@@ -93,23 +93,30 @@ func TestClientRetriesWithTheSameKey(t *testing.T) {
 
 func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
 	t.Parallel()
-	ts := &tools{delay: 300 * time.Millisecond}
+	running := make(chan struct{})
+	ts := &tools{before: func(_ context.Context, n int64) (*mcp.CallToolResult, error) {
+		if n == 1 {
+			close(running)
+			time.Sleep(300 * time.Millisecond) // the write takes real time: the duplicate arrives, and is retried, while it runs
+		}
+		return nil, nil
+	}}
 	g := newGuard(t, ledgerClient(t), mcpguard.WithTool("create_invoice", mcpguard.NewTool(guard.Policy{OnInProgress: guard.Reject})))
 	rt := &faulty{fault: func(int64) string { return "" }}
 	cs := serveHTTP(t, ts.newServer(g), rt, fastRetries)
 	ctx := idemclient.WithKey(t.Context(), "one-intent")
 	var wg sync.WaitGroup
 	results := make([]*mcp.CallToolResult, 2)
-	for i := range results {
-		wg.Go(func() {
-			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}})
-			if err != nil {
-				t.Error(err)
-			}
-			results[i] = res
-		})
-		time.Sleep(20 * time.Millisecond) // stagger the two calls so the second finds the first running; either order is correct
+	call := func(i int) {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "c", "amount_cents": 1}})
+		if err != nil {
+			t.Error(err)
+		}
+		results[i] = res
 	}
+	wg.Go(func() { call(0) })
+	<-running // the second call finds the first running
+	wg.Go(func() { call(1) })
 	wg.Wait()
 	if results[0].IsError || results[1].IsError || withoutReplayed(t, results[0]) != withoutReplayed(t, results[1]) {
 		t.Fatalf("answers %s and %s", withoutReplayed(t, results[0]), withoutReplayed(t, results[1]))

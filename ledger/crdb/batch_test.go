@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,8 +22,13 @@ import (
 
 // TestBatcherCoalescesAndRecovers: calls that arrive while a batch runs are
 // answered by the next batch, one per scope, at most max at a time; a call
-// whose caller is gone before it runs does not wedge the batcher.
+// whose caller is gone before it runs does not wedge the batcher. It runs
+// in a bubble: synctest.Wait is "every call has queued".
 func TestBatcherCoalescesAndRecovers(t *testing.T) {
+	synctest.Test(t, testBatcherCoalescesAndRecovers)
+}
+
+func testBatcherCoalescesAndRecovers(t *testing.T) {
 	var batches, largest atomic.Int64
 	release := make(chan struct{})
 	b := &batcher[int, int]{max: 4, maxInFlight: 1, run: func(_ context.Context, calls []*call[int, int]) {
@@ -47,7 +53,7 @@ func TestBatcherCoalescesAndRecovers(t *testing.T) {
 			t.Errorf("first call = %d, %v", r, err)
 		}
 	})
-	time.Sleep(20 * time.Millisecond) // let the calls queue behind the held batch; a late one only makes a batch smaller, which the bounds allow
+	synctest.Wait() // the first batch runs, held
 	// A caller gone before its call runs.
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -62,7 +68,7 @@ func TestBatcherCoalescesAndRecovers(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond) // let the calls queue behind the held batch; a late one only makes a batch smaller, which the bounds allow
+	synctest.Wait() // every call queued behind the held batch
 	close(release)
 	wg.Wait()
 	if largest.Load() > 4 || largest.Load() < 2 || batches.Load() > 6 {
@@ -253,20 +259,14 @@ func TestCrossedBatches(t *testing.T) {
 	}
 	waiting := func(n int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		// Poll PostgreSQL until the sessions wait on the lock.
+		ledgertest.Eventually(t, 10*time.Second, func() bool {
 			var got int
 			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").Scan(&got); err != nil {
 				t.Fatal(err)
 			}
-			if got >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d sessions wait on a lock, want %d", got, n)
-			}
-			time.Sleep(5 * time.Millisecond) // the batch's work takes real time: calls queue behind it
-		}
+			return got >= n
+		}, "%d sessions wait on a lock", n)
 	}
 	var deadlocks atomic.Int64
 	for _, s := range []*Store{a, b} {
@@ -351,17 +351,12 @@ func TestBatchStats(t *testing.T) {
 	})
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // poll PostgreSQL until the batch waits on the lock
+		// Poll the batcher until PostgreSQL holds its batch on the lock.
+		ledgertest.Eventually(t, 10*time.Second, func() bool {
 			s.ops[""].mu.Lock()
-			ok := cond()
-			s.ops[""].mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("waited in vain for %s", what)
-			}
-		}
+			defer s.ops[""].mu.Unlock()
+			return cond()
+		}, "%s", what)
 	}
 	waitFor("the claim of the held row to run", func() bool { return s.ops[""].inFlight == 1 })
 	for i := range 10 {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemledger/idemledger/internal/pgtest"
@@ -41,39 +42,43 @@ func TestInFlightFollowsTheRoundTrip(t *testing.T) {
 		{"near", 50 * time.Microsecond, 5 * time.Millisecond, true},
 		{"far", 20 * time.Millisecond, time.Millisecond, false},
 	} {
+		// In a bubble: the batches take their durations on the bubble's
+		// clock, exactly.
 		t.Run(tc.name, func(t *testing.T) {
-			var running, most atomic.Int64
-			tune := newInFlight(t.Context(), func(context.Context) (time.Duration, error) { return tc.rtt, nil }, 8)
-			tune.measure(t.Context())
-			b := &batcher[int, int]{max: 128, tune: tune, run: func(_ context.Context, calls []*call[int, int]) {
-				n := running.Add(1)
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-				}
-				time.Sleep(tc.rtt + tc.work) // a batch of known real duration: what the in-flight limit is computed from
-				running.Add(-1)
-				for _, c := range calls {
-					c.done <- result[int]{r: c.p}
-				}
-			}}
-			var wg sync.WaitGroup
-			for client := range 8 {
-				wg.Go(func() {
-					for i := range 15 {
-						if _, err := b.do(context.Background(), fmt.Sprint(client, "/", i), i); err != nil {
-							t.Error(err)
-						}
+			synctest.Test(t, func(t *testing.T) {
+				var running, most atomic.Int64
+				tune := newInFlight(t.Context(), func(context.Context) (time.Duration, error) { return tc.rtt, nil }, 8)
+				tune.measure(t.Context())
+				b := &batcher[int, int]{max: 128, tune: tune, run: func(_ context.Context, calls []*call[int, int]) {
+					n := running.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 					}
-				})
-			}
-			wg.Wait()
-			tune.close()
-			limit := b.limit()
-			if tc.wantSingle && (most.Load() != 1 || limit != 1) {
-				t.Fatalf("near: %d batches ran at once (limit %d), want 1", most.Load(), limit)
-			}
-			if !tc.wantSingle && (most.Load() < 4 || limit < 4) {
-				t.Fatalf("far: at most %d batches ran at once (limit %d), want the clients' calls at once", most.Load(), limit)
-			}
+					time.Sleep(tc.rtt + tc.work) // a batch of known duration on the bubble's clock: what the in-flight limit is computed from
+					running.Add(-1)
+					for _, c := range calls {
+						c.done <- result[int]{r: c.p}
+					}
+				}}
+				var wg sync.WaitGroup
+				for client := range 8 {
+					wg.Go(func() {
+						for i := range 15 {
+							if _, err := b.do(context.Background(), fmt.Sprint(client, "/", i), i); err != nil {
+								t.Error(err)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				tune.close()
+				limit := b.limit()
+				if tc.wantSingle && (most.Load() != 1 || limit != 1) {
+					t.Fatalf("near: %d batches ran at once (limit %d), want 1", most.Load(), limit)
+				}
+				if !tc.wantSingle && (most.Load() < 4 || limit < 4) {
+					t.Fatalf("far: at most %d batches ran at once (limit %d), want the clients' calls at once", most.Load(), limit)
+				}
+			})
 		})
 	}
 }

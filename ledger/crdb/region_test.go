@@ -102,17 +102,12 @@ func TestRegionBatches(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) { // poll PostgreSQL until the batch waits on the lock
+	// Poll the batcher until PostgreSQL holds its batch on the lock.
+	ledgertest.Eventually(t, 5*time.Second, func() bool {
 		far.mu.Lock()
-		running := far.inFlight == 1
-		far.mu.Unlock()
-		if running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the far claim of the held row never ran")
-		}
-	}
+		defer far.mu.Unlock()
+		return far.inFlight == 1
+	}, "the far claim of the held row runs")
 	for i := range 4 {
 		wg.Go(func() {
 			if _, err := s.Claim(ctx, regionClaim("far-2", fmt.Sprint("behind-", i))); err != nil {

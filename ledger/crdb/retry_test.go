@@ -212,17 +212,14 @@ func TestCanceledStatementIsRetryable(t *testing.T) {
 		done <- err
 	}()
 	// Cancel the claim's statement once it waits for the lock.
-	deadline := time.Now().Add(10 * time.Second)
-	for canceled := false; !canceled; {
-		if time.Now().After(deadline) {
-			t.Fatal("the claim never waited on the lock")
-		}
+	ledgertest.Eventually(t, 10*time.Second, func() bool {
+		var canceled bool
 		if err := s.pool.QueryRow(t.Context(), `SELECT count(pg_cancel_backend(pid)) > 0 FROM pg_stat_activity
 			WHERE query LIKE '%INSERT INTO idempotency_records%' AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&canceled); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond) // poll PostgreSQL until the claim waits on the lock
-	}
+		return canceled
+	}, "the claim waits on the lock (and is canceled)")
 	err = <-done
 	if le := errcode.As(err); le.Code != errcode.UpstreamTimeout || !le.Retryable() {
 		t.Fatalf("a canceled claim = %v; want a retryable UPSTREAM_TIMEOUT", err)

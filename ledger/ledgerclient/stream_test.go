@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -136,17 +137,10 @@ func TestCallsGoOnTheStream(t *testing.T) {
 	if status.Code(err) != codes.Canceled { // as a unary call's
 		t.Fatalf("a canceled call = %v, want CANCELED", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	ledgertest.Eventually(t, 5*time.Second, func() bool {
 		got := rec.streamed()
-		if n := len(got); n == 3 && got[2].GetCancel() != nil && got[2].GetId() == got[1].GetId() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server received %v, want the Lookup, then a cancel of it", got)
-		}
-		time.Sleep(10 * time.Millisecond) // poll what the server received
-	}
+		return len(got) == 3 && got[2].GetCancel() != nil && got[2].GetId() == got[1].GetId()
+	}, "the server receives the Lookup, then a cancel of it")
 
 	big := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "t/x", Value: make([]byte, ledgerclient.MaxStreamedBytes)}}}
 	if _, err := c.Complete(t.Context(), &ledgerv1.CompleteRequest{Tenant: "acme", Key: "k", Token: 1, Outcome: big}); err != nil {
@@ -163,9 +157,9 @@ func TestCallsGoOnTheStream(t *testing.T) {
 	}
 }
 
-// waiting holds a key and starts a Lookup that waits a minute on it: its
-// error comes on the channel.
-func waiting(t *testing.T, c *ledgerclient.Client) <-chan error {
+// waiting holds a key and starts a Lookup that waits a minute on it, and
+// returns once the server (rec) has it: its error comes on the channel.
+func waiting(t *testing.T, c *ledgerclient.Client, rec *seen) <-chan error {
 	t.Helper()
 	if _, err := c.Begin(t.Context(), begin("held")); err != nil {
 		t.Fatal(err)
@@ -175,7 +169,9 @@ func waiting(t *testing.T, c *ledgerclient.Client) <-chan error {
 		_, err := c.Lookup(t.Context(), &ledgerv1.LookupRequest{Tenant: "acme", Key: "held", Wait: durationpb.New(time.Minute)})
 		errc <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let it reach the server
+	ledgertest.Eventually(t, 5*time.Second, func() bool {
+		return slices.ContainsFunc(rec.streamed(), func(r *ledgerv1.StreamRequest) bool { return r.GetLookup() != nil })
+	}, "the Lookup reaches the server")
 	return errc
 }
 
@@ -184,33 +180,28 @@ func waiting(t *testing.T, c *ledgerclient.Client) <-chan error {
 // stream.
 func TestServerRestart(t *testing.T) {
 	t.Parallel()
-	gs, addr, _ := start(t, "")
+	gs, addr, rec := start(t, "")
 	c := dial(t, addr)
-	errc := waiting(t, c)
+	errc := waiting(t, c, rec)
 	gs.Stop()
 	if le := ledgertest.WantStatus(t, <-errc, errcode.Unavailable); !le.Retryable() {
 		t.Fatal("UNAVAILABLE must be retryable")
 	}
 
 	start(t, addr) // a new server, with a ledger of its own
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var res *ledgerv1.BeginResponse
+	// Poll until the restarted server answers; every error meanwhile is retryable.
+	ledgertest.Eventually(t, 10*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		res, err := c.Begin(ctx, begin("after"))
-		cancel()
-		if err == nil {
-			if res.GetClaim().GetToken() != 1 {
-				t.Fatalf("Begin on the new server = %v", res)
-			}
-			return
-		}
-		if le := ledgerstatus.FromError(err); !le.Retryable() {
+		defer cancel()
+		var err error
+		if res, err = c.Begin(ctx, begin("after")); err != nil && !ledgerstatus.FromError(err).Retryable() {
 			t.Fatalf("while the server comes back: %v, want a retryable error", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no call went through after the server came back: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // poll until the restarted server answers
+		return err == nil
+	}, "a call goes through after the server came back")
+	if res.GetClaim().GetToken() != 1 {
+		t.Fatalf("Begin on the new server = %v", res)
 	}
 }
 
@@ -218,9 +209,9 @@ func TestServerRestart(t *testing.T) {
 // UNAVAILABLE, at once.
 func TestClose(t *testing.T) {
 	t.Parallel()
-	_, addr, _ := start(t, "")
+	_, addr, rec := start(t, "")
 	c := dial(t, addr)
-	errc := waiting(t, c)
+	errc := waiting(t, c, rec)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -404,20 +404,14 @@ func TestRunKeepsTheWatermark(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	ran := make(chan error, 1)
 	go func() { ran <- s.Run(ctx, func(err error) { t.Error(err) }) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Run writes it on its own ticker.
+	ledgertest.Eventually(t, 10*time.Second, func() bool {
 		b, err := os.ReadFile(filepath.Join(dir, WatermarkFileName))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.TrimSpace(string(b)) == fmt.Sprint(want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the watermark file says %q after 10 s; want %d", b, want)
-		}
-		time.Sleep(time.Millisecond) // Run writes it on its own ticker
-	}
+		return strings.TrimSpace(string(b)) == fmt.Sprint(want)
+	}, "the watermark file says %d", want)
 	cancel()
 	if err := <-ran; err != nil {
 		t.Fatal(err)
