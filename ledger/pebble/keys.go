@@ -39,33 +39,41 @@ type reader interface {
 
 // get returns a copy of key's value, nil when absent.
 func get(r reader, key []byte) ([]byte, error) {
-	v, closer, err := r.Get(key)
-	if errors.Is(err, pebbledb.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer closer.Close()
-	return bytes.Clone(v), nil
+	var out []byte
+	err := use(r, key, func(v []byte) error {
+		out = bytes.Clone(v)
+		return nil
+	})
+	return out, err
 }
 
 // getRecord returns key's record, nil when absent. It decodes Pebble's
 // value in place: Decode copies what it keeps.
 func getRecord(r reader, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	var rec *ledger.Record
+	err := use(r, key, func(v []byte) error {
+		d, err := recordkv.Decode(scope, v)
+		rec = &d
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// use hands key's value to f while Pebble holds it (f must copy what it
+// keeps), and does nothing when key is absent.
+func use(r reader, key []byte, f func(v []byte) error) error {
 	v, closer, err := r.Get(key)
 	if errors.Is(err, pebbledb.ErrNotFound) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer closer.Close()
-	rec, err := recordkv.Decode(scope, v)
-	if err != nil {
-		return nil, err
-	}
-	return &rec, nil
+	return f(v)
 }
 
 // put stores rec in place of cur in b, and moves its expiry index entry
