@@ -106,7 +106,7 @@ type Record struct {
 // StateExpired for a completed record past its retention.
 func (r *Record) View(now time.Time) State {
 	switch {
-	case r == nil || r.State == StateReleased || !now.Before(r.forgetAt()):
+	case r == nil || r.State == StateReleased || !now.Before(r.ForgetAt):
 		return StateAbsent
 	case r.State == StateInProgress && r.OnLeaseExpiry == Hold && !now.Before(r.LeaseExpiresAt):
 		return StateUnknown
@@ -118,20 +118,11 @@ func (r *Record) View(now time.Time) State {
 	return r.State
 }
 
-// forgetAt is ForgetAt, or ExpiresAt for a record written before records
-// had one.
-func (r *Record) forgetAt() time.Time {
-	if r.ForgetAt.IsZero() {
-		return r.ExpiresAt
-	}
-	return r.ForgetAt
-}
-
 // Forgotten reports whether the record is past ForgetAt: a sweeper may
 // delete it. A record that reads as absent before then (released, or an
 // attempt past its retention) is kept until then, so that the next claim's
 // token is above its own.
-func (r *Record) Forgotten(now time.Time) bool { return !now.Before(r.forgetAt()) }
+func (r *Record) Forgotten(now time.Time) bool { return !now.Before(r.ForgetAt) }
 
 // Shrinkable reports whether the record is completed and past its
 // retention: a sweeper may drop its outcome and keep it as a tombstone.

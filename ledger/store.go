@@ -186,9 +186,7 @@ func NextClaim(cur *Record, p ClaimParams, now time.Time) (Record, bool) {
 func (r *Record) extendTo(lease time.Time) {
 	r.LeaseExpiresAt = lease
 	if lease.After(r.ExpiresAt) {
-		if !r.ForgetAt.IsZero() {
-			r.ForgetAt = r.ForgetAt.Add(lease.Sub(r.ExpiresAt))
-		}
+		r.ForgetAt = r.ForgetAt.Add(lease.Sub(r.ExpiresAt))
 		r.ExpiresAt = lease
 	}
 }
