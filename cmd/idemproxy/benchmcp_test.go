@@ -11,24 +11,24 @@ import (
 )
 
 // TestBenchMCPRuns runs make bench-mcp's script (sdk/typescript/bench/
-// mcp.mjs) briefly, as the Makefile does, on ledgerd and idemproxy built
-// from this tree: every pair it measures answers, and each prints its
+// mcp.mjs) briefly, on ledgerd built from this tree and this test binary
+// as idemproxy: every pair it measures answers, and each prints its
 // ratios. The numbers themselves are docs/performance.md's.
 func TestBenchMCPRuns(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds ledgerd and idemproxy")
+		t.Skip("builds ledgerd")
 	}
 	t.Parallel()
 	node, guardJS := nodetest.Guard(t)
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin, ".", "github.com/idemledger/idemledger/cmd/ledgerd")
+	build := exec.Command("go", "build", "-o", bin, "github.com/idemledger/idemledger/cmd/ledgerd")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	cmd := exec.CommandContext(t.Context(), node, filepath.Join("..", "..", "sdk", "typescript", "bench", "mcp.mjs"), //nolint:gosec // the test's own
-		"--ledgerd", filepath.Join(bin, "ledgerd"), "--idemproxy", filepath.Join(bin, "idemproxy"), "--guard", guardJS,
+		"--ledgerd", filepath.Join(bin, "ledgerd"), "--idemproxy", os.Args[0], "--guard", guardJS,
 		"--calls", "10", "--block", "5", "--clients", "2", "--seconds", "0.2", "--rounds", "1")
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1") // the proxy the script starts is this binary's cli
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("bench/mcp.mjs: %v\n%s", err, out)

@@ -18,8 +18,12 @@ import (
 // TestMain serves goUpstream over stdio when the proxy under test starts
 // this binary as its stdio upstream. There it has one tool more:
 // crash_once, whose first attempt of a claim ends the process mid-call,
-// as a SIGKILL would, and whose attempts after it answer.
+// as a SIGKILL would, and whose attempts after it answer. With
+// IDEMPROXY_TEST_AS_MAIN it is idemproxy itself (TestBenchMCPRuns).
 func TestMain(m *testing.M) {
+	if os.Getenv("IDEMPROXY_TEST_AS_MAIN") != "" {
+		os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	if os.Getenv("IDEMPROXY_TEST_STDIO_UPSTREAM") != "" {
 		s := (&goUpstream{}).server()
 		mcp.AddTool(s, &mcp.Tool{Name: "crash_once"}, func(_ context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {

@@ -33,7 +33,7 @@ func TestTypeScriptClient(t *testing.T) {
 	if err != nil || len(tests) == 0 {
 		t.Fatalf("no tests in %s: %v", dir, err)
 	}
-	cmd := exec.CommandContext(t.Context(), node, append([]string{"--import", "tsx", "--test"}, tests...)...)
+	cmd := exec.CommandContext(t.Context(), node, append([]string{"--import", "tsx", "--test", "--test-concurrency=4"}, tests...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_ADMIN=http://"+p.admin, "LEDGER_TOKEN=ts-secret",
 		"FENCE_DATABASE_URL="+pgtest.NewDatabase(t)) // the fence's tests, with node-postgres
