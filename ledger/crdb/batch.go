@@ -78,7 +78,7 @@ type batcher[P any, R any] struct {
 type BatchStats struct {
 	Batches uint64        // batches started, lone calls' included
 	Calls   uint64        // calls they carried, counted before they are answered
-	Busy    time.Duration // time spent running them, summed over batches
+	Busy    time.Duration // time spent running them, summed over batches (a batch's once it ended, a moment after its callers have their answers)
 	// Limit is the batches allowed in flight at once now:
 	// Config.BatchInFlight, or as set from RoundTrip and BatchTime.
 	Limit int
