@@ -333,9 +333,10 @@ func (w *world) waitServing(what, addr, service string) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
 	defer cancel()
+	exited := w.exited // read here: the next serve sets the field while this goroutine may still run
 	go func() {
 		select {
-		case <-w.exited: // it will never say SERVING
+		case <-exited: // it will never say SERVING
 			cancel()
 		case <-ctx.Done():
 		}
