@@ -154,7 +154,10 @@ export class StreamLedger implements LedgerCalls {
     }
     const timeoutMs = opts.timeoutMs ?? this.defaultTimeoutMs;
     const req = create(StreamRequestSchema, { call: { case: kind, value: init } } as MessageInitShape<typeof StreamRequestSchema>);
-    if (this.http1 || toBinary(StreamRequestSchema, req).length > maxStreamedBytes) {
+    // Only a call that carries an outcome can be large: the others are not
+    // encoded twice.
+    const large = (kind === "complete" || kind === "resolve") && toBinary(StreamRequestSchema, req).length > maxStreamedBytes;
+    if (this.http1 || large) {
       return this.callUnary(kind, init, opts);
     }
     if (opts.signal?.aborted) {
