@@ -407,23 +407,33 @@ func TestLongHandlerKeepsItsLease(t *testing.T) {
 }
 
 func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
-	started := make(chan struct{})
+	conn, clock := clockedLedger(t)
+	ledger := extensions{LedgerServiceClient: api.client(t, conn), granted: make(chan time.Time, 16)}
+	open := make(chan struct{})
 	svc := &invoices{create: func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
-		close(started)
-		// Well past the 200 ms lease. The guard extends leases on the wall
-		// clock: this test is about that, so it runs in real time.
-		time.Sleep(700 * time.Millisecond)
+		<-open
 		return written(n, req), nil
 	}}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: 200 * time.Millisecond, OnInProgress: guard.Reject}})...)
+	const lease = 200 * time.Millisecond
+	client := serve(t, ledger, svc, protect(grpcguard.Method{Policy: guard.Policy{Lease: lease, OnInProgress: guard.Reject}})...)
 	done := make(chan error, 1)
 	go func() { _, err := client.CreateInvoice(t.Context(), request("k")); done <- err }()
-	<-started
+	<-svc.firstRun()
+	// The guard extends the lease every half lease of real time; the
+	// ledger's clock is the test's. Each round moves it to just short of
+	// the newest extension's end: three rounds are more than a lease past
+	// the claim, and without the extensions the duplicate would take over.
 	for range 3 {
-		time.Sleep(200 * time.Millisecond) // a lease's length, in real time (above)
+		for end := range ledger.granted {
+			if end.Sub(clock.Now()) > lease/2 { // granted since the clock last moved
+				clock.Advance(end.Sub(clock.Now()) - lease/4)
+				break
+			}
+		}
 		_, err := client.CreateInvoice(t.Context(), request("k"))
 		ledgertest.WantStatus(t, err, errcode.InProgress)
 	}
+	close(open)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -431,6 +441,24 @@ func testLongHandlerKeepsItsLease(t *testing.T, api ledgerAPI) {
 	if err != nil || res.GetInvoice().GetNumber() != 1 || svc.runs.Load() != 1 {
 		t.Fatalf("after the long handler: %v, %v, %d runs; want its replay", res, err, svc.runs.Load())
 	}
+}
+
+// extensions is a ledger client that sends the end of each lease the
+// ledger extends on granted (dropping what a full channel cannot take).
+type extensions struct {
+	ledgerv1.LedgerServiceClient
+	granted chan time.Time
+}
+
+func (e extensions) Extend(ctx context.Context, req *ledgerv1.ExtendRequest, opts ...grpc.CallOption) (*ledgerv1.ExtendResponse, error) {
+	res, err := e.LedgerServiceClient.Extend(ctx, req, opts...)
+	if err == nil {
+		select {
+		case e.granted <- res.GetLeaseExpiresAt().AsTime():
+		default:
+		}
+	}
+	return res, err
 }
 
 func TestKeysAndTenants(t *testing.T) {

@@ -20,26 +20,35 @@ import (
 	"github.com/idemledger/idemledger/interceptors/grpcguard"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	testpb "github.com/idemledger/idemledger/internal/testpb"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // The policies of part 2, end to end: a write service behind the
 // interceptor, over gRPC, calling a real LedgerService (the server
 // package on the memory store), through both ledger APIs.
 
-// slow is a handler that takes d to write, and answers UNAVAILABLE
-// (transient) on the runs that fail says.
-func slow(d time.Duration, fail func(n int64) bool) func(context.Context, int64, *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
+// gated is a handler whose write waits for open, and that answers
+// UNAVAILABLE (transient) on the runs that fail says: a duplicate
+// arrives, and waits or is refused, while the first attempt runs.
+func gated(open <-chan struct{}, fail func(n int64) bool) func(context.Context, int64, *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
 	return func(_ context.Context, n int64, req *testpb.CreateInvoiceRequest) (*testpb.CreateInvoiceResponse, error) {
-		// The write takes d of real time: WAIT's cases are about a
-		// duplicate that arrives, and waits, while it runs.
-		time.Sleep(d)
+		<-open
 		if fail != nil && fail(n) {
 			return nil, status.Error(codes.Unavailable, "the invoice database is failing over")
 		}
 		return written(n, req), nil
 	}
+}
+
+// waitedLedger is ledgerConn with its ledger, whose waiting duplicates a
+// test counts (Waiters).
+func waitedLedger(t *testing.T) (*grpc.ClientConn, *ledger.Ledger) {
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	return servertest.NewServer(t, servertest.Ledger(servertest.LedgerServer("billing", l))).Dial(t), l
 }
 
 // answers are the answers to a call and its duplicate.
@@ -50,15 +59,24 @@ type answers struct {
 }
 
 // duplicate calls CreateInvoice with req and, once svc's handler runs it
-// (the first attempt holds the claim), again with ctx.
-func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceClient, svc *invoices, req *testpb.CreateInvoiceRequest) answers {
+// (the first attempt holds the claim), again with ctx. The first
+// attempt's write (gated on open) goes on once the duplicate waits in
+// waitsIn or, when waitsIn is nil, once the duplicate is answered.
+func duplicate(ctx context.Context, t *testing.T, client testpb.InvoiceServiceClient, svc *invoices, req *testpb.CreateInvoiceRequest, open chan<- struct{}, waitsIn *ledger.Ledger) answers {
 	t.Helper()
 	var a answers
-	var wg sync.WaitGroup
-	wg.Go(func() { a.first, a.firstErr = client.CreateInvoice(t.Context(), req) })
+	var first, dup sync.WaitGroup
+	first.Go(func() { a.first, a.firstErr = client.CreateInvoice(t.Context(), req) })
 	<-svc.firstRun()
-	a.dup, a.dupErr = client.CreateInvoice(ctx, req, grpc.Header(&a.header))
-	wg.Wait()
+	dup.Go(func() { a.dup, a.dupErr = client.CreateInvoice(ctx, req, grpc.Header(&a.header)) })
+	if waitsIn != nil {
+		ledgertest.Eventually(t, 10*time.Second, func() bool { return waitsIn.Waiters() == 1 }, "the duplicate waits in the ledger")
+	} else {
+		dup.Wait()
+	}
+	close(open)
+	dup.Wait()
+	first.Wait()
 	return a
 }
 
@@ -71,9 +89,11 @@ func TestWaitReplaysTheFirstOutcome(t *testing.T) {
 }
 
 func testWaitReplaysTheFirstOutcome(t *testing.T, api ledgerAPI) {
-	svc := &invoices{create: slow(300*time.Millisecond, nil)}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{})...)
-	a := duplicate(t.Context(), t, client, svc, request("k"))
+	open := make(chan struct{})
+	svc := &invoices{create: gated(open, nil)}
+	conn, l := waitedLedger(t)
+	client := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{})...)
+	a := duplicate(t.Context(), t, client, svc, request("k"), open, l)
 	first, dup, err1, err2, header := a.first, a.dup, a.firstErr, a.dupErr, a.header
 	if err1 != nil || err2 != nil {
 		t.Fatalf("first: %v; duplicate: %v", err1, err2)
@@ -95,9 +115,11 @@ func TestWaitClaimsWhenTheFirstReleases(t *testing.T) {
 }
 
 func testWaitClaimsWhenTheFirstReleases(t *testing.T, api ledgerAPI) {
-	svc := &invoices{create: slow(300*time.Millisecond, func(n int64) bool { return n == 1 })}
-	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
-	a := duplicate(t.Context(), t, client, svc, request("k"))
+	open := make(chan struct{})
+	svc := &invoices{create: gated(open, func(n int64) bool { return n == 1 })}
+	conn, l := waitedLedger(t)
+	client := serve(t, api.client(t, conn), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Wait}})...)
+	a := duplicate(t.Context(), t, client, svc, request("k"), open, l)
 	dup, err1, err2, header := a.dup, a.firstErr, a.dupErr, a.header
 	if status.Code(err1) != codes.Unavailable {
 		t.Fatalf("first = %v, want its handler's UNAVAILABLE", err1)
@@ -129,11 +151,12 @@ func testWaitIsBounded(t *testing.T, api ledgerAPI) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			svc := &invoices{create: slow(time.Second, nil)}
+			open := make(chan struct{})
+			svc := &invoices{create: gated(open, nil)}
 			client := serve(t, api.client(t, ledgerConn(t)), svc, protect(tt.policy)...)
 			ctx, cancel := tt.ctx()
 			defer cancel()
-			a := duplicate(ctx, t, client, svc, request("k"))
+			a := duplicate(ctx, t, client, svc, request("k"), open, nil)
 			err1, err2 := a.firstErr, a.dupErr
 			if err1 != nil {
 				t.Fatal(err1)
@@ -153,14 +176,14 @@ func TestRejectAnswersAtOnce(t *testing.T) {
 }
 
 func testRejectAnswersAtOnce(t *testing.T, api ledgerAPI) {
-	svc := &invoices{create: slow(time.Second, nil)}
+	open := make(chan struct{})
+	svc := &invoices{create: gated(open, nil)}
 	client := serve(t, api.client(t, ledgerConn(t)), svc, protect(grpcguard.Method{Policy: guard.Policy{OnInProgress: guard.Reject, Lease: 5 * time.Second}})...)
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = client.CreateInvoice(t.Context(), request("k")) })
-	defer wg.Wait()
-	<-svc.firstRun()
-	_, err := client.CreateInvoice(t.Context(), request("k"))
-	le := ledgertest.WantStatus(t, err, errcode.InProgress)
+	a := duplicate(t.Context(), t, client, svc, request("k"), open, nil)
+	if a.firstErr != nil {
+		t.Fatal(a.firstErr)
+	}
+	le := ledgertest.WantStatus(t, a.dupErr, errcode.InProgress)
 	// The hint is the time left on the lease, capped by the ledger (2 s).
 	if le.RetryAfter < time.Second || le.RetryAfter > 5*time.Second {
 		t.Fatalf("retry-after %v, want the lease's time left, capped", le.RetryAfter)

@@ -80,8 +80,14 @@ func MemoryLedger(namespace string) ledgerv1.LedgerServiceServer {
 // (the wall clock when nil): a test moves leases and retention along by
 // moving its clock, instead of sleeping.
 func MemoryLedgerAt(namespace string, now func() time.Time) ledgerv1.LedgerServiceServer {
+	return LedgerServer(namespace, ledger.New(memory.New(memory.Config{Now: now}), ledger.Config{}))
+}
+
+// LedgerServer is the LedgerService on l whose every caller is namespace
+// with every tenant: for a test that reads l itself (its waiters).
+func LedgerServer(namespace string, l *ledger.Ledger) ledgerv1.LedgerServiceServer {
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: namespace, Tenants: []string{"*"}}, nil
 	})
-	return server.New(ledger.New(memory.New(memory.Config{Now: now}), ledger.Config{}), server.Config{Auth: auth})
+	return server.New(l, server.Config{Auth: auth})
 }
