@@ -22,8 +22,10 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -36,7 +38,9 @@ func TestMain(m *testing.M) {
 type api struct {
 	runs   atomic.Int64
 	status func(n int64) int
-	delay  time.Duration
+	// proceed, when set, holds each run until it receives from it: a
+	// duplicate arrives, and waits or is refused, while the run holds.
+	proceed chan struct{}
 	// started, when set, hears of each run as it starts: its attempt holds
 	// the claim.
 	started chan struct{}
@@ -49,9 +53,9 @@ func (a *api) handler(t *testing.T, g *httpguard.Guard) http.Handler {
 		if a.started != nil {
 			a.started <- struct{}{}
 		}
-		// The write takes delay of real time: a duplicate arrives, and
-		// waits, while it runs.
-		time.Sleep(a.delay)
+		if a.proceed != nil {
+			<-a.proceed
+		}
 		body, _ := io.ReadAll(r.Body)
 		c, _ := guard.ClaimFromContext(r.Context())
 		status := http.StatusCreated
@@ -74,6 +78,14 @@ func (a *api) handler(t *testing.T, g *httpguard.Guard) http.Handler {
 func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
 	t.Helper()
 	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("api"))).Dial(t))
+}
+
+// waitedLedgerClient is ledgerClient with its ledger, whose waiting
+// duplicates a test counts (Waiters).
+func waitedLedgerClient(t *testing.T) (ledgerv1.LedgerServiceClient, *ledger.Ledger) {
+	t.Helper()
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.LedgerServer("api", l))).Dial(t)), l
 }
 
 // clockedLedgerClient is ledgerClient on a clock of the test's own,
@@ -305,13 +317,16 @@ func TestKeyRows(t *testing.T) {
 // first response (WAIT, the default), or 409 with Retry-After (REJECT).
 func TestConcurrentRows(t *testing.T) {
 	t.Parallel()
-	a := &api{delay: 200 * time.Millisecond, started: make(chan struct{}, 8)}
-	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t))))
+	a := &api{proceed: make(chan struct{}), started: make(chan struct{}, 8)}
+	client, l := waitedLedgerClient(t)
+	url := serve(t, a.handler(t, newGuard(t, client)))
 	answers := make([]answer, 6)
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() { answers[i] = post(t, url, `"fan"`, `{}`) })
 	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() == len(answers)-1 }, "every duplicate waits in the ledger")
+	a.proceed <- struct{}{}
 	wg.Wait()
 	for _, ans := range answers {
 		if ans.status != http.StatusCreated || ans.body != answers[0].body {
@@ -326,6 +341,7 @@ func TestConcurrentRows(t *testing.T) {
 	go func() { done <- send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`) }()
 	<-a.started
 	wantProblem(t, send(t, http.MethodPut, url+"/v1/things/7", `"put"`, "application/json", `{}`), http.StatusConflict, errcode.InProgress)
+	a.proceed <- struct{}{}
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("the first PUT: %+v", first)
 	}
@@ -489,12 +505,13 @@ func TestOutcomeUnknown(t *testing.T) {
 // 400.
 func TestWaitBoundAndTooLate(t *testing.T) {
 	t.Parallel()
-	a := &api{delay: 500 * time.Millisecond, started: make(chan struct{}, 1)}
+	a := &api{proceed: make(chan struct{}), started: make(chan struct{}, 1)}
 	url := serve(t, a.handler(t, newGuard(t, ledgerClient(t), httpguard.WithRoute("POST /v1/things", httpguard.Route{Policy: guard.Policy{MaxWait: 100 * time.Millisecond}}))))
 	done := make(chan answer, 1)
 	go func() { done <- post(t, url, `"slow"`, `{}`) }()
 	<-a.started
 	wantProblem(t, post(t, url, `"slow"`, `{}`), http.StatusConflict, errcode.InProgress)
+	a.proceed <- struct{}{}
 	if first := <-done; first.status != http.StatusCreated {
 		t.Fatalf("first: %+v", first)
 	}

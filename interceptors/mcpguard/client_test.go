@@ -22,6 +22,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/idemclient"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // faulty is an HTTP transport that counts the tools/call requests it
@@ -93,11 +94,11 @@ func TestClientRetriesWithTheSameKey(t *testing.T) {
 
 func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
 	t.Parallel()
-	running := make(chan struct{})
+	running, proceed := make(chan struct{}), make(chan struct{})
 	ts := &tools{before: func(_ context.Context, n int64) (*mcp.CallToolResult, error) {
 		if n == 1 {
 			close(running)
-			time.Sleep(300 * time.Millisecond) // the write takes real time: the duplicate arrives, and is retried, while it runs
+			<-proceed
 		}
 		return nil, nil
 	}}
@@ -117,6 +118,10 @@ func TestClientRetriesInProgressAfterTheHint(t *testing.T) {
 	wg.Go(func() { call(0) })
 	<-running // the second call finds the first running
 	wg.Go(func() { call(1) })
+	// The first call's write goes on once the duplicate, refused
+	// IN_PROGRESS, is sent again after the hint.
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return rt.calls.Load() >= 3 }, "the duplicate is retried")
+	close(proceed)
 	wg.Wait()
 	if results[0].IsError || results[1].IsError || withoutReplayed(t, results[0]) != withoutReplayed(t, results[1]) {
 		t.Fatalf("answers %s and %s", withoutReplayed(t, results[0]), withoutReplayed(t, results[1]))

@@ -29,7 +29,10 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -56,7 +59,9 @@ type invoiceOut struct {
 type tools struct {
 	runs   atomic.Int64
 	before func(ctx context.Context, n int64) (*mcp.CallToolResult, error) // nil: write
-	delay  time.Duration
+	// proceed, when set, holds each run of create_invoice until it
+	// receives from it: duplicates arrive while the run holds.
+	proceed chan struct{}
 }
 
 // newServer is an MCP server with create_invoice (typed, key argument
@@ -75,8 +80,8 @@ func (ts *tools) newServerWith(g *mcpguard.Guard, opts *mcp.ServerOptions, inner
 	mcp.AddTool(s, &mcp.Tool{Name: "create_invoice", Description: "create an invoice", InputSchema: mcpguard.KeySchema(in, "")},
 		func(ctx context.Context, req *mcp.CallToolRequest, args invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
 			n := ts.runs.Add(1)
-			if ts.delay > 0 {
-				time.Sleep(ts.delay) // the tool's work takes real time: duplicates arrive while it runs
+			if ts.proceed != nil {
+				<-ts.proceed
 			}
 			if ts.before != nil {
 				if res, err := ts.before(ctx, n); res != nil || err != nil {
@@ -106,6 +111,14 @@ func (ts *tools) newServerWith(g *mcpguard.Guard, opts *mcp.ServerOptions, inner
 func ledgerClient(t *testing.T) ledgerv1.LedgerServiceClient {
 	t.Helper()
 	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedger("tools"))).Dial(t))
+}
+
+// waitedLedgerClient is ledgerClient with its ledger, whose waiting
+// duplicates a test counts (Waiters).
+func waitedLedgerClient(t *testing.T) (ledgerv1.LedgerServiceClient, *ledger.Ledger) {
+	t.Helper()
+	l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+	return ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.LedgerServer("tools", l))).Dial(t)), l
 }
 
 // coreGuard is the guard the adapter runs on, over client.
@@ -378,14 +391,17 @@ func TestLedgerDownFailsClosed(t *testing.T) {
 // every duplicate waits for its result (WAIT, the default) and gets it.
 func TestParallelDuplicatesWait(t *testing.T) {
 	t.Parallel()
-	ts := &tools{delay: 200 * time.Millisecond}
-	cs := serveHTTP(t, ts.newServer(newGuard(t, ledgerClient(t))), http.DefaultTransport)
+	ts := &tools{proceed: make(chan struct{})}
+	client, l := waitedLedgerClient(t)
+	cs := serveHTTP(t, ts.newServer(newGuard(t, client)), http.DefaultTransport)
 	args := map[string]any{"customer": "cus_1", "amount_cents": 4200}
 	results := make([]*mcp.CallToolResult, 8)
 	var wg sync.WaitGroup
 	for i := range results {
 		wg.Go(func() { results[i] = call(t, cs, "fan-out", args) })
 	}
+	ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() == len(results)-1 }, "every duplicate waits in the ledger")
+	close(ts.proceed)
 	wg.Wait()
 	n := 0
 	for _, r := range results {
