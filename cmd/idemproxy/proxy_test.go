@@ -421,16 +421,15 @@ func TestDrainFinishesCallsInFlight(t *testing.T) {
 	up := &goUpstream{}
 	forward := proxyTo(up.serve(t))
 	calling := make(chan struct{}, 1) // the tools/call reached the upstream
+	proceed := make(chan struct{})    // and holds until the drain has begun
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			body, _ := io.ReadAll(r.Body)
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			if bytes.Contains(body, []byte(`"tools/call"`)) {
 				calling <- struct{}{}
+				<-proceed
 			}
-			// The upstream's write takes 300 ms of real time: the drain
-			// waits for it.
-			time.Sleep(300 * time.Millisecond)
 		}
 		forward.ServeHTTP(w, r)
 	}))
@@ -450,6 +449,16 @@ func TestDrainFinishesCallsInFlight(t *testing.T) {
 	go func() { answered <- create(context.Background(), t, cs, "k") }()
 	<-calling
 	cancel()
+	// The drain has begun when the proxy's listener takes no more
+	// connections; the call in flight is still held upstream.
+	ledgertest.Eventually(t, 10*time.Second, func() bool {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	}, "the proxy stops taking connections")
+	close(proceed)
 	if res := <-answered; res.IsError {
 		t.Fatalf("the call in flight: %s", bare(t, res))
 	}

@@ -17,7 +17,9 @@ import (
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/httpguard"
 	"github.com/idemledger/idemledger/internal/pgtest"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
+	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
@@ -37,6 +39,12 @@ func serve(t *testing.T, api *httpinvoice.API) string {
 func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock) {
 	t.Helper()
 	clock := ledgertest.NewClock(time.Now())
+	return serveOn(t, api, ledger.New(memory.New(memory.Config{Now: clock.Now}), ledger.Config{})), clock
+}
+
+// serveOn is serve on l, a ledger the test reads itself.
+func serveOn(t *testing.T, api *httpinvoice.API, l *ledger.Ledger) string {
+	t.Helper()
 	store, err := invoicedb.OpenPostgres(t.Context(), pgtest.NewDatabase(t))
 	if err == nil {
 		err = store.Migrate(t.Context())
@@ -46,7 +54,7 @@ func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	api.Store, api.Tenant = store, httpguard.TenantFromHeader("X-Tenant")
-	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("invoices", clock.Now))).Dial(t)))
+	gd, err := guard.New(ledgerv1.NewLedgerServiceClient(servertest.NewServer(t, servertest.Ledger(servertest.LedgerServer("invoices", l))).Dial(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +64,7 @@ func serveClocked(t *testing.T, api *httpinvoice.API) (string, *ledgertest.Clock
 	}
 	srv := httptest.NewServer(api.Handler(g))
 	t.Cleanup(srv.Close)
-	return srv.URL, clock
+	return srv.URL
 }
 
 type answer struct {
@@ -146,18 +154,21 @@ func TestDraftScenarios(t *testing.T) {
 		}
 	})
 	t.Run("ParallelDuplicates", func(t *testing.T) {
-		// The write takes 100 ms of real time: the duplicates arrive, and
-		// wait, while it runs.
+		// The write holds until every duplicate waits in the ledger.
+		proceed := make(chan struct{})
 		api := &httpinvoice.API{BeforeWrite: func(*http.Request) int {
-			time.Sleep(100 * time.Millisecond) // the write takes real time: duplicates arrive while it runs
+			<-proceed
 			return 0
 		}}
-		url := serve(t, api)
+		l := ledger.New(memory.New(memory.Config{}), ledger.Config{})
+		url := serveOn(t, api, l)
 		answers := make([]answer, 8)
 		var wg sync.WaitGroup
 		for i := range answers {
 			wg.Go(func() { answers[i] = mustCreate(t, url, "fan-out", invoice) })
 		}
+		ledgertest.Eventually(t, 10*time.Second, func() bool { return l.Waiters() == len(answers)-1 }, "every duplicate waits in the ledger")
+		close(proceed)
 		wg.Wait()
 		for _, a := range answers {
 			if a.status != http.StatusCreated || a.body != answers[0].body {
