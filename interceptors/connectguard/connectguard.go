@@ -189,23 +189,15 @@ func (i *Interceptor) serve(ctx context.Context, p procedure, req connect.AnyReq
 	if err != nil {
 		return nil, connectError(err)
 	}
-	var resp connect.AnyResponse
-	var herr error
-	res, err := i.guard.Do(ctx, call, func(ctx context.Context) (guard.Outcome, error) {
-		resp, herr = next(ctx, req)
-		herr = typed(herr)
-		if _, protected := guard.ClaimFromContext(ctx); !protected {
-			return guard.Outcome{}, nil // nothing to store
-		}
-		return outcome(resp, herr)
-	})
+	var ans protoutcome.Answer[connect.AnyResponse]
+	res, err := i.guard.Do(ctx, call, protoutcome.Run(&ans, func(ctx context.Context) (connect.AnyResponse, error) { return next(ctx, req) }, typed, outcome))
 	switch {
 	case err != nil:
 		return nil, connectError(err)
 	case res.Replayed, res.Fenced:
 		return i.answer(ctx, p, res.Outcome, res.Replayed)
 	}
-	return resp, herr
+	return ans.Resp, ans.Err
 }
 
 // call is the guard's Call of req (its message msg) to procedure p: its

@@ -120,16 +120,8 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if err != nil {
 		return nil, i.fail(ctx, err)
 	}
-	var resp any
-	var herr error
-	res, err := i.guard.Do(ctx, call, func(ctx context.Context) (guard.Outcome, error) {
-		resp, herr = handler(ctx, req)
-		herr = typed(herr)
-		if _, protected := guard.ClaimFromContext(ctx); !protected {
-			return guard.Outcome{}, nil // nothing to store
-		}
-		return outcome(resp, herr)
-	})
+	var ans protoutcome.Answer[any]
+	res, err := i.guard.Do(ctx, call, protoutcome.Run(&ans, func(ctx context.Context) (any, error) { return handler(ctx, req) }, typed, outcome))
 	switch {
 	case err != nil:
 		return nil, i.fail(ctx, err)
@@ -139,7 +131,7 @@ func (i *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case res.Fenced:
 		return i.answer(ctx, m, res.Outcome) // the outcome its fence holds
 	}
-	return resp, herr
+	return ans.Resp, ans.Err
 }
 
 // call is the guard's Call of a request msg to fullMethod: its key and
