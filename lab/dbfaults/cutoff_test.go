@@ -41,7 +41,7 @@ func TestCutOffFromTheDatabase(t *testing.T) {
 		l.write(fmt.Sprintf("before-%02d", i))
 	}
 	l.start(4)
-	time.Sleep(time.Second) // load before the cut
+	l.await(100) // load before the cut
 	cutAt := time.Now()
 	p.SetBlackhole(true)
 	time.Sleep(*cutoff) // the cut lasts -cutoff of real time: the subject of the test

@@ -60,7 +60,7 @@ func failover(t *testing.T, sync bool) {
 	l.start(4)
 	var gaps []string
 	for i := range *failovers {
-		time.Sleep(2 * time.Second) // load on this primary
+		l.await(200) // load on this primary
 		killedAt := time.Now()
 		if err := pair.Fail(); err != nil {
 			t.Fatalf("failover %d: %v", i+1, err)
@@ -84,7 +84,7 @@ func failover(t *testing.T, sync bool) {
 		gaps = append(gaps, fmt.Sprintf("killed→promoted %s, →standby back %s, first call done %s after the primary could commit",
 			promotedAt.Sub(killedAt).Round(100*time.Millisecond), rejoinedAt.Sub(killedAt).Round(100*time.Millisecond), first.Round(time.Millisecond)))
 	}
-	time.Sleep(2 * time.Second) // load on the last primary
+	l.await(200) // load on the last primary
 	l.finish()
 	allowed := allowedInFailover
 	if !sync {

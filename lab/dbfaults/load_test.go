@@ -141,6 +141,19 @@ func (l *load) start(writers int) {
 	})
 }
 
+// await waits until n more outcomes are acknowledged: load of a known
+// size on the store as it is now.
+func (l *load) await(n int) {
+	l.t.Helper()
+	acked := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.acked)
+	}
+	want := acked() + n
+	ledgertest.Eventually(l.t, time.Minute, func() bool { return acked() >= want }, "%d more outcomes acknowledged", n)
+}
+
 func (l *load) finish() {
 	close(l.stop)
 	l.wg.Wait()

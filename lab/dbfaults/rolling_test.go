@@ -73,7 +73,8 @@ func TestRollingRestart(t *testing.T) {
 	defer conn.Close()
 	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
 	defer lc.Close()
-	g, err := guard.New(lc)
+	waits := &waitSeen{LedgerServiceClient: lc, gates: map[string]chan struct{}{}}
+	g, err := guard.New(waits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,10 +82,12 @@ func TestRollingRestart(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}     // how many times each intent's write ran
 	failures := map[string]int{} // the errors the calls got, by code
-	var waits []time.Duration    // each duplicate's wait
+	var waited []time.Duration   // each duplicate's wait
 	var done []time.Time         // when each intent was answered
 	var bad []string
-	intent := func(key string, dup bool) {
+	// intent does key's write through the guard; a write given hold
+	// holds until hold is closed.
+	intent := func(key string, dup bool, hold <-chan struct{}) {
 		call := guard.Call{Method: "/billing.v1.Invoices/Create", Key: key, Tenant: "acme", Fingerprint: ledgertest.Fingerprint("p"),
 			Policy: guard.Policy{Lease: 5 * time.Second, MaxWait: maxWait}}
 		for attempt := 0; ; attempt++ {
@@ -94,14 +97,16 @@ func TestRollingRestart(t *testing.T) {
 				mu.Lock()
 				runs[key]++
 				mu.Unlock()
-				time.Sleep(100 * time.Millisecond) // the write, long enough for a duplicate to wait
+				if hold != nil {
+					<-hold
+				}
 				return guard.Outcome{Response: &anypb.Any{TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: []byte(key)}}, nil
 			})
 			cancel()
 			took := time.Since(began)
 			mu.Lock()
 			if dup {
-				waits = append(waits, took)
+				waited = append(waited, took)
 			}
 			if err == nil {
 				done = append(done, time.Now())
@@ -131,20 +136,26 @@ func TestRollingRestart(t *testing.T) {
 				}
 				key := fmt.Sprintf("roll-%d-%05d", w, i)
 				if i%10 == 0 {
+					// The first's write holds until its duplicate waits
+					// for it, or is answered.
+					hold := waits.gate(key)
 					var pair sync.WaitGroup
-					pair.Go(func() { intent(key, false) })
-					pair.Go(func() { intent(key, true) })
+					pair.Go(func() { intent(key, false, hold) })
+					pair.Go(func() { intent(key, true, nil); waits.open(key) })
 					pair.Wait()
 					continue
 				}
-				intent(key, false)
+				intent(key, false, nil)
 			}
 		})
 	}
 
 	var restarts []string
 	for i := range 3 {
-		time.Sleep(1500 * time.Millisecond) // load on the three before the next restart
+		// Load on the three before the next restart, for longer than
+		// gRPC's reconnect backoff (1 s ± 20%, real time in the client):
+		// the connection is back to all three when the next one goes.
+		time.Sleep(1500 * time.Millisecond)
 		termAt := time.Now()
 		if err := procs[i].Terminate(); err != nil {
 			var exit interface{ ExitCode() int }
@@ -157,7 +168,7 @@ func TestRollingRestart(t *testing.T) {
 		restarts = append(restarts, fmt.Sprintf("ledgerd %d drained and exited in %s, back in %s", i,
 			exitedAt.Sub(termAt).Round(10*time.Millisecond), time.Since(exitedAt).Round(10*time.Millisecond)))
 	}
-	time.Sleep(1500 * time.Millisecond) // load after the last restart
+	time.Sleep(1500 * time.Millisecond) // load after the last restart, as long
 	close(stop)
 	wg.Wait()
 
@@ -171,10 +182,10 @@ func TestRollingRestart(t *testing.T) {
 			t.Errorf("%s ran %d times", key, n)
 		}
 	}
-	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	sort.Slice(waited, func(i, j int) bool { return waited[i] < waited[j] })
 	longestWait := time.Duration(0)
-	if len(waits) > 0 {
-		longestWait = waits[len(waits)-1]
+	if len(waited) > 0 {
+		longestWait = waited[len(waited)-1]
 	}
 	if longestWait > maxWait+slack {
 		t.Errorf("a duplicate waited %s, past its bound of %s", longestWait, maxWait)
@@ -193,6 +204,43 @@ func TestRollingRestart(t *testing.T) {
 	}
 	sort.Strings(codes)
 	t.Logf("3 ledgerds restarted in turn: %d intents answered, %d ran twice; retried calls: %s; %d duplicates, the longest wait %s; "+
-		"the longest time without an answer %s; %s", len(done)-len(waits), twice, strings.Join(codes, ", "), len(waits),
+		"the longest time without an answer %s; %s", len(done)-len(waited), twice, strings.Join(codes, ", "), len(waited),
 		longestWait.Round(time.Millisecond), gap.Round(time.Millisecond), strings.Join(restarts, "; "))
+}
+
+// waitSeen is the guard's ledger client: it opens a key's gate when a
+// duplicate of the key asks the ledger to wait for the key's outcome.
+type waitSeen struct {
+	ledgerv1.LedgerServiceClient
+	mu    sync.Mutex
+	gates map[string]chan struct{}
+}
+
+// gate is key's gate, closed by open.
+func (w *waitSeen) gate(key string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	g, ok := w.gates[key]
+	if !ok {
+		g = make(chan struct{})
+		w.gates[key] = g
+	}
+	return g
+}
+
+// open closes key's gate, if it has one.
+func (w *waitSeen) open(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if g, ok := w.gates[key]; ok {
+		close(g)
+		delete(w.gates, key)
+	}
+}
+
+func (w *waitSeen) Lookup(ctx context.Context, req *ledgerv1.LookupRequest, opts ...grpc.CallOption) (*ledgerv1.LookupResponse, error) {
+	if req.GetWait() != nil {
+		w.open(req.GetKey())
+	}
+	return w.LedgerServiceClient.Lookup(ctx, req, opts...)
 }

@@ -242,14 +242,11 @@ func TestLinearizableFollowerReads(t *testing.T) {
 				crdb.SetFollowerReader(s, replica.query)
 				stores = append(stores, s)
 				return s
-			}, lincheck.Config{Fault: func(ctx context.Context, _ int) {
-				for ctx.Err() == nil {
-					time.Sleep(time.Duration(500+rand.IntN(3000)) * time.Microsecond) // random real-time lag between the replica's snapshots: the history's faults
-					if rand.IntN(4) > 0 {                                             // now and then the copy stays behind a phase
-						replica.snapshot(t)
-					}
+			}, lincheck.Config{Fault: lincheck.Every(500*time.Microsecond, 3500*time.Microsecond, func() { // the replica's lag: the history's faults
+				if rand.IntN(4) > 0 { // now and then the copy stays behind a phase
+					replica.snapshot(t)
 				}
-			}})
+			})})
 			var st crdb.FollowerReadStats
 			for _, s := range stores {
 				st.Served += s.FollowerReadStats().Served

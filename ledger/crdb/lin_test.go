@@ -3,7 +3,6 @@ package crdb_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,15 +49,12 @@ func TestLinearizableUnderConnectionKills(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
-	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
-		for ctx.Err() == nil {
-			time.Sleep(time.Duration(5000+rand.IntN(20000)) * time.Microsecond) // kill connections at random real-time intervals: the history's faults
-			tag, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-			if err == nil {
-				kills.Add(tag.RowsAffected())
-			}
+	}, lincheck.Config{Phases: 40, Fault: lincheck.Every(time.Millisecond, 4*time.Millisecond, func() { // the history's faults
+		tag, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		if err == nil {
+			kills.Add(tag.RowsAffected())
 		}
-	}})
+	})})
 	if kills.Load() == 0 {
 		t.Fatal("no connection was killed")
 	}

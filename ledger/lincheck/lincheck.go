@@ -41,6 +41,25 @@ type Config struct {
 	Timeout time.Duration
 }
 
+// Every is a Config.Fault that calls fault at random intervals between
+// lo and hi, in real time, until its phase ends. A wait ends with the
+// phase: no fault lands after the phase's operations, and the next phase
+// does not wait for one.
+func Every(lo, hi time.Duration, fault func()) func(ctx context.Context, phase int) {
+	return func(ctx context.Context, _ int) {
+		for {
+			t := time.NewTimer(lo + rand.N(hi-lo))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			fault()
+		}
+	}
+}
+
 func (c Config) withDefaults() Config {
 	def := func(v *int, d int) {
 		if *v <= 0 {

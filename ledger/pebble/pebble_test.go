@@ -1,10 +1,8 @@
 package pebble_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -345,15 +343,11 @@ func TestLinearizableAcrossRestarts(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = r.Close() })
 		return r
-	}, lincheck.Config{Phases: 40, Fault: func(ctx context.Context, _ int) {
-		for ctx.Err() == nil {
-			time.Sleep(time.Duration(2+rand.IntN(8)) * time.Millisecond) // reopen the store at random real-time intervals: the history's faults
-			if err := r.Reopen(); err != nil {
-				t.Error(err)
-				return
-			}
+	}, lincheck.Config{Phases: 40, Fault: lincheck.Every(200*time.Microsecond, 2*time.Millisecond, func() { // the history's faults
+		if err := r.Reopen(); err != nil {
+			t.Error(err)
 		}
-	}})
+	})})
 	if r.Restarts() == 0 {
 		t.Fatal("the store was never reopened")
 	}
