@@ -117,28 +117,16 @@ export class StreamLedger implements LedgerCalls {
   constructor(private readonly raw: Client<typeof LedgerService>, private readonly unary: Client<typeof LedgerService>,
     private readonly defaultTimeoutMs: number, private readonly failed: (err: unknown, method: string) => unknown = (err) => err) {}
 
-  begin(req: MessageInitShape<typeof BeginRequestSchema>, opts?: CallOptions): Promise<BeginResponse> {
-    return this.call("begin", req, opts) as Promise<BeginResponse>;
-  }
+  readonly begin = this.method("begin");
+  readonly complete = this.method("complete");
+  readonly release = this.method("release");
+  readonly extend = this.method("extend");
+  readonly lookup = this.method("lookup");
+  readonly resolve = this.method("resolve");
 
-  complete(req: MessageInitShape<typeof CompleteRequestSchema>, opts?: CallOptions): Promise<CompleteResponse> {
-    return this.call("complete", req, opts) as Promise<CompleteResponse>;
-  }
-
-  release(req: MessageInitShape<typeof ReleaseRequestSchema>, opts?: CallOptions): Promise<ReleaseResponse> {
-    return this.call("release", req, opts) as Promise<ReleaseResponse>;
-  }
-
-  extend(req: MessageInitShape<typeof ExtendRequestSchema>, opts?: CallOptions): Promise<ExtendResponse> {
-    return this.call("extend", req, opts) as Promise<ExtendResponse>;
-  }
-
-  lookup(req: MessageInitShape<typeof LookupRequestSchema>, opts?: CallOptions): Promise<LookupResponse> {
-    return this.call("lookup", req, opts) as Promise<LookupResponse>;
-  }
-
-  resolve(req: MessageInitShape<typeof ResolveRequestSchema>, opts?: CallOptions): Promise<ResolveResponse> {
-    return this.call("resolve", req, opts) as Promise<ResolveResponse>;
+  /** method is the LedgerCalls method kind: a call on the stream. */
+  private method<K extends Kind>(kind: K): LedgerCalls[K] {
+    return ((req: object, opts?: CallOptions) => this.call(kind, req, opts)) as LedgerCalls[K];
   }
 
   /** close ends the stream: calls in flight fail UNAVAILABLE, later calls at once. */
