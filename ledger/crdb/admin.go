@@ -12,8 +12,8 @@ import (
 // progress or unknown (state 1 and not past its end).
 const (
 	nowArg         = `COALESCE($1::TIMESTAMPTZ, now())`
-	erasable       = `(state <> 1 OR COALESCE(forget_at, expires_at) <= ` + nowArg + `)`
-	liveAfterPurge = `state IN (2, 4) AND COALESCE(forget_at, expires_at) > ` + nowArg
+	erasable       = `(state <> 1 OR forget_at <= ` + nowArg + `)`
+	liveAfterPurge = `state IN (2, 4) AND forget_at > ` + nowArg
 
 	purgeKeySQL = `DELETE FROM idempotency_records WHERE ` + scope + ` AND ` + erasable + `
 RETURNING ` + liveAfterPurge
@@ -247,7 +247,7 @@ func (s *Store) Purge(ctx context.Context, p ledger.PurgeParams) (ledger.PurgeRe
 // --census-interval.
 const censusSQL = `SELECT namespace, v, count(*) FROM (
 	SELECT namespace, CASE
-		WHEN state = 3 OR COALESCE(forget_at, expires_at) <= c.n THEN 0
+		WHEN state = 3 OR forget_at <= c.n THEN 0
 		WHEN state = 1 AND on_lease_expiry = 1 AND lease_expires_at <= c.n THEN 5
 		WHEN state = 1 THEN 1
 		WHEN state = 4 OR (state = 2 AND expires_at <= c.n) THEN 4

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemledger/idemledger/internal/pgtest"
@@ -254,7 +253,7 @@ func TestCockroachSQLText(t *testing.T) {
 	schema := ms[0].SQL
 	for _, want := range []string{
 		"PRIMARY KEY (namespace, tenant, idem_key) USING HASH",
-		"ttl_expiration_expression = 'expires_at'",
+		"ttl_expiration_expression = 'forget_at'",
 		"FAMILY lease (",
 		"FAMILY result (outcome)",
 	} {
@@ -264,92 +263,6 @@ func TestCockroachSQLText(t *testing.T) {
 	}
 	if strings.Contains(schema[strings.Index(schema, "FAMILY lease"):strings.Index(schema, "FAMILY result")], "outcome") {
 		t.Error("the outcome must not share a column family with the lease columns")
-	}
-}
-
-// TestMigratesVersion1 builds a database of schema version 1, with rows as
-// the store wrote them at that version (a held key, a completed one, a
-// released one), runs Migrate, and finds every record intact, readable
-// and writable, and the rules of version 2 (tombstones, HOLD) working
-// beside them.
-func TestMigratesVersion1(t *testing.T) {
-	url := pgtest.NewDatabase(t)
-	db, err := pgx.Connect(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.WithoutCancel(t.Context()))
-	ms, err := crdb.Migrations(crdb.Postgres)
-	if err != nil || len(ms) < 2 || ms[0].Version != 1 {
-		t.Fatalf("migrations %v, %v", ms, err)
-	}
-	written := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	outcome, err := ledgertest.Response("inv_1").MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{
-		ms[0].SQL,
-		`CREATE TABLE idemledger_schema_migrations (version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`,
-		`INSERT INTO idemledger_schema_migrations (version, name) VALUES (1, 'records')`,
-	} {
-		if _, err := db.Exec(t.Context(), q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	const v1 = `INSERT INTO idempotency_records (namespace, tenant, idem_key, state, method, fingerprint, token, attempt,
-		created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id) VALUES ($1, 'acme', $2, $3, '/billing.v1.InvoiceService/CreateInvoice', $4, $5, 1, $6, $7, $8, $9, $10, '\x01')`
-	fp := ledgertest.Fingerprint("p")
-	for _, row := range [][]any{
-		{"billing", "held", 1, fp, 1, written, written.Add(time.Hour), nil, written.Add(24 * time.Hour), nil},
-		{"billing", "done", 2, fp, 1, written, written.Add(time.Hour), written.Add(time.Second), written.Add(24 * time.Hour), outcome},
-		{"billing", "released", 3, fp, 4, written, written.Add(time.Hour), nil, written.Add(24 * time.Hour), nil},
-	} {
-		if _, err := db.Exec(t.Context(), v1, row...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	clock := ledgertest.NewClock(written.Add(time.Minute))
-	s := openURL(t, url, crdb.Config{Now: clock.Now}, true)
-	applied, err := s.Migrate(t.Context())
-	if err != nil || len(applied) != 0 {
-		t.Fatalf("Migrate again = %v, %v; openURL already migrated", applied, err)
-	}
-	var versions int
-	if err := db.QueryRow(t.Context(), `SELECT count(*) FROM idemledger_schema_migrations`).Scan(&versions); err != nil || versions != len(ms) {
-		t.Fatalf("%d migrations recorded, want %d (%v)", versions, len(ms), err)
-	}
-	l := ledger.New(s, ledger.Config{})
-	scope := func(key string) ledger.Scope { return ledger.Scope{Namespace: "billing", Tenant: "acme", Key: key} }
-	req := func(key string) ledger.BeginRequest {
-		return ledger.BeginRequest{Scope: scope(key), Fingerprint: fp, Method: "/billing.v1.InvoiceService/CreateInvoice"}
-	}
-	held, err := l.Lookup(t.Context(), scope("held"), 0)
-	if err != nil || held.State != ledger.StateInProgress || held.Token != 1 || held.OnLeaseExpiry != ledger.Takeover {
-		t.Fatalf("the held record = %+v, %v", held, err)
-	}
-	if _, err := l.Complete(t.Context(), scope("held"), 1, ledgertest.Response("inv_2")); err != nil {
-		t.Fatalf("completing the held record after the migration: %v", err)
-	}
-	res, err := l.Begin(t.Context(), req("done"))
-	if err != nil || res.Replay == nil || !res.Replay.Outcome.Equal(ledgertest.Response("inv_1")) {
-		t.Fatalf("the completed record's replay = %+v, %v; want its outcome byte for byte", res, err)
-	}
-	again, err := l.Begin(t.Context(), req("released"))
-	if err != nil || again.Claim == nil || again.Claim.Token != 5 {
-		t.Fatalf("a claim of the released key = %+v, %v; want token 5, above the released 4", again, err)
-	}
-	// A version-1 row has no tombstone: past its retention it is gone, and
-	// the sweeper deletes it.
-	clock.Advance(25 * time.Hour)
-	if _, err := l.Lookup(t.Context(), scope("done"), 0); errcode.Of(err) != errcode.NotFound {
-		t.Fatalf("a version-1 record past its retention: %v, want NOT_FOUND", err)
-	}
-	if _, err := s.Sweep(t.Context(), 100); err != nil {
-		t.Fatal(err)
-	}
-	if n := countNamespace(t, s, "billing"); n != 1 { // the claim of "released", made after the migration, is left
-		t.Fatalf("%d rows after the sweep, want 1", n)
 	}
 }
 

@@ -20,9 +20,9 @@ func TestListingIsBounded(t *testing.T) {
 	}
 	const n = 100_000
 	_, err = s.Pool().Exec(t.Context(), `INSERT INTO idempotency_records (namespace, tenant, idem_key, state, method, fingerprint,
-		token, attempt, created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id, on_lease_expiry, forget_at)
+		token, attempt, created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id, on_lease_expiry, forget_at, key_source)
 		SELECT 'big', $1, 'key-' || lpad(i::TEXT, 8, '0'), 2, $2, $3, 1, 1, now(), now() + INTERVAL '1 minute', now(),
-		       now() + INTERVAL '1 hour', $4, '\x01', 0, now() + INTERVAL '2 hours'
+		       now() + INTERVAL '1 hour', $4, '\x01', 0, now() + INTERVAL '2 hours', ''
 		FROM generate_series(0, $5 - 1) AS i`,
 		ledgertest.BigTenant, ledgertest.Method, ledgertest.Fingerprint("p"), outcome, n)
 	if err != nil {

@@ -66,7 +66,6 @@ func TestPlansUseIndexes(t *testing.T) {
 		{"held key", heldKeySQL, []string{pkey}},
 		{"purge a tenant", purgeTenantPostgresSQL, []string{pkey, "Tid Scan"}},
 		{"held in a tenant", heldTenantSQL, []string{pkey}},
-		{"forget version 1", forgetVersion1PostgresSQL, []string{"Index Scan using idempotency_records_expires_at", "Index Scan using idempotency_records_forget_at", "Tid Scan"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := 0

@@ -110,8 +110,9 @@ func TestFailedCommitIsNeverASuccess(t *testing.T) {
 	insert := func(s *Store) error {
 		return s.tx(t.Context(), s.pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(t.Context(), `INSERT INTO idempotency_records
-				(namespace, tenant, idem_key, state, method, fingerprint, token, attempt, created_at, lease_expires_at, expires_at, claim_id)
-				VALUES ('n', 't', 'k', 1, '/a.B/C', 'v2:x', 1, 1, now(), now(), now() + interval '1 hour', '\x00')`)
+				(namespace, tenant, idem_key, state, method, fingerprint, token, attempt, created_at, lease_expires_at, expires_at, claim_id,
+				 on_lease_expiry, forget_at, key_source)
+				VALUES ('n', 't', 'k', 1, '/a.B/C', 'v2:x', 1, 1, now(), now(), now() + interval '1 hour', '\x00', 0, now() + interval '2 hours', '')`)
 			return err
 		})
 	}

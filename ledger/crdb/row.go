@@ -37,25 +37,21 @@ type scanner interface{ Scan(dest ...any) error }
 // extra.
 func scanInto(sc scanner, r *row, extra ...any) error {
 	var (
-		state, policy         int16
-		token                 int64
-		attempt               int32
-		completedAt, forgetAt *time.Time
-		outcome               []byte
+		state, policy int16
+		token         int64
+		attempt       int32
+		completedAt   *time.Time
+		outcome       []byte
 	)
 	rec := &r.rec
 	dest := append([]any{&rec.Scope.Namespace, &rec.Scope.Tenant, &rec.Scope.Key, &state, &rec.Method,
 		&rec.Fingerprint, &token, &attempt, &rec.CreatedAt, &rec.LeaseExpiresAt, &completedAt,
-		&rec.ExpiresAt, &outcome, &r.claimID, &policy, &forgetAt, &rec.KeySource}, extra...)
+		&rec.ExpiresAt, &outcome, &r.claimID, &policy, &rec.ForgetAt, &rec.KeySource}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return err
 	}
 	rec.State, rec.Token, rec.Attempt = ledger.State(state), uint64(token), uint32(attempt)
 	rec.OnLeaseExpiry = ledger.LeaseExpiry(policy)
-	rec.ForgetAt = rec.ExpiresAt // a row of version 1: no tombstone
-	if forgetAt != nil {
-		rec.ForgetAt = *forgetAt
-	}
 	if completedAt != nil {
 		rec.CompletedAt = *completedAt
 	}

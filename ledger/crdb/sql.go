@@ -9,9 +9,8 @@ package crdb
 //
 // state: 1 IN_PROGRESS, 2 COMPLETED, 3 RELEASED (reads as absent, keeps the
 // token counter), 4 EXPIRED (a tombstone whose outcome the sweeper
-// dropped). on_lease_expiry: 0 TAKEOVER, 1 HOLD. forget_at is NULL for
-// rows written before tombstones (the schema's version 1): they have none,
-// and COALESCE(forget_at, expires_at) is their end.
+// dropped). on_lease_expiry: 0 TAKEOVER, 1 HOLD. expires_at ends a row's
+// retention, forget_at its tombstone window.
 
 const columns = `namespace, tenant, idem_key, state, method, fingerprint, token, attempt,
 	created_at, lease_expires_at, completed_at, expires_at, outcome, claim_id, on_lease_expiry, forget_at, key_source`
@@ -24,13 +23,13 @@ const scope = `namespace = $2 AND tenant = $3 AND idem_key = $4`
 // current token while it is an attempt that is neither absent nor past
 // its tombstone window: IN_PROGRESS, or OUTCOME_UNKNOWN under HOLD.
 func deadAt(r, now string) string {
-	return `(` + r + `.state = 3 OR COALESCE(` + r + `.forget_at, ` + r + `.expires_at) <= ` + now +
+	return `(` + r + `.state = 3 OR ` + r + `.forget_at <= ` + now +
 		` OR (` + r + `.state = 1 AND ` + r + `.on_lease_expiry = 0 AND ` + r + `.expires_at <= ` + now + `))`
 }
 
 func holdsAt(r, now string) string {
 	return `(` + r + `.state = 1 AND (` + r + `.expires_at > ` + now +
-		` OR (` + r + `.on_lease_expiry = 1 AND COALESCE(` + r + `.forget_at, ` + r + `.expires_at) > ` + now + `)))`
+		` OR (` + r + `.on_lease_expiry = 1 AND ` + r + `.forget_at > ` + now + `)))`
 }
 
 // claimSQL claims, takes over or returns the row in one round trip.
@@ -169,18 +168,18 @@ WHERE (namespace, tenant, idem_key) IN (SELECT * FROM unnest($2::TEXT[], $3::TEX
 // getSQL reads the row and the clock; the caller reads it as of the clock.
 const getSQL = `SELECT ` + columns + `, COALESCE($1::TIMESTAMPTZ, now()) FROM idempotency_records WHERE ` + scope
 
-// The sweeper's statements. shrink drops the outcomes of up to $2
+// The sweeper's statements. forget deletes up to $2 rows past their
+// forget_at; shrink, which runs after it, drops the outcomes of up to $2
 // completed rows past their retention, which stay as tombstones until
-// forget_at; forget deletes up to $2 rows past it (rows of version 1, with
-// no forget_at, past expires_at). PostgreSQL has no UPDATE or DELETE ...
-// LIMIT, so it picks its rows by ctid and skips rows that others hold.
+// forget_at. PostgreSQL has no
+// UPDATE or DELETE ... LIMIT, so it picks its rows by ctid and skips rows
+// that others hold.
 const (
 	shrinkPostgresSQL = `
 UPDATE idempotency_records SET state = 4, outcome = NULL
 WHERE ctid IN (
 	SELECT ctid FROM idempotency_records
 	WHERE expires_at <= COALESCE($1::TIMESTAMPTZ, now()) AND state = 2
-	  AND COALESCE(forget_at, expires_at) > COALESCE($1::TIMESTAMPTZ, now())
 	LIMIT $2 FOR UPDATE SKIP LOCKED
 ) AND state = 2`
 
@@ -191,24 +190,16 @@ WHERE ctid IN (
 	LIMIT $2 FOR UPDATE SKIP LOCKED
 ) AND forget_at <= COALESCE($1::TIMESTAMPTZ, now())`
 
-	forgetVersion1PostgresSQL = `
-DELETE FROM idempotency_records
-WHERE ctid IN (
-	SELECT ctid FROM idempotency_records WHERE expires_at <= COALESCE($1::TIMESTAMPTZ, now()) AND forget_at IS NULL
-	LIMIT $2 FOR UPDATE SKIP LOCKED
-) AND forget_at IS NULL AND expires_at <= COALESCE($1::TIMESTAMPTZ, now())`
-
 	shrinkCockroachSQL = `
 UPDATE idempotency_records SET state = 4, outcome = NULL
 WHERE state = 2 AND expires_at <= COALESCE($1::TIMESTAMPTZ, now())
-  AND COALESCE(forget_at, expires_at) > COALESCE($1::TIMESTAMPTZ, now())
 LIMIT $2`
 
 	// Row-level TTL does the same job on CockroachDB; this is a fallback
 	// and a test hook.
 	forgetCockroachSQL = `
 DELETE FROM idempotency_records
-WHERE COALESCE(forget_at, expires_at) <= COALESCE($1::TIMESTAMPTZ, now())
+WHERE forget_at <= COALESCE($1::TIMESTAMPTZ, now())
 LIMIT $2`
 )
 

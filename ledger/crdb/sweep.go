@@ -6,15 +6,16 @@ import (
 	"github.com/idemledger/idemledger/ledger"
 )
 
-// Sweep drops the outcomes of up to limit completed rows past their
-// retention (they stay as tombstones) and deletes up to limit rows past
-// their tombstone window, and returns how many rows it changed, at most
-// limit. Reads already treat such rows as tombstones or absent; the sweep
+// Sweep deletes up to limit rows past their tombstone window, then drops
+// the outcomes of completed rows past their retention (they stay as
+// tombstones), and returns how many rows it changed, at most limit. The
+// deletes go first, so that a row past both ends is deleted, not shrunk
+// first. Reads already treat such rows as tombstones or absent; the sweep
 // only frees the space.
 func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
-	statements := []string{shrinkPostgresSQL, forgetPostgresSQL, forgetVersion1PostgresSQL}
+	statements := []string{forgetPostgresSQL, shrinkPostgresSQL}
 	if s.dialect == Cockroach {
-		statements = []string{shrinkCockroachSQL, forgetCockroachSQL}
+		statements = []string{forgetCockroachSQL, shrinkCockroachSQL}
 	}
 	n := 0
 	for _, sql := range statements {
