@@ -27,9 +27,10 @@ import (
 	"github.com/idemledger/idemledger/server/servertest"
 )
 
-// The policies of part 2, end to end: a write service behind the
-// interceptor, over gRPC, calling a real LedgerService (the server
-// package on the memory store), through both ledger APIs.
+// The policies (WAIT, REJECT, HOLD and its resolution), end to end: a
+// write service behind the interceptor, over gRPC, calling a real
+// LedgerService (the server package on the memory store), through both
+// ledger APIs.
 
 // gated is a handler whose write waits for open, and that answers
 // UNAVAILABLE (transient) on the runs that fail says: a duplicate

@@ -270,7 +270,7 @@ func ruleExtend(t *testing.T, suite Suite) {
 }
 
 // noTombstones is a ledger configuration whose records keep no tombstone:
-// the rules of part 1, where a record past its retention is absent.
+// a record past its retention is absent at once.
 var noTombstones = ledger.Config{DefaultTombstoneRetention: -1}
 
 func ruleRetentionExpiry(t *testing.T, suite Suite) {
