@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,9 +35,9 @@ func TestConnectFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	var runs int
+	var runs atomic.Int64 // the handler goroutine writes; the test reads after its answer came over the network
 	svc := &invoice.Service{Store: db, AfterWrite: func(ctx context.Context) {
-		runs++
+		runs.Add(1)
 		if c, _ := guard.ClaimFromContext(ctx); c.Attempt == 1 {
 			panic(http.ErrAbortHandler) // the process dies after the invoice row committed
 		}
@@ -84,7 +85,7 @@ func TestConnectFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || runs != 1 || !proto.Equal(res.Msg.GetInvoice(), rows[0].Invoice) || res.Header().Get(connectguard.ReplayedHeader) != "true" {
-		t.Fatalf("the retry: %v (replayed %q), %d rows, %d runs; want the committed invoice replayed, once", res.Msg, res.Header().Get(connectguard.ReplayedHeader), len(rows), runs)
+	if len(rows) != 1 || runs.Load() != 1 || !proto.Equal(res.Msg.GetInvoice(), rows[0].Invoice) || res.Header().Get(connectguard.ReplayedHeader) != "true" {
+		t.Fatalf("the retry: %v (replayed %q), %d rows, %d runs; want the committed invoice replayed, once", res.Msg, res.Header().Get(connectguard.ReplayedHeader), len(rows), runs.Load())
 	}
 }

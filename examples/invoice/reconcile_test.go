@@ -2,6 +2,7 @@ package invoice_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,9 +63,9 @@ func TestACrashAfterTheCommit(t *testing.T) {
 			if tt.reconcile {
 				policy.Reconcile = svc.Reconcile
 			}
-			var runs int
+			var runs atomic.Int64 // the handler goroutine writes; the test reads after its answer came over the network
 			svc.AfterWrite = func(ctx context.Context) {
-				runs++
+				runs.Add(1)
 				if c, _ := guard.ClaimFromContext(ctx); c.Attempt == 1 {
 					panic("the process dies after the invoice row committed")
 				}
@@ -87,8 +88,8 @@ func TestACrashAfterTheCommit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(rows) != tt.rows || runs != tt.rows {
-				t.Fatalf("%d rows, %d runs; want %d", len(rows), runs, tt.rows)
+			if len(rows) != tt.rows || runs.Load() != int64(tt.rows) {
+				t.Fatalf("%d rows, %d runs; want %d", len(rows), runs.Load(), tt.rows)
 			}
 			if tt.rows == 2 {
 				return
