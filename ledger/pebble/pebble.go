@@ -5,10 +5,12 @@
 // Every transition writes its record and its expiry index entry in one
 // batch, committed with an fsync of the write-ahead log before the call
 // returns, so an acknowledged claim or outcome survives a crash of the
-// process or the machine. Concurrent commits share one fsync (Pebble's
-// commit pipeline), without a timer. Transitions of one scope are
-// serialized by a lock in the process; reads take none. Expired records
-// are swept in small batches, and compaction gives their space back.
+// process or the machine. Concurrent commits share one fsync: the store's
+// commit loop sends the writes that arrive while a sync is in flight to
+// the log together, in one batch, without a timer. Transitions of one
+// scope are serialized by a lock in the process; reads take none. Expired
+// records are swept in small batches, and compaction gives their space
+// back.
 //
 // One directory serves one ledgerd: it is the store for a single machine.
 // Run several ledgerd instances against ledger/crdb instead.
@@ -124,14 +126,15 @@ type Store struct {
 	db     *pebbledb.DB
 	closed bool
 
-	fs     vfs.FS
-	logs   *logFS                      // Pebble's file system
-	path   string                      // the store's directory
-	disk   atomic.Pointer[diskReading] // the last reading of the free space
-	damage *damage                     // what Pebble reported damaged, for Ping
-	fail   *failure                    // what broke Pebble, if anything did
-	stalls *stalls                     // Pebble's write stalls
-	mark   *watermark                  // the last acknowledged write
+	fs      vfs.FS
+	logs    *logFS                      // Pebble's file system
+	path    string                      // the store's directory
+	disk    atomic.Pointer[diskReading] // the last reading of the free space
+	damage  *damage                     // what Pebble reported damaged, for Ping
+	fail    *failure                    // what broke Pebble, if anything did
+	stalls  *stalls                     // Pebble's write stalls
+	mark    *watermark                  // the last acknowledged write
+	commits *commits                    // the writes on their way to the log
 
 	// sweeping holds one Sweep at a time and where the next one's listing
 	// starts (Sweep).
@@ -230,7 +233,12 @@ func open(path, dir, want string, logs *logFS, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{db: db, cfg: cfg, seed: maphash.MakeSeed(), id: id, created: created,
-		fs: cfg.fs, logs: logs, path: path, damage: damage, fail: fail, stalls: stalls, mark: mark}
+		fs: cfg.fs, logs: logs, path: path, damage: damage, fail: fail, stalls: stalls, mark: mark,
+		commits: newCommits()}
+	for i := range s.locks {
+		s.locks[i].lock = make(chan struct{}, 1)
+	}
+	go s.commitLoop()
 	if cfg.Now == nil {
 		s.clock = recordkv.NewMonoClock(cfg.OnClockStep)
 		s.cfg.Now = s.clock.Now
@@ -302,6 +310,8 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.commits.stop) // no call holds s.open: nothing more is queued
+	<-s.commits.exited
 	if err := s.fail.err(); err != nil {
 		// A failed Pebble may wait forever in Close; the process's
 		// exit lets go of its files.
@@ -508,9 +518,10 @@ func (s *Store) GetMany(ctx context.Context, scopes []ledger.Scope) ([]ledger.Re
 type transition func(cur *ledger.Record, now time.Time) (*ledger.Record, error)
 
 // update runs one transition under the scope's lock and commits it with
-// an fsync. It reads the record again unless read (when given) is still
-// what Pebble holds: no write of its stripe since it began. The call
-// returns at ctx's end if the commit takes longer (a stalled disk); the
+// an fsync, in the commit loop's next group. It reads the record again
+// unless read (when given) is still what Pebble holds: no write of its
+// stripe since it began. The call returns at ctx's end if the commit, or
+// a commit of its stripe it waits for, takes longer (a stalled disk); the
 // commit may still land, as a call cut off by a broken connection may
 // have.
 func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read *seen, next transition) error {
@@ -518,61 +529,50 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 		return s.classify(op, err)
 	}
 	key := recordKey(scope)
-	var ruleErr error
-	err := waitFor(ctx, func() error {
-		st := s.stripe(key)
-		st.Lock()
-		defer st.Unlock()
-		return s.with(func(db *pebbledb.DB) error {
-			var cur *ledger.Record
-			var err error
-			if read != nil && read.writes == st.writes.Load() {
-				cur = read.rec
-			} else if cur, err = st.read(db, scope, key); err != nil {
-				return err
-			}
-			rec, err := next(cur, s.cfg.Now())
-			if ruleErr = err; err != nil || rec == nil {
-				return nil // a rule error is an answer, not a failed commit
-			}
-			if err := s.room(); err != nil {
-				return err // only a write is refused on a full disk
-			}
-			b := db.NewBatch()
-			defer b.Close()
-			if err := put(b, key, cur, rec); err != nil {
-				return err
-			}
-			st.syncing.Add(1)
-			defer st.syncing.Add(-1) // after wrote, for settled
-			if err := s.commit(b, pebbledb.Sync); err != nil {
-				st.wrote(key, nil) // it may have landed: read it next time
-				return err
-			}
-			st.wrote(key, rec)
-			s.mark.ack(b)
-			return nil
-		})
-	})
-	if err != nil {
+	st := s.stripe(key)
+	if err := st.lockBy(ctx); err != nil {
 		return s.classify(op, err)
 	}
-	return ruleErr
-}
-
-// waitFor runs f, and returns its error, or ctx's when ctx ends first.
-func waitFor(ctx context.Context, f func() error) error {
-	if ctx.Done() == nil {
-		return f()
+	var ruleErr error
+	var w *write
+	err := s.with(func(db *pebbledb.DB) error {
+		var cur *ledger.Record
+		var err error
+		if read != nil && read.writes == st.writes.Load() {
+			cur = read.rec
+		} else if cur, err = st.read(db, scope, key); err != nil {
+			return err
+		}
+		rec, err := next(cur, s.cfg.Now())
+		if ruleErr = err; err != nil || rec == nil {
+			return nil // a rule error is an answer, not a failed commit
+		}
+		if err := s.room(); err != nil {
+			return err // only a write is refused on a full disk
+		}
+		b := db.NewBatch()
+		if err := put(b, key, cur, rec); err != nil {
+			_ = b.Close()
+			return err
+		}
+		st.syncing.Add(1) // until the loop counts the write, for settled
+		w = &write{b: b, st: st, key: key, rec: rec, done: make(chan error, 1)}
+		s.commits.add(w) // under s.open: Close lets the loop commit it
+		return nil
+	})
+	if w == nil {
+		st.Unlock()
+		if err != nil {
+			return s.classify(op, err)
+		}
+		return ruleErr
 	}
-	done := make(chan error, 1)
-	go func() { done <- f() }()
 	select {
-	case err := <-done:
-		return err
+	case err = <-w.done:
 	case <-ctx.Done():
-		return ctx.Err()
+		err = ctx.Err()
 	}
+	return s.classify(op, err)
 }
 
 // classify turns what Pebble or the context said into a ledger error, as

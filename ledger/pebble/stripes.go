@@ -6,7 +6,6 @@ package pebble
 import (
 	"context"
 	"hash/maphash"
-	"sync"
 	"sync/atomic"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -37,10 +36,34 @@ const maxHeld = 64
 // again under the lock, so that no call is answered with a record the
 // store may never acknowledge.
 type stripe struct {
-	sync.Mutex
+	lock    chan struct{} // its one token is the lock (Lock, lockBy)
 	writes  atomic.Uint64
 	syncing atomic.Int32             // writes from their commit until they are counted
 	held    map[string]ledger.Record // by record key: records in progress only
+}
+
+// Lock takes the stripe's lock.
+func (st *stripe) Lock() { st.lock <- struct{}{} }
+
+// Unlock lets go of the stripe's lock, which any goroutine may do: a
+// write's lock is let go by the commit loop once the write is durable.
+func (st *stripe) Unlock() { <-st.lock }
+
+// lockBy takes the stripe's lock, or returns ctx's error when ctx ends
+// first: a call waits for a write of its stripe no longer than it waits
+// for its own (a stalled disk holds both).
+func (st *stripe) lockBy(ctx context.Context) error {
+	select {
+	case st.lock <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case st.lock <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // begin starts a read of the stripe without its lock, before the read
@@ -92,16 +115,16 @@ func (st *stripe) read(db reader, scope ledger.Scope, key []byte) (*ledger.Recor
 // of one that met a write still syncing. It returns at ctx's end while
 // that write's sync stalls.
 func (s *Store) readLocked(ctx context.Context, scope ledger.Scope, key []byte) (*ledger.Record, error) {
+	st := s.stripe(key)
+	if err := st.lockBy(ctx); err != nil {
+		return nil, err
+	}
+	defer st.Unlock()
 	var rec *ledger.Record
-	err := waitFor(ctx, func() error {
-		st := s.stripe(key)
-		st.Lock()
-		defer st.Unlock()
-		return s.with(func(db *pebbledb.DB) error {
-			var err error
-			rec, err = st.read(db, scope, key)
-			return err
-		})
+	err := s.with(func(db *pebbledb.DB) error {
+		var err error
+		rec, err = st.read(db, scope, key)
+		return err
 	})
 	return rec, err
 }

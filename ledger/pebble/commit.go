@@ -1,0 +1,138 @@
+package pebble
+
+// The commit loop: the writes that arrive while a sync is in flight are
+// committed together, in one batch and one sync, as Redis's event loop
+// does with the commands it read during its last fsync.
+
+import (
+	"sync"
+
+	pebbledb "github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemledger/idemledger/ledger"
+)
+
+// maxGroupBytes bounds the batch of one group: far below the size at
+// which Pebble makes a batch a memtable of its own (half of one), so that
+// a group of large outcomes costs no flush. A write larger than it is a
+// group of its own.
+const maxGroupBytes = 1 << 20
+
+// write is a transition's batch on its way to the log. Its stripe is
+// locked until the batch is durable or has failed; the commit loop counts
+// the write and unlocks it.
+type write struct {
+	b    *pebbledb.Batch
+	st   *stripe
+	key  []byte
+	rec  *ledger.Record
+	done chan error // buffered: the loop never waits for a caller that left
+}
+
+// commits is the queue of the commit loop.
+type commits struct {
+	mu     sync.Mutex
+	queue  []*write
+	wake   chan struct{} // a token while the queue has writes
+	stop   chan struct{} // closed by Close, once no call can queue more
+	exited chan struct{}
+}
+
+func newCommits() *commits {
+	return &commits{wake: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
+}
+
+// add queues w for the next group.
+func (c *commits) add(w *write) {
+	c.mu.Lock()
+	c.queue = append(c.queue, w)
+	first := len(c.queue) == 1
+	c.mu.Unlock()
+	if first {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take moves the next group into group: the writes queued, up to
+// maxGroupBytes (at least one). What is left keeps its token.
+func (c *commits) take(group []*write) []*write {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	size := 0
+	n := 0
+	for ; n < len(c.queue); n++ {
+		size += len(c.queue[n].b.Repr())
+		if n > 0 && size > maxGroupBytes {
+			break
+		}
+	}
+	group = append(group, c.queue[:n]...)
+	clear(c.queue[:n])
+	c.queue = append(c.queue[:0], c.queue[n:]...)
+	if len(c.queue) > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	return group
+}
+
+// commitLoop commits the queued writes a group at a time until Close,
+// then what Close let in before it.
+func (s *Store) commitLoop() {
+	c := s.commits
+	defer close(c.exited)
+	var group []*write
+	for {
+		select {
+		case <-c.wake:
+		case <-c.stop:
+			for {
+				if group = c.take(group[:0]); len(group) == 0 {
+					return
+				}
+				s.commitGroup(group)
+			}
+		}
+		if group = c.take(group[:0]); len(group) > 0 {
+			s.commitGroup(group)
+		}
+	}
+}
+
+// commitGroup commits the batches of group as one, with one sync, and
+// answers each write.
+func (s *Store) commitGroup(group []*write) {
+	b := group[0].b
+	var err error
+	if len(group) > 1 {
+		b = s.db.NewBatch()
+		defer b.Close()
+		for _, w := range group {
+			if err = b.Apply(w.b, nil); err != nil {
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = s.commit(b, pebbledb.Sync)
+	}
+	if err == nil {
+		s.mark.ack(b)
+	}
+	for _, w := range group {
+		rec := w.rec
+		if err != nil {
+			rec = nil // it may have landed: read it next time
+		}
+		w.st.wrote(w.key, rec)
+		w.st.syncing.Add(-1) // after wrote, for settled
+		w.st.Unlock()
+		_ = w.b.Close()
+		w.done <- err
+	}
+}
