@@ -1,10 +1,12 @@
 package pebble
 
-// The commit loop: the writes that arrive while a sync is in flight are
-// committed together, in one batch and one sync, as Redis's event loop
-// does with the commands it read during its last fsync.
+// The commit loop: the writes that arrive while a sync is in flight, and
+// those of the calls ready to run when it ends, are committed together,
+// in one batch and one sync, as Redis's event loop does with the commands
+// it read during its last fsync.
 
 import (
+	"runtime"
 	"sync"
 
 	pebbledb "github.com/cockroachdb/pebble/v2"
@@ -98,6 +100,12 @@ func (s *Store) commitLoop() {
 				s.commitGroup(group)
 			}
 		}
+		// Every goroutine ready to run goes first, once: the calls among
+		// them are about to queue their writes, which join this group
+		// instead of waiting for the next sync, as Redis's loop reads
+		// every socket that is ready before it syncs. Nothing waits when
+		// nothing else is ready (one caller).
+		runtime.Gosched()
 		if group = c.take(group[:0]); len(group) > 0 {
 			s.commitGroup(group)
 		}
