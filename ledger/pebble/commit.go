@@ -72,8 +72,9 @@ func (c *commits) take(group []*write) []*write {
 		}
 	}
 	group = append(group, c.queue[:n]...)
-	clear(c.queue[:n])
-	c.queue = append(c.queue[:0], c.queue[n:]...)
+	left := copy(c.queue, c.queue[n:])
+	clear(c.queue[left:]) // the queue's array keeps no write it handed on
+	c.queue = c.queue[:left]
 	if len(c.queue) > 0 {
 		select {
 		case c.wake <- struct{}{}:
@@ -98,6 +99,7 @@ func (s *Store) commitLoop() {
 					return
 				}
 				s.commitGroup(group)
+				clear(group)
 			}
 		}
 		// Every goroutine ready to run goes first, once: the calls among
@@ -108,6 +110,7 @@ func (s *Store) commitLoop() {
 		runtime.Gosched()
 		if group = c.take(group[:0]); len(group) > 0 {
 			s.commitGroup(group)
+			clear(group) // keeps no write it answered
 		}
 	}
 }

@@ -545,7 +545,7 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 		}
 		rec, err := next(cur, s.cfg.Now())
 		if ruleErr = err; err != nil || rec == nil {
-			return nil // a rule error is an answer, not a failed commit
+			return nil //nolint:nilerr // a rule error is an answer (ruleErr), not a failed commit
 		}
 		if err := s.room(); err != nil {
 			return err // only a write is refused on a full disk
