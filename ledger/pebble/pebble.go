@@ -533,32 +533,11 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 	if err := st.lockBy(ctx); err != nil {
 		return s.classify(op, err)
 	}
-	var ruleErr error
 	var w *write
-	err := s.with(func(db *pebbledb.DB) error {
-		var cur *ledger.Record
-		var err error
-		if read != nil && read.writes == st.writes.Load() {
-			cur = read.rec
-		} else if cur, err = st.read(db, scope, key); err != nil {
-			return err
-		}
-		rec, err := next(cur, s.cfg.Now())
-		if ruleErr = err; err != nil || rec == nil {
-			return nil //nolint:nilerr // a rule error is an answer (ruleErr), not a failed commit
-		}
-		if err := s.room(); err != nil {
-			return err // only a write is refused on a full disk
-		}
-		b := db.NewBatch()
-		if err := put(b, key, cur, rec); err != nil {
-			_ = b.Close()
-			return err
-		}
-		st.syncing.Add(1) // until the loop counts the write, for settled
-		w = &write{b: b, st: st, key: key, rec: rec, done: make(chan error, 1)}
-		s.commits.add(w) // under s.open: Close lets the loop commit it
-		return nil
+	var ruleErr error
+	err := s.with(func(db *pebbledb.DB) (err error) {
+		w, ruleErr, err = s.queue(db, st, scope, key, read, next)
+		return err
 	})
 	if w == nil {
 		st.Unlock()
@@ -573,6 +552,35 @@ func (s *Store) update(ctx context.Context, op string, scope ledger.Scope, read 
 		err = ctx.Err()
 	}
 	return s.classify(op, err)
+}
+
+// queue decides a transition under st's lock, held, and queues its write
+// for the commit loop, which lets go of the lock. It queues nothing, and
+// returns no write, when the transition stores nothing: a rule error
+// (ruleErr, an answer, not a failed commit) or no change.
+func (s *Store) queue(db *pebbledb.DB, st *stripe, scope ledger.Scope, key []byte, read *seen, next transition) (w *write, ruleErr, err error) {
+	var cur *ledger.Record
+	if read != nil && read.writes == st.writes.Load() {
+		cur = read.rec
+	} else if cur, err = st.read(db, scope, key); err != nil {
+		return nil, nil, err
+	}
+	rec, ruleErr := next(cur, s.cfg.Now())
+	if ruleErr != nil || rec == nil {
+		return nil, ruleErr, nil
+	}
+	if err := s.room(); err != nil {
+		return nil, nil, err // only a write is refused on a full disk
+	}
+	b := db.NewBatch()
+	if err := put(b, key, cur, rec); err != nil {
+		_ = b.Close()
+		return nil, nil, err
+	}
+	st.syncing.Add(1) // until the loop counts the write, for settled
+	w = &write{b: b, st: st, key: key, rec: rec, done: make(chan error, 1)}
+	s.commits.add(w) // under s.open: Close lets the loop commit it
+	return w, nil, nil
 }
 
 // classify turns what Pebble or the context said into a ledger error, as
