@@ -60,6 +60,30 @@ func (h *heldSync) hold(write func() error) <-chan error {
 	return done
 }
 
+// holdClaim claims key with the log's sync held (hold).
+func (h *heldSync) holdClaim(t *testing.T, key string) <-chan error {
+	return h.hold(func() error {
+		_, err := h.s.Claim(t.Context(), claimParams(key))
+		return err
+	})
+}
+
+// claimQueued starts claims of n keys on stripes of their own, none of
+// taken's, and returns once all n wait in the commit loop's queue, with
+// the keys and the channel their errors come on.
+func (h *heldSync) claimQueued(t *testing.T, n int, taken ...string) ([]string, <-chan error) {
+	keys := h.keys(n, taken...)
+	errs := make(chan error, n)
+	for _, k := range keys {
+		go func() {
+			_, err := h.s.Claim(t.Context(), claimParams(k))
+			errs <- err
+		}()
+	}
+	h.queued(n)
+	return keys, errs
+}
+
 // queued waits until n writes wait in the commit loop's queue.
 func (h *heldSync) queued(n int) {
 	for {
@@ -104,20 +128,9 @@ func TestWritesDuringASyncShareTheNext(t *testing.T) {
 	t.Parallel()
 	h := openHeldSync(t, t.TempDir())
 	defer h.s.Close()
-	first := h.hold(func() error {
-		_, err := h.s.Claim(t.Context(), claimParams("first"))
-		return err
-	})
+	first := h.holdClaim(t, "first")
 	const during = 16
-	keys := h.keys(during, "first")
-	errs := make(chan error, during)
-	for _, k := range keys {
-		go func() {
-			_, err := h.s.Claim(t.Context(), claimParams(k))
-			errs <- err
-		}()
-	}
-	h.queued(during)
+	keys, errs := h.claimQueued(t, during, "first")
 
 	// A claim of the syncing key waits for its stripe's lock: no longer
 	// than its deadline, with the sync still held.
@@ -191,20 +204,9 @@ func TestCloseCommitsWhatIsQueued(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	h := openHeldSync(t, dir)
-	first := h.hold(func() error {
-		_, err := h.s.Claim(t.Context(), claimParams("first"))
-		return err
-	})
+	first := h.holdClaim(t, "first")
 	const queued = 4
-	keys := h.keys(queued, "first")
-	errs := make(chan error, queued)
-	for _, k := range keys {
-		go func() {
-			_, err := h.s.Claim(t.Context(), claimParams(k))
-			errs <- err
-		}()
-	}
-	h.queued(queued)
+	keys, errs := h.claimQueued(t, queued, "first")
 	closed := make(chan error, 1)
 	go func() { closed <- h.s.Close() }()
 	close(h.letGo)
