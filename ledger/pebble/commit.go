@@ -51,10 +51,15 @@ func (c *commits) add(w *write) {
 	first := len(c.queue) == 1
 	c.mu.Unlock()
 	if first {
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.signal()
+	}
+}
+
+// signal leaves the loop a token, unless one is there.
+func (c *commits) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -76,10 +81,7 @@ func (c *commits) take(group []*write) []*write {
 	clear(c.queue[left:]) // the queue's array keeps no write it handed on
 	c.queue = c.queue[:left]
 	if len(c.queue) > 0 {
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.signal()
 	}
 	return group
 }
@@ -93,24 +95,23 @@ func (s *Store) commitLoop() {
 	for {
 		select {
 		case <-c.wake:
+			// Every goroutine ready to run goes first, once: the calls
+			// among them are about to queue their writes, which join this
+			// group instead of waiting for the next sync, as Redis's loop
+			// reads every socket that is ready before it syncs. Nothing
+			// waits when nothing else is ready (one caller).
+			runtime.Gosched()
 		case <-c.stop:
-			for {
-				if group = c.take(group[:0]); len(group) == 0 {
-					return
-				}
-				s.commitGroup(group)
-				clear(group)
-			}
 		}
-		// Every goroutine ready to run goes first, once: the calls among
-		// them are about to queue their writes, which join this group
-		// instead of waiting for the next sync, as Redis's loop reads
-		// every socket that is ready before it syncs. Nothing waits when
-		// nothing else is ready (one caller).
-		runtime.Gosched()
 		if group = c.take(group[:0]); len(group) > 0 {
 			s.commitGroup(group)
 			clear(group) // keeps no write it answered
+			continue
+		}
+		select {
+		case <-c.stop:
+			return // and nothing is left: no call queues after Close
+		default:
 		}
 	}
 }
