@@ -55,6 +55,9 @@ export function ledgerError(err: unknown): LedgerError | undefined {
   if (err instanceof LedgerError) {
     return err;
   }
+  if (err === undefined) {
+    return undefined; // nothing failed (ConnectError.from would make an error, and its stack, to say so)
+  }
   const ce = ConnectError.from(err);
   if (ce.cause instanceof LedgerError) {
     return ce.cause; // an interceptor's own typed error, such as a misconfigured baseUrl

@@ -11,6 +11,7 @@ import { BeginRequestSchema, OnLeaseExpiry, OutcomeSchema, type BeginRequest, ty
 import { codeName, LedgerError, ledgerError } from "./errors.js";
 import { FencedRun, withFence, type FenceRow, type FenceTable } from "./fence.js";
 import type { Ledger } from "./ledger.js";
+import { sizeBound } from "./size.js";
 
 /** What a duplicate does while the first attempt runs: wait for its answer, or get IN_PROGRESS at once. */
 export type OnInProgress = "wait" | "reject";
@@ -324,10 +325,11 @@ export class Guard {
   // a small stored error that says the call ran.
   private async complete(c: Claim, call: Call, out: Outcome): Promise<void> {
     const wire = toWire(out);
-    const size = toBinary(OutcomeSchema, wire).length;
+    // Encoded only when it may be over the limit: most outcomes are far under it.
+    const size = () => toBinary(OutcomeSchema, wire).length;
     const send = (o: WireOutcome) => this.record(() => this.ledger.complete({ tenant: call.tenant, key: call.key, token: c.token, outcome: o }));
-    if (size > this.maxOutcomeBytes) {
-      await send(notKept(ErrorCode.OUTCOME_TOO_LARGE, size, this.maxOutcomeBytes));
+    if (sizeBound(wire) > this.maxOutcomeBytes && size() > this.maxOutcomeBytes) {
+      await send(notKept(ErrorCode.OUTCOME_TOO_LARGE, size(), this.maxOutcomeBytes));
       return;
     }
     const err = await send(wire);
@@ -335,7 +337,7 @@ export class Guard {
     if (err === undefined || le?.retryable || le?.code === ErrorCode.LEASE_LOST) {
       return;
     }
-    await send(notKept(le?.code === ErrorCode.OUTCOME_TOO_LARGE ? ErrorCode.OUTCOME_TOO_LARGE : ErrorCode.INTERNAL, size, this.maxOutcomeBytes));
+    await send(notKept(le?.code === ErrorCode.OUTCOME_TOO_LARGE ? ErrorCode.OUTCOME_TOO_LARGE : ErrorCode.INTERNAL, size(), this.maxOutcomeBytes));
   }
 
   // record runs a Complete or Release, retried on retryable answers; it

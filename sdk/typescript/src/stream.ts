@@ -12,6 +12,7 @@ import {
   type LookupRequestSchema, type LookupResponse, type ReleaseRequestSchema, type ReleaseResponse, type ResolveRequestSchema, type ResolveResponse,
   type StreamRequest, type StreamResponse,
 } from "./gen/idemledger/v1/ledger_pb.js";
+import { sizeBound } from "./size.js";
 
 /** The calls a write service makes, each as its unary counterpart answers it. */
 export interface LedgerCalls {
@@ -142,9 +143,9 @@ export class StreamLedger implements LedgerCalls {
     }
     const timeoutMs = opts.timeoutMs ?? this.defaultTimeoutMs;
     const req = create(StreamRequestSchema, { call: { case: kind, value: init } } as MessageInitShape<typeof StreamRequestSchema>);
-    // Only a call that carries an outcome can be large: the others are not
-    // encoded twice.
-    const large = (kind === "complete" || kind === "resolve") && toBinary(StreamRequestSchema, req).length > maxStreamedBytes;
+    // Only a call that carries an outcome can be large, and only one whose
+    // bound is over the limit is encoded to tell: the others are encoded once.
+    const large = (kind === "complete" || kind === "resolve") && sizeBound(req) > maxStreamedBytes && toBinary(StreamRequestSchema, req).length > maxStreamedBytes;
     if (this.http1 || large) {
       return this.callUnary(kind, init, opts);
     }

@@ -153,6 +153,36 @@ for (const [protocol, baseUrl] of [["connect", () => process.env.LEDGER_HTTP!], 
   });
 }
 
+// A request over 64 KiB goes as a unary call (sizeBound spares the others
+// an encoding): one over ledgerd's limit fails alone, where on the stream
+// it would end the stream and every call on it.
+test("createLedger: a large Complete goes alone, and one over the limit fails without the stream's calls", async () => {
+  const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token });
+  try {
+    const key = `ts-${randomUUID()}`;
+    const begin = (k: string) => ledger.begin({ tenant: "acme", key: k, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+    const token = (r: Awaited<ReturnType<typeof begin>>) => (r.result.case === "claim" ? r.result.value.token : 0n);
+    const [big, huge, held] = await Promise.all([begin(`${key}-big`), begin(`${key}-huge`), begin(`${key}-held`)]);
+    const waiting = ledger.lookup({ tenant: "acme", key: `${key}-held`, wait: { seconds: 10n } }, { timeoutMs: 20_000 });
+
+    const tooLarge = await ledger.complete({ tenant: "acme", key: `${key}-huge`, token: token(huge),
+      outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: new Uint8Array(5 << 20) } } } })
+      .then(() => assert.fail("a 5 MiB outcome was kept"), (e: unknown) => ConnectError.from(e));
+    assert.notEqual(tooLarge.code, Code.Unavailable, "the stream did not carry it");
+
+    const value = Uint8Array.from({ length: 100 << 10 }, (_, i) => i % 251);
+    await ledger.complete({ tenant: "acme", key: `${key}-big`, token: token(big), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value } } } });
+    const replay = await begin(`${key}-big`);
+    assert.equal(replay.result.case, "replay");
+    assert.deepEqual(replay.result.case === "replay" ? replay.result.value.outcome?.result.value : undefined, { $typeName: "google.protobuf.Any", typeUrl: "type.googleapis.com/x.Y", value });
+
+    await ledger.complete({ tenant: "acme", key: `${key}-held`, token: token(held), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: new Uint8Array(1) } } } });
+    assert.ok((await waiting).record?.completedAt, "the Lookup waiting on the stream got its answer: the record completed");
+  } finally {
+    ledger.close();
+  }
+});
+
 test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary call", async () => {
   // A forwarding proxy that speaks HTTP/1.1 alone, as some ingresses do.
   const upstream = new URL(process.env.LEDGER_HTTP!);
