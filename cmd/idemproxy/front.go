@@ -76,9 +76,10 @@ func newFront(upstream string, limit int64, tools map[string]toolConfig, g *mcpg
 	if err != nil {
 		return nil, err
 	}
+	transport := upstreamTransport()
 	f := &front{
 		upstream: u, limit: limit, keys: map[string]string{}, guarded: map[string]bool{}, m: m, log: log,
-		client:  &http.Client{Transport: http.DefaultTransport},
+		client:  &http.Client{Transport: transport},
 		running: map[string]struct{}{},
 	}
 	for name, t := range tools {
@@ -97,6 +98,7 @@ func newFront(upstream string, limit int64, tools map[string]toolConfig, g *mcpg
 			// proxy is the client, of no browser's origin.
 			r.Out.Header.Del("Origin")
 		},
+		Transport:      transport,
 		FlushInterval:  -1,
 		ModifyResponse: f.relay,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),

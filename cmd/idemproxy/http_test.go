@@ -28,6 +28,7 @@ type invoiceAPI struct {
 	mu     sync.Mutex
 	tokens []string
 	gets   atomic.Int64
+	conns  atomic.Int64 // the connections it accepted
 	hangUp atomic.Bool
 	// hold, when set, runs in every POST before its write: a test holds
 	// the write there.
@@ -59,7 +60,13 @@ func (a *invoiceAPI) serve(t *testing.T) string {
 		a.gets.Add(1)
 		_, _ = fmt.Fprintf(w, `{"id":%q}`, r.PathValue("id"))
 	})
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			a.conns.Add(1)
+		}
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -151,6 +158,36 @@ func postInvoiceAs(t *testing.T, base, tenant, header, body string) reply {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return reply{res.StatusCode, res.Header, string(b)}
+}
+
+// TestHTTPModeKeepsItsUpstreamConnections: 32 protected requests at once,
+// ten times over, reach the upstream over no more connections than there
+// were requests at once. A connection is idle again before the proxy
+// reads its response's end, so each round finds the last one's; with
+// http.DefaultTransport's 2 idle connections a host the proxy dialed most
+// of them anew (and the upstream accepted them).
+func TestHTTPModeKeepsItsUpstreamConnections(t *testing.T) {
+	t.Parallel()
+	api := &invoiceAPI{}
+	base := httpProxy(t, api.serve(t), routeConfig{})
+	const atOnce, rounds = 32, 10
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for i := range atOnce {
+			wg.Go(func() {
+				if got := postInvoice(t, base, fmt.Sprintf("k-%d-%d", r, i), `{"customer":"cus_1"}`); got.status != http.StatusCreated {
+					t.Errorf("POST: %d %s", got.status, got.body)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if n := len(api.writes()); n != atOnce*rounds {
+		t.Fatalf("%d writes, want %d", n, atOnce*rounds)
+	}
+	if n := api.conns.Load(); n > atOnce {
+		t.Errorf("the upstream accepted %d connections for %d rounds of %d requests at once, want at most %d", n, rounds, atOnce, atOnce)
+	}
 }
 
 // TestHTTPModeTakesBareKeys: a bare UUID that starts with a digit, and

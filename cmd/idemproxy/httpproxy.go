@@ -39,6 +39,7 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		return nil, err
 	}
 	rp := &httputil.ReverseProxy{
+		Transport: upstreamTransport(),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()

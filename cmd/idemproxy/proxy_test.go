@@ -181,6 +181,60 @@ func (u *goUpstream) serveWith(t testing.TB, opts *mcp.StreamableHTTPOptions) st
 	return srv.URL
 }
 
+// countingUpstream serves up over Streamable HTTP with opts and counts the
+// connections it accepts.
+func countingUpstream(t *testing.T, up *goUpstream, opts *mcp.StreamableHTTPOptions) (string, *atomic.Int64) {
+	t.Helper()
+	s := up.server()
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, opts))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL, &conns
+}
+
+// TestProxyKeepsItsUpstreamConnections: 32 calls at once on one session,
+// ten times over, half guarded and half passed through, reach the upstream
+// over no more connections than there were calls at once and the
+// session's own listening stream. The upstream answers JSON, which the
+// proxy reads to its end before it answers: each round finds the last
+// one's connections idle (see TestHTTPModeKeepsItsUpstreamConnections).
+func TestProxyKeepsItsUpstreamConnections(t *testing.T) {
+	t.Parallel()
+	up := &goUpstream{}
+	upstream, conns := countingUpstream(t, up, &mcp.StreamableHTTPOptions{JSONResponse: true})
+	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(upstream), policyConfig{}))
+	cs := connect(t, endpoint, http.DefaultTransport)
+	const atOnce, rounds = 32, 10
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for i := range atOnce {
+			wg.Go(func() {
+				params := &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}
+				if i%2 == 0 {
+					params = &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200},
+						Meta: mcp.Meta{mcpguard.KeyMeta: fmt.Sprintf("k-%d-%d", r, i)}}
+				}
+				if res, err := cs.CallTool(t.Context(), params); err != nil || res.IsError {
+					t.Errorf("%s: %v %v", params.Name, res, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if n, e := len(up.writes()), up.echoes.Load(); n != atOnce*rounds/2 || e != atOnce*rounds/2 {
+		t.Fatalf("%d writes and %d echoes, want %d of each", n, e, atOnce*rounds/2)
+	}
+	if n := conns.Load(); n > atOnce+1 {
+		t.Errorf("the upstream accepted %d connections for %d rounds of %d calls at once, want at most %d", n, rounds, atOnce, atOnce+1)
+	}
+}
+
 func (u *goUpstream) writes() []uint64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
