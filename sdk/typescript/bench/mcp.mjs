@@ -10,7 +10,11 @@
 //     straight to the server it fronts, over Streamable HTTP and, with the
 //     server as the proxy's stdio child, against the client running that
 //     server over stdio itself; and, for the breakdown, the unguarded echo
-//     through the proxy against echo sent straight (pass-through).
+//     through the proxy against echo sent straight (pass-through), over
+//     HTTP and to the stdio child;
+//   - guard-cpu: McpGuard's tool called in this process, with no MCP
+//     transport, --clients calls at once: the CPU a guarded call costs
+//     its server beyond the MCP call itself.
 // At 1 client each side of a pair takes --block calls in turn until each
 // has made --calls; the p50s are compared (target: guarded at most 1.3×).
 // At --clients concurrent clients each side runs for --seconds in turn,
@@ -91,19 +95,19 @@ const logged = (msg, field) => (line) => {
 };
 const port = (line) => line.startsWith('listening ') ? `http://127.0.0.1:${line.slice(10).trim()}/mcp` : undefined;
 
-const ledger = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
+const ledgerURL = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
   '--admin-listen', ''], {}, (line) => {
   const grpc = logged('ledgerd listening', 'grpc')(line);
   return grpc && { grpc, http: `http://${JSON.parse(line).http}` };
 });
 const guardJS = opt.guard;
 const server = join(here, 'server.mjs');
-const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledger.http };
+const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledgerURL.http };
 
 async function proxy(name, upstream) {
   const cfg = join(dir, `${name}.yaml`);
   writeFileSync(cfg, [
-    'ledger:', `  address: ${ledger.grpc}`,
+    'ledger:', `  address: ${ledgerURL.grpc}`,
     'mcp:', '  upstream:', ...upstream.map((l) => `    ${l}`),
     '  tenant:', '    static: acme',
     '  tools:', '    create_invoice: {}', '',
@@ -135,13 +139,15 @@ for (const era of ['2026-07-28', '2025']) {
   pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era) });
   pairs.push({ name: `proxy pass-through ${era}`, target: 'info', era, base: side(http(v2Plain), 'echo', era), test: side(http(httpProxy), 'echo', era) });
   pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(http(stdioProxy), 'create_invoice', era) });
+  pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(http(stdioProxy), 'echo', era) });
 }
 
 // connect is a v2 client on era: pinned to 2026-07-28, or the 2025 handshake.
 async function connect(s) {
   const client = new Client({ name: 'bench', version: '1.0.0' },
     s.era === '2025' ? {} : { versionNegotiation: { mode: { pin: '2026-07-28' } } });
-  await client.connect(s.transport());
+  const transport = s.transport();
+  await client.connect(transport);
   const run = randomUUID();
   let n = 0;
   const call = async () => {
@@ -151,7 +157,9 @@ async function connect(s) {
     }
   };
   await call(); // the connection is up and the path warm
-  return { call, close: () => client.close() };
+  // A 2025 session over HTTP ends with a DELETE (a stdio session through
+  // idemproxy holds a child until then).
+  return { call, close: async () => { await transport.terminateSession?.(); await client.close(); } };
 }
 
 const median = (a) => {
@@ -218,7 +226,37 @@ for (const p of pairs) {
   console.log(`${row.name.padEnd(30)} p50 ${row.p50_base_ms.toFixed(2)} → ${row.p50_test_ms.toFixed(2)} ms  ${row.p50_ratio.toFixed(2)}×${verdict(row.p50_ratio <= 1.3)} (≤ 1.3)` +
     `   ${clients} clients ${row.cps_base.toFixed(0)} → ${row.cps_test.toFixed(0)} calls/s  ${row.cps_ratio.toFixed(2)}×${verdict(row.cps_ratio >= 0.7)} (≥ 0.7)`);
 }
+
+// guardCPU is what the guard itself costs its server: McpGuard's tool
+// called in this process (no MCP transport) against ledgerd, --clients
+// calls at once for --seconds; calls a second and this process's CPU a
+// call (the guard, its ledger client, and the tool's trivial handler).
+async function guardCPU() {
+  const { createLedger, Guard, McpGuard } = await import(guardJS);
+  const ledger = createLedger({ baseUrl: ledgerURL.http });
+  const tool = new McpGuard(new Guard(ledger), 'acme').tool('create_invoice', async ({ customer }) => ({ content: [{ type: 'text', text: JSON.stringify({ id: 'inv_1', customer }) }] }));
+  const run = randomUUID();
+  let n = 0;
+  const loop = async (until) => {
+    while (performance.now() < until) {
+      const res = await tool({ customer: 'c' }, { _meta: { 'io.idemledger/idempotency-key': `${run}-${n++}` } });
+      if (res.isError) throw new Error(JSON.stringify(res));
+    }
+  };
+  await Promise.all(Array.from({ length: clients }, () => loop(performance.now() + 1000))); // warm-up
+  const before = n, cpu = process.cpuUsage(), t0 = performance.now();
+  await Promise.all(Array.from({ length: clients }, () => loop(t0 + seconds * rounds * 1000)));
+  const done = n - before, used = process.cpuUsage(cpu);
+  ledger.close();
+  return { calls_per_s: done / ((performance.now() - t0) / 1000), cpu_us_per_call: (used.user + used.system) / done };
+}
+
+let guardInProcess;
+if (only.length === 0 || only.includes('guard-cpu')) {
+  guardInProcess = await guardCPU();
+  console.log(`${'guard in process'.padEnd(30)} ${clients} at once: ${guardInProcess.calls_per_s.toFixed(0)} calls/s, ${guardInProcess.cpu_us_per_call.toFixed(0)} µs of CPU a call (the guard, its ledger client, the handler)`);
+}
 if (opt.json) {
-  writeFileSync(opt.json, JSON.stringify({ calls, block, clients, seconds, rounds, rows }, null, 2) + '\n');
+  writeFileSync(opt.json, JSON.stringify({ calls, block, clients, seconds, rounds, rows, guard_in_process: guardInProcess }, null, 2) + '\n');
 }
 process.exit(0);
