@@ -162,10 +162,10 @@ func postInvoiceAs(t *testing.T, base, tenant, header, body string) reply {
 
 // TestHTTPModeKeepsItsUpstreamConnections: 32 protected requests at once,
 // ten times over, reach the upstream over no more connections than there
-// were requests at once. A connection is idle again before the proxy
-// reads its response's end, so each round finds the last one's; with
-// http.DefaultTransport's 2 idle connections a host the proxy dialed most
-// of them anew (and the upstream accepted them).
+// were requests at once. Go's transport puts a connection back before
+// the proxy's read of the response's end returns, so each round finds the
+// last one's idle; with http.DefaultTransport's 2 idle connections a host
+// the proxy dialed most of them anew (and the upstream accepted them).
 func TestHTTPModeKeepsItsUpstreamConnections(t *testing.T) {
 	t.Parallel()
 	api := &invoiceAPI{}

@@ -398,8 +398,9 @@ func mcpHandler(cfg *mcpConfig, ledger *ledgerclient.Client, m *metrics, log *sl
 }
 
 // maxIdleUpstream is how many idle connections the proxy keeps to its
-// upstream: more than it serves requests at once in any deployment we
-// know of. Each costs a socket and about 8 KiB of buffers.
+// upstream; a proxy with more calls in flight at once dials for the rest.
+// Each costs a socket and about 8 KiB of buffers, and is closed after
+// DefaultTransport's 90 s without a request.
 const maxIdleUpstream = 1024
 
 // upstreamTransport is the transport of the proxy's requests to its one
