@@ -161,22 +161,22 @@ test("createLedger: a large Complete goes alone, and one over the limit fails wi
   try {
     const key = `ts-${randomUUID()}`;
     const begin = (k: string) => ledger.begin({ tenant: "acme", key: k, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
-    const token = (r: Awaited<ReturnType<typeof begin>>) => (r.result.case === "claim" ? r.result.value.token : 0n);
+    const tokenOf = (r: Awaited<ReturnType<typeof begin>>) => (r.result.case === "claim" ? r.result.value.token : 0n);
     const [big, huge, held] = await Promise.all([begin(`${key}-big`), begin(`${key}-huge`), begin(`${key}-held`)]);
     const waiting = ledger.lookup({ tenant: "acme", key: `${key}-held`, wait: { seconds: 10n } }, { timeoutMs: 20_000 });
 
-    const tooLarge = await ledger.complete({ tenant: "acme", key: `${key}-huge`, token: token(huge),
+    const tooLarge = await ledger.complete({ tenant: "acme", key: `${key}-huge`, token: tokenOf(huge),
       outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: new Uint8Array(5 << 20) } } } })
       .then(() => assert.fail("a 5 MiB outcome was kept"), (e: unknown) => ConnectError.from(e));
     assert.notEqual(tooLarge.code, Code.Unavailable, "the stream did not carry it");
 
     const value = Uint8Array.from({ length: 100 << 10 }, (_, i) => i % 251);
-    await ledger.complete({ tenant: "acme", key: `${key}-big`, token: token(big), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value } } } });
+    await ledger.complete({ tenant: "acme", key: `${key}-big`, token: tokenOf(big), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value } } } });
     const replay = await begin(`${key}-big`);
     assert.equal(replay.result.case, "replay");
     assert.deepEqual(replay.result.case === "replay" ? replay.result.value.outcome?.result.value : undefined, { $typeName: "google.protobuf.Any", typeUrl: "type.googleapis.com/x.Y", value });
 
-    await ledger.complete({ tenant: "acme", key: `${key}-held`, token: token(held), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: new Uint8Array(1) } } } });
+    await ledger.complete({ tenant: "acme", key: `${key}-held`, token: tokenOf(held), outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: new Uint8Array(1) } } } });
     assert.ok((await waiting).record?.completedAt, "the Lookup waiting on the stream got its answer: the record completed");
   } finally {
     ledger.close();
