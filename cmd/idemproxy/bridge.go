@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -20,9 +22,10 @@ import (
 	"time"
 )
 
-// bridge serves a stdio MCP server as Streamable HTTP on loopback, in
-// every revision the server speaks. The front (front.go) guards in front
-// of it as it does in front of an HTTP upstream.
+// bridge serves a stdio MCP server as Streamable HTTP, in every revision
+// the server speaks, to the front in the same process (handlerTransport):
+// nothing listens for it. The front (front.go) guards in front of it as it
+// does in front of an HTTP upstream.
 //
 //   - A client of the 2025 revisions opens a session with initialize, and
 //     gets a child process of its own: the child sees one client, with that
@@ -87,6 +90,10 @@ const (
 	defaultSessionIdle  = 30 * time.Minute
 	defaultProbeTimeout = 10 * time.Second
 )
+
+// never is the idle time of a session that is never closed for being idle:
+// over stdio the proxy's one session lasts as long as its host runs it.
+const never = time.Duration(math.MaxInt64)
 
 // queued bounds the messages kept for a listening stream not open yet.
 const queued = 256
@@ -791,7 +798,8 @@ func (s *bridgeSession) read(p *proc) {
 		}
 		s.route(msg)
 	}
-	if err := lines.Err(); err != nil {
+	// A session closed by the proxy closes its child's output itself.
+	if err := lines.Err(); err != nil && !errors.Is(err, os.ErrClosed) {
 		s.b.log.Warn("the stdio upstream's output broke off", "error", err)
 	}
 	_ = p.out.Close() // the child has exited when it returns

@@ -264,6 +264,19 @@ func (c fileConfig) check() error {
 	return nil
 }
 
+// checkStdio reports what keeps the file from serving over stdio: only
+// the MCP mode does, and a message on stdin has no header to name its
+// tenant.
+func (c fileConfig) checkStdio() error {
+	switch {
+	case c.MCP == nil:
+		return errors.New("--stdio serves the MCP mode: the file has no mcp section")
+	case c.MCP.Tenant.Header != "":
+		return errors.New("--stdio: a message on stdin has no headers, so mcp.tenant takes static or argument, not header")
+	}
+	return nil
+}
+
 // policy is the guard's policy the file describes; runTimeout is its
 // section's default run timeout (0: defaultRunTimeout).
 func (p policyConfig) policy(runTimeout time.Duration) (guard.Policy, error) {

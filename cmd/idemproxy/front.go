@@ -71,12 +71,11 @@ const maxRequestBytes = 4 << 20
 // broke before it answered: nobody knows whether it ran.
 const codeUpstreamLost = -32098
 
-func newFront(upstream string, limit int64, tools map[string]toolConfig, g *mcpguard.Guard, m *metrics, log *slog.Logger) (*front, error) {
+func newFront(upstream string, transport http.RoundTripper, limit int64, tools map[string]toolConfig, g *mcpguard.Guard, m *metrics, log *slog.Logger) (*front, error) {
 	u, err := url.Parse(upstream)
 	if err != nil {
 		return nil, err
 	}
-	transport := upstreamTransport()
 	f := &front{
 		upstream: u, limit: limit, keys: map[string]string{}, guarded: map[string]bool{}, m: m, log: log,
 		client:  &http.Client{Transport: transport},

@@ -15,6 +15,11 @@
 //
 //	idemproxy --config idemproxy.yaml [--listen 127.0.0.1:8091] [--admin-listen 127.0.0.1:8092]
 //
+// or, as the MCP server a host runs over stdio (the MCP mode only; no
+// listener, and no admin listener unless --admin-listen names one):
+//
+//	idemproxy --config idemproxy.yaml --stdio
+//
 // Every flag may be set by its environment variable instead: IDEMPROXY_
 // and the flag's name in capitals, - as _ (IDEMPROXY_LEDGER_CA).
 package main
@@ -66,7 +71,7 @@ type flags struct {
 	ledgerServerName                    string
 	drainTimeout                        time.Duration
 	logLevel, logFormat                 string
-	version                             bool
+	version, stdio                      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (flags, error) {
@@ -87,11 +92,19 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
+	fs.BoolVar(&f.stdio, "stdio", false, "serve MCP on stdin and stdout, as the server a host runs, instead of on --listen")
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("IDEMPROXY")); err != nil {
 		return f, err
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	// A host may run many proxies over stdio: none takes the admin
+	// port unless it is named.
+	named := false
+	fs.Visit(func(fl *flag.Flag) { named = named || fl.Name == "admin-listen" })
+	if f.stdio && !named {
+		f.adminListen = ""
 	}
 	return f, nil
 }
@@ -147,6 +160,9 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := loadConfig(f.config)
+	if err == nil && f.stdio {
+		err = cfg.checkStdio()
+	}
 	if err != nil {
 		_, _ = fmt.Fprintln(stderr, "idemproxy:", err)
 		return 2
@@ -154,7 +170,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	f.apply(&cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, f, cfg, nil, log); err != nil {
+	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {
 		log.Error("idemproxy stopped", "error", err)
 		return 1
 	}
@@ -162,16 +178,21 @@ func cli(args []string, stdout, stderr io.Writer) int {
 }
 
 // listeners are the proxy's listeners, for tests; nil ones are opened
-// from the flags.
-type listeners struct{ front, admin net.Listener }
+// from the flags. With --stdio the proxy serves in and out instead of
+// front.
+type listeners struct {
+	front, admin net.Listener
+	in           io.Reader
+	out          io.Writer
+}
 
-// run serves until ctx ends, then drains.
+// run serves until ctx ends (or, with --stdio, stdin does), then drains.
 func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog.Logger) error {
 	if lis == nil {
 		lis = &listeners{}
 	}
 	var err error
-	if lis.front == nil {
+	if lis.front == nil && !f.stdio {
 		if lis.front, err = net.Listen("tcp", f.listen); err != nil {
 			return err
 		}
@@ -203,23 +224,30 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	defer startDrain()
 	var handler http.Handler
 	var ping func(context.Context) error
-	mode, endpoint := "http", "http://"+lis.front.Addr().String()
+	mode := "http"
 	if cfg.HTTP != nil {
 		if handler, err = httpHandler(cfg.HTTP, ledger, reg, log); err != nil { //nolint:contextcheck // its handlers run on their requests' contexts
 			return err
 		}
 	} else {
-		mode, endpoint = "mcp", endpoint+"/mcp"
-		var upstreamURL string
+		mode = "mcp"
+		var up *upstream
 		var stop func()
-		if handler, upstreamURL, stop, err = mcpHandler(cfg.MCP, ledger, m, log); err != nil {
+		if handler, up, stop, err = mcpHandler(cfg.MCP, f.stdio, ledger, m, log); err != nil {
 			return err
 		}
 		defer stop()
-		up := &upstream{endpoint: upstreamURL}
 		defer up.close()
 		ping = up.ping
 		handler = untilDrain(drainCtx, handler)
+	}
+	admin := &http.Server{Handler: adminMux(reg, &draining, ping, conn), ReadHeaderTimeout: 10 * time.Second}
+	if f.stdio {
+		return serveAdminWith(admin, lis.admin, func() error {
+			log.InfoContext(ctx, "idemproxy serving stdio", "admin", adminAddr(lis.admin),
+				"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg))
+			return serveStdio(ctx, handler, lis.in, lis.out, cmp.Or(cfg.MCP.MaxResultBytes, defaultMaxResultBytes), f.drainTimeout, log)
+		})
 	}
 	fresh := &freshConns{}
 	hs := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ConnState: fresh.track}
@@ -227,12 +255,15 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	// sent a request (a client's spare); it has nothing to finish, so the
 	// drain closes it at once.
 	hs.RegisterOnShutdown(fresh.close)
-	admin := &http.Server{Handler: adminMux(reg, &draining, ping, conn), ReadHeaderTimeout: 10 * time.Second}
 
 	errc := make(chan error, 2)
 	go func() { errc <- serve(hs, lis.front) }()
 	if lis.admin != nil {
 		go func() { errc <- serve(admin, lis.admin) }()
+	}
+	endpoint := "http://" + lis.front.Addr().String()
+	if mode == "mcp" {
+		endpoint += "/mcp"
 	}
 	log.InfoContext(ctx, "idemproxy listening", "mode", mode, "endpoint", endpoint, "admin", adminAddr(lis.admin),
 		"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg))
@@ -271,6 +302,16 @@ func untilDrain(drain context.Context, h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// serveAdminWith runs serve, with the admin server on lis when there is
+// one, and ends the admin server when serve returns.
+func serveAdminWith(admin *http.Server, lis net.Listener, serve func() error) error {
+	if lis != nil {
+		go func() { _ = admin.Serve(lis) }()
+		defer admin.Close()
+	}
+	return serve()
 }
 
 func serve(hs *http.Server, lis net.Listener) error {
@@ -354,48 +395,53 @@ func adminAddr(l net.Listener) string {
 
 // mcpHandler is the MCP mode: Streamable HTTP on /mcp, the named tools
 // guarded, everything else passed through to the upstream MCP server
-// (front.go). A stdio upstream is served as Streamable HTTP on loopback
-// by a bridge first (bridge.go). It returns the upstream's endpoint, and
-// what ends the bridge.
-func mcpHandler(cfg *mcpConfig, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, string, func(), error) {
+// (front.go). A stdio upstream is served as Streamable HTTP by a bridge
+// first (bridge.go), which the front reaches in process. It returns the
+// upstream as the readiness check sees it, and what ends the bridge.
+//
+// Over stdio the proxy has one client, whose session lasts as long as the
+// host runs it: the bridge closes no session for being idle.
+func mcpHandler(cfg *mcpConfig, stdio bool, ledger *ledgerclient.Client, m *metrics, log *slog.Logger) (http.Handler, *upstream, func(), error) {
 	opts := []mcpguard.Option{mcpguard.WithTenant(cfg.Tenant.tenant()), mcpguard.WithClaimInMeta()}
 	for name, t := range cfg.Tools {
 		tool, err := t.tool(time.Duration(cfg.RunTimeout))
 		if err != nil {
-			return nil, "", nil, err
+			return nil, nil, nil, err
 		}
 		opts = append(opts, mcpguard.WithTool(name, tool))
 	}
 	gd, err := guard.New(ledger, guard.WithLogger(log))
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, nil, err
 	}
 	g, err := mcpguard.New(gd, opts...)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, nil, err
 	}
 	limit := cmp.Or(cfg.MaxResultBytes, defaultMaxResultBytes)
 	endpoint, stop := cfg.Upstream.URL, func() {}
+	var transport http.RoundTripper = upstreamTransport()
 	if endpoint == "" {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, "", nil, err
+		idle := cmp.Or(time.Duration(cfg.Upstream.SessionIdle), defaultSessionIdle)
+		if stdio {
+			idle = never
 		}
-		b := newBridge(cfg.Upstream.Command, limit, cfg.Upstream.MaxSessions, time.Duration(cfg.Upstream.SessionIdle), log)
-		hs := &http.Server{Handler: b, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = hs.Serve(lis) }()
-		endpoint = "http://" + lis.Addr().String() + "/mcp"
-		stop = func() { _ = hs.Close(); b.closeAll() }
+		b := newBridge(cfg.Upstream.Command, limit, cfg.Upstream.MaxSessions, idle, log)
+		endpoint, transport, stop = bridgeEndpoint, handlerTransport{b}, b.closeAll
 	}
-	f, err := newFront(endpoint, limit, cfg.Tools, g, m, log)
+	f, err := newFront(endpoint, transport, limit, cfg.Tools, g, m, log)
 	if err != nil {
 		stop()
-		return nil, "", nil, err
+		return nil, nil, nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", f)
-	return mux, endpoint, stop, nil
+	return mux, &upstream{endpoint: endpoint, client: &http.Client{Transport: transport}}, stop, nil
 }
+
+// bridgeEndpoint is the stdio bridge's endpoint, which the proxy reaches
+// in process: the host names nothing on the network.
+const bridgeEndpoint = "http://stdio-upstream/mcp"
 
 // maxIdleUpstream is how many idle connections the proxy keeps to its
 // upstream; a proxy with more calls in flight at once dials for the rest.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os/exec"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 // breaks. Calls do not use it: they pass through the front (front.go).
 type upstream struct {
 	endpoint string
+	client   *http.Client
 
 	mu sync.Mutex
 	cs *mcp.ClientSession
@@ -54,7 +56,7 @@ func (u *upstream) session(ctx context.Context) (*mcp.ClientSession, error) {
 		return u.cs, nil
 	}
 	c := mcp.NewClient(&mcp.Implementation{Name: "idemproxy", Version: version()}, nil)
-	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: u.endpoint}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: u.endpoint, HTTPClient: u.client}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the upstream MCP server: %w", err)
 	}

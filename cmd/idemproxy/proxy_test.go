@@ -148,6 +148,13 @@ func (u *goUpstream) server() *mcp.Server {
 		u.reports.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("r", a.Bytes)}}}, nil, nil
 	})
+	// regional mirrors its argument region into the header Mcp-Param-Region
+	// (x-mcp-header): a request of 2026-07-28 must carry it.
+	s.AddTool(&mcp.Tool{Name: "regional", InputSchema: map[string]any{"type": "object", "properties": map[string]any{
+		"region": map[string]any{"type": "string", "x-mcp-header": "Region"}, "level": map[string]any{"type": "integer"},
+	}}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "region=" + string(req.Params.Arguments)}}}, nil
+	})
 	// wait_for_cancel reports progress once it runs, then waits until its
 	// caller cancels it: a call that runs as long as a test needs.
 	mcp.AddTool(s, &mcp.Tool{Name: "wait_for_cancel"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
@@ -291,7 +298,7 @@ func TestProxyGuardsTheNamedTools(t *testing.T) {
 	}
 	// Everything else passes through: tools/list, an unguarded tool.
 	list, err := cs.ListTools(t.Context(), nil)
-	if err != nil || len(list.Tools) != 4 { // create_invoice, echo, big_report, wait_for_cancel
+	if err != nil || len(list.Tools) != 5 { // create_invoice, echo, big_report, regional, wait_for_cancel
 		t.Fatalf("tools/list through the proxy: %v, %v", list, err)
 	}
 	for range 2 {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -57,11 +58,18 @@ type v2Run struct {
 }
 
 // runV2Client runs client-v2.mjs against endpoint with the version
-// negotiation mode (auto, pin or legacy).
-func runV2Client(t *testing.T, endpoint, mode, prefix string) v2Run {
+// negotiation mode (auto, pin or legacy). An endpoint of "stdio" and a
+// command after it run the command as the client's server over stdio.
+func runV2Client(t *testing.T, endpoint, mode, prefix string, command ...string) v2Run {
 	t.Helper()
 	node, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/client")
-	out, err := exec.CommandContext(t.Context(), node, filepath.Join(dir, "client-v2.mjs"), endpoint, mode, prefix).Output()
+	args := []string{filepath.Join(dir, "client-v2.mjs"), endpoint, mode, prefix}
+	if len(command) > 0 {
+		args = append(append(args, "--"), command...)
+	}
+	cmd := exec.CommandContext(t.Context(), node, args...)
+	cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1") // a command of this binary is idemproxy's cli
+	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if e, ok := err.(*exec.ExitError); ok { //nolint:errorlint // the command's own error
@@ -76,6 +84,27 @@ func runV2Client(t *testing.T, endpoint, mode, prefix string) v2Run {
 	return run
 }
 
+// stdioConfigFile writes cfg's ledger, upstream command and tools as the
+// file a host's idemproxy --stdio reads.
+func stdioConfigFile(t *testing.T, cfg fileConfig) string {
+	t.Helper()
+	argv, err := json.Marshal(cfg.MCP.Upstream.Command)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tools strings.Builder
+	for name := range cfg.MCP.Tools {
+		fmt.Fprintf(&tools, "    %s: {}\n", name)
+	}
+	path := filepath.Join(t.TempDir(), "idemproxy.yaml")
+	body := fmt.Sprintf("ledger:\n  address: %s\nmcp:\n  upstream:\n    command: %s\n  tenant: {static: %s}\n  tools:\n%s",
+		cfg.Ledger.Address, argv, cfg.MCP.Tenant.Static, tools.String())
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func stderrOf(e *exec.ExitError) []byte {
 	if e == nil {
 		return nil
@@ -86,22 +115,31 @@ func stderrOf(e *exec.ExitError) []byte {
 // TestProxyServesTheV2SDK: the official TypeScript SDK's v2 client, on
 // the 2026-07-28 revision (negotiated by server/discover, and pinned) and
 // on the 2025 handshake, through the proxy in front of a v2 server over
-// Streamable HTTP and over stdio. For each: a key in _meta runs the write
+// Streamable HTTP and over stdio, and running `idemproxy --config FILE
+// --stdio` itself as its server over stdio, as a host does (in front of
+// the v2 server over stdio). For each: a key in _meta runs the write
 // once and its retry is the marked replay; the key with another payload
 // is KEY_REUSED; a key in the tool's argument does the same; a charge that
 // asks for a confirmation first (an input_required round on 2026-07-28, an
 // elicitation on 2025) runs once, its confirmation asked once, and its
 // retry is the replay, asked nothing.
 func TestProxyServesTheV2SDK(t *testing.T) {
-	for _, stdio := range []bool{false, true} {
-		t.Run(map[bool]string{false: "StreamableHTTP", true: "Stdio"}[stdio], func(t *testing.T) {
+	for _, path := range []string{"StreamableHTTP", "Stdio", "StdioHost"} {
+		t.Run(path, func(t *testing.T) {
+			stdio, host := path != "StreamableHTTP", path == "StdioHost"
 			cfg := config(ledgerAddr(t), v2Server(t, stdio), policyConfig{})
 			cfg.MCP.Tools["charge"] = toolConfig{}
-			endpoint, _ := proxy(t, cfg)
+			var endpoint string
+			var command []string
+			if host {
+				endpoint, command = "stdio", []string{os.Args[0], "--config", stdioConfigFile(t, cfg), "--stdio"}
+			} else {
+				endpoint, _ = proxy(t, cfg)
+			}
 			invoices, charges := 0, 0
 			for _, mode := range []string{"auto", "pin", "legacy"} {
 				t.Run(mode, func(t *testing.T) {
-					run := runV2Client(t, endpoint, mode, mode)
+					run := runV2Client(t, endpoint, mode, mode, command...)
 					if want := map[string]string{"auto": "modern", "pin": "modern", "legacy": "legacy"}[mode]; run.Era != want {
 						t.Errorf("the client's era: %q, want %q", run.Era, want)
 					}
@@ -120,9 +158,10 @@ func TestProxyServesTheV2SDK(t *testing.T) {
 						t.Errorf("the client was asked %d times to confirm the charge; want once", run.Asked)
 					}
 					// Over stdio a 2025 session has a child of its own,
-					// which holds its own rows.
+					// which holds its own rows; a host's idemproxy runs
+					// children of its own.
 					wantInvoices, wantCharges := 2, 1
-					if !stdio || mode != "legacy" {
+					if !host && (!stdio || mode != "legacy") {
 						invoices, charges = invoices+2, charges+1
 						wantInvoices, wantCharges = invoices, charges
 					}

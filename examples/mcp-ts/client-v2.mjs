@@ -11,14 +11,20 @@
 //     client), then its retry;
 //   - count_writes, where the server has it.
 // It prints what it saw as one JSON object: the era, each result, and how
-// many times it was asked to confirm.
+// many times it was asked to confirm. Given stdio and a command instead of
+// a URL, it runs the command as its server over stdio, as a host does.
 //
 //   node client-v2.mjs http://127.0.0.1:8091/mcp auto|pin|legacy [key-prefix]
+//   node client-v2.mjs stdio auto|pin|legacy key-prefix -- idemproxy --config idemproxy.yaml --stdio
 import { randomUUID } from 'node:crypto';
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 
 const KEY_META = 'io.idemledger/idempotency-key';
-const [url, mode = 'auto', prefix = `v2-${randomUUID()}`] = process.argv.slice(2);
+const argv = process.argv.slice(2);
+const dashes = argv.indexOf('--');
+const [url, mode = 'auto', prefix = `v2-${randomUUID()}`] = dashes < 0 ? argv : argv.slice(0, dashes);
+const [command, ...args] = dashes < 0 ? [] : argv.slice(dashes + 1);
 const negotiation = { auto: { mode: 'auto' }, pin: { mode: { pin: '2026-07-28' } }, legacy: undefined }[mode];
 const client = new Client({ name: 'ts-v2-agent', version: '1.0.0' }, {
   capabilities: { elicitation: { form: {} } },
@@ -29,7 +35,9 @@ client.setRequestHandler('elicitation/create', async () => {
   asked++;
   return { action: 'accept', content: { confirm: true } };
 });
-await client.connect(new StreamableHTTPClientTransport(new URL(url)));
+await client.connect(url === 'stdio'
+  ? new StdioClientTransport({ command, args, env: process.env, stderr: 'inherit' })
+  : new StreamableHTTPClientTransport(new URL(url)));
 
 const call = (name, args, key) => client.callTool({ name, arguments: args, ...(key ? { _meta: { [KEY_META]: key } } : {}) });
 const invoice = { customer: 'cus_v2', currency: 'EUR', amount_cents: 4200 };

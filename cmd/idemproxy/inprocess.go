@@ -1,0 +1,98 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+)
+
+// handlerTransport is an http.RoundTripper that serves each request with a
+// handler of this process: no connection, no listener, and neither the
+// request nor its answer encoded. The proxy reaches its stdio bridge this
+// way, and over stdio its own endpoint: a hop between two parts of one
+// process costs what the handler costs.
+//
+// The handler sees what a server would give it: the request's context
+// ends when the caller closes the answer's body (a client that left), and
+// the answer streams as the handler writes it, each Write handed to the
+// reader before it returns.
+type handlerTransport struct{ h http.Handler }
+
+func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithCancel(req.Context())
+	in := req.Clone(ctx)
+	in.RequestURI = req.URL.RequestURI()
+	in.Host = cmp.Or(req.Host, req.URL.Host)
+	in.RemoteAddr = "in-process"
+	if in.Body == nil {
+		in.Body = http.NoBody
+	}
+	pr, pw := io.Pipe()
+	w := &pipeResponse{header: http.Header{}, body: pw, head: make(chan struct{})}
+	go func() {
+		defer func() {
+			w.WriteHeader(http.StatusOK) // when the handler wrote nothing
+			_ = pw.Close()
+			_ = in.Body.Close()
+		}()
+		t.h.ServeHTTP(w, in)
+	}()
+	select {
+	case <-w.head:
+	case <-ctx.Done():
+		cancel()
+		_ = pr.Close()
+		return nil, ctx.Err()
+	}
+	return &http.Response{
+		Status: strconv.Itoa(w.status) + " " + http.StatusText(w.status), StatusCode: w.status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: w.sent, Body: &handlerBody{ReadCloser: pr, cancel: cancel}, ContentLength: -1, Request: req,
+	}, nil
+}
+
+// handlerBody is an answer's body: closing it is the client leaving.
+type handlerBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *handlerBody) Close() error {
+	b.cancel()
+	return b.ReadCloser.Close()
+}
+
+// pipeResponse is the handler's ResponseWriter: the head once written,
+// the body through a pipe.
+type pipeResponse struct {
+	header http.Header
+	body   *io.PipeWriter
+
+	once   sync.Once
+	head   chan struct{} // closed once the head is written
+	status int
+	sent   http.Header // the header as it was when the head was written
+}
+
+func (w *pipeResponse) Header() http.Header { return w.header }
+
+func (w *pipeResponse) WriteHeader(status int) {
+	if status < 200 {
+		return // informational: not a transport's concern here
+	}
+	w.once.Do(func() {
+		w.status, w.sent = status, w.header.Clone()
+		close(w.head)
+	})
+}
+
+func (w *pipeResponse) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return w.body.Write(b)
+}
+
+// Flush does nothing: each Write reaches the reader before it returns.
+func (w *pipeResponse) Flush() {}

@@ -1,0 +1,357 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemledger/idemledger/interceptors/mcpguard"
+)
+
+// stdioHost is a host that runs idemproxy --stdio: it writes JSON-RPC
+// lines on the proxy's stdin and reads its stdout.
+type stdioHost struct {
+	t     *testing.T
+	in    *io.PipeWriter
+	lines chan []byte // stdout, a message a line; closed when it ends
+	done  chan error  // what run returned
+	ids   int
+}
+
+// stdioProxy runs the proxy over stdio with cfg, in process; it ends when
+// the test closes its stdin, or when the test ends.
+func stdioProxy(t *testing.T, cfg fileConfig) *stdioHost {
+	t.Helper()
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.checkStdio(); err != nil {
+		t.Fatal(err)
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &stdioHost{t: t, in: inW, lines: make(chan []byte, 1024), done: make(chan error, 1)}
+	go func() {
+		h.done <- run(ctx, flags{stdio: true, drainTimeout: 5 * time.Second}, cfg, &listeners{in: inR, out: outW}, slog.New(slog.DiscardHandler))
+		_ = outW.Close()
+	}()
+	go func() {
+		defer close(h.lines)
+		sc := bufio.NewScanner(outR)
+		sc.Buffer(nil, 64<<20)
+		for sc.Scan() {
+			h.lines <- []byte(sc.Text())
+		}
+	}()
+	t.Cleanup(func() {
+		_ = inW.Close()
+		cancel()
+		for range h.lines { // drains what is left
+		}
+	})
+	return h
+}
+
+// send writes one line.
+func (h *stdioHost) send(line string) {
+	h.t.Helper()
+	if _, err := io.WriteString(h.in, line+"\n"); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// rpcAnswer is a JSON-RPC response as the host reads it.
+type rpcAnswer struct {
+	ID     json.RawMessage `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int64  `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// call sends a request and reads until its response.
+func (h *stdioHost) call(method string, params any) rpcAnswer {
+	h.t.Helper()
+	h.ids++
+	id := h.ids
+	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.send(string(b))
+	return h.answer(json.RawMessage(strconv.Itoa(id)))
+}
+
+// answer reads until the response to id (null for an error that names no
+// request), past the other messages.
+func (h *stdioHost) answer(id json.RawMessage) rpcAnswer {
+	h.t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line, ok := <-h.lines:
+			if !ok {
+				h.t.Fatalf("stdout ended before the answer to %s", id)
+			}
+			var a rpcAnswer
+			var m struct {
+				Method string `json:"method"`
+			}
+			if json.Unmarshal(line, &a) != nil || json.Unmarshal(line, &m) != nil {
+				h.t.Fatalf("stdout carried %q, not a JSON-RPC message", line)
+			}
+			if m.Method == "" && string(a.ID) == string(id) {
+				return a
+			}
+		case <-timeout:
+			h.t.Fatalf("no answer to %s in 30 s", id)
+		}
+	}
+}
+
+// envelope is the per-request _meta of 2026-07-28, with more keys.
+func modernMeta(more map[string]any) map[string]any {
+	m := map[string]any{"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+		"io.modelcontextprotocol/clientCapabilities": map[string]any{},
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "host", "version": "1"}}
+	for k, v := range more {
+		m[k] = v
+	}
+	return m
+}
+
+// toolText is a tool result's text, whether it is an error, and whether
+// it is the guard's replay.
+func toolText(t *testing.T, a rpcAnswer) (text string, isError, replayed bool) {
+	t.Helper()
+	if a.Error != nil {
+		t.Fatalf("a JSON-RPC error: %d %s", a.Error.Code, a.Error.Message)
+	}
+	var r struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+		IsError bool           `json:"isError"`
+		Meta    map[string]any `json:"_meta"`
+	}
+	if err := json.Unmarshal(a.Result, &r); err != nil || len(r.Content) != 1 {
+		t.Fatalf("a tool result of one text: %s (%v)", a.Result, err)
+	}
+	return r.Content[0].Text, r.IsError, r.Meta[mcpguard.ReplayedMeta] == true
+}
+
+// TestStdioHostOnTheModernRevision: a host that runs idemproxy --stdio
+// (in front of a stdio child) and speaks 2026-07-28 with no headers at
+// all: the proxy sends the ones the revision binds to the body, so the
+// child's checks pass, even for a tool the host called before it listed
+// the tools (an Mcp-Param-* header of a non-ASCII value, in base64); the
+// guard runs a write once, replays it, refuses the key with another
+// payload; what is not a message, or is over 4 MiB, gets a JSON-RPC error
+// and the session goes on.
+func TestStdioHostOnTheModernRevision(t *testing.T) {
+	cfg := config(ledgerAddr(t), stdioUpstream(t), policyConfig{})
+	h := stdioProxy(t, cfg)
+
+	d := h.call("server/discover", map[string]any{"_meta": modernMeta(nil)})
+	if d.Error != nil || !strings.Contains(string(d.Result), mcpguard.IdempotencyCapability) {
+		t.Fatalf("server/discover: %s %+v; want the idempotency capability", d.Result, d.Error)
+	}
+	region := h.call("tools/call", map[string]any{"name": "regional", "arguments": map[string]any{"region": "Zürich", "level": 3}, "_meta": modernMeta(nil)})
+	if text, isErr, _ := toolText(t, region); isErr || !strings.Contains(text, "Zürich") {
+		t.Fatalf("a tool with a header binding, before tools/list: %q", text)
+	}
+	list := h.call("tools/list", map[string]any{"_meta": modernMeta(nil)})
+	if !strings.Contains(string(list.Result), mcpguard.DefaultKeyArgument) {
+		t.Fatalf("tools/list does not advertise the key argument: %s", list.Result)
+	}
+	invoice := func(amount int) rpcAnswer {
+		return h.call("tools/call", map[string]any{"name": "create_invoice",
+			"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": amount},
+			"_meta":     modernMeta(map[string]any{mcpguard.KeyMeta: "stdio-modern"})})
+	}
+	first, firstErr, firstReplayed := toolText(t, invoice(100))
+	again, _, replayed := toolText(t, invoice(100))
+	if firstErr || firstReplayed || !replayed || again != first {
+		t.Fatalf("a write %q, then its retry %q (replayed %v); want a run, then its marked replay", first, again, replayed)
+	}
+	changed := invoice(200)
+	if info, ok := errorInfo(changed.Result); !ok || info.Code != "KEY_REUSED" {
+		t.Fatalf("the key with another amount: %s", changed.Result)
+	}
+
+	h.send("this is not JSON")
+	if a := h.answer(json.RawMessage("null")); a.Error == nil || a.Error.Code != -32700 {
+		t.Fatalf("a line that is not JSON: %+v", a)
+	}
+	h.send(`{"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"echo","arguments":{"pad":"` + strings.Repeat("x", maxRequestBytes) + `"}}}`)
+	if a := h.answer(json.RawMessage("null")); a.Error == nil || a.Error.Code != -32600 {
+		t.Fatalf("a line over 4 MiB: %+v", a)
+	}
+	if text, _, replayed := toolText(t, invoice(100)); !replayed || text != first {
+		t.Fatalf("the session after the bad lines: %q", text)
+	}
+}
+
+// errorInfo is the guard's typed error in a tool result.
+func errorInfo(result json.RawMessage) (mcpguard.ErrorInfo, bool) {
+	var r struct {
+		Meta struct {
+			Error *mcpguard.ErrorInfo `json:"io.idemledger/error"`
+		} `json:"_meta"`
+	}
+	if json.Unmarshal(result, &r) != nil || r.Meta.Error == nil {
+		return mcpguard.ErrorInfo{}, false
+	}
+	return *r.Meta.Error, true
+}
+
+// TestStdioHostOnThe2025Handshake: a host of the 2025 revisions over
+// stdio, in front of an upstream over Streamable HTTP: initialize gains the
+// capability, a write runs once and is replayed; and when the host closes
+// stdin with a guarded call in flight, the proxy answers the call before
+// it ends its output, and exits cleanly.
+func TestStdioHostOnThe2025Handshake(t *testing.T) {
+	// The second write waits in the upstream until the test lets it go.
+	var runs atomic.Int32
+	entered, release := make(chan struct{}), make(chan struct{})
+	up := &goUpstream{hold: func(ctx context.Context, _ uint32) bool {
+		if runs.Add(1) == 2 {
+			close(entered)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		return true
+	}}
+	cfg := config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{})
+	h := stdioProxy(t, cfg)
+
+	init := h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "host", "version": "1"}})
+	if init.Error != nil || !strings.Contains(string(init.Result), mcpguard.IdempotencyCapability) {
+		t.Fatalf("initialize: %s %+v; want the idempotency capability", init.Result, init.Error)
+	}
+	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	invoice := func(key string) rpcAnswer {
+		return h.call("tools/call", map[string]any{"name": "create_invoice",
+			"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 100},
+			"_meta":     map[string]any{mcpguard.KeyMeta: key}})
+	}
+	first, _, _ := toolText(t, invoice("stdio-2025"))
+	again, _, replayed := toolText(t, invoice("stdio-2025"))
+	if !replayed || again != first {
+		t.Fatalf("a write %q, then its retry %q (replayed %v)", first, again, replayed)
+	}
+
+	// The last call runs upstream when stdin ends; then it answers.
+	h.ids++
+	id := strconv.Itoa(h.ids)
+	h.send(`{"jsonrpc":"2.0","id":` + id + `,"method":"tools/call","params":{"name":"create_invoice","arguments":{"customer":"cus_2","currency":"EUR","amount_cents":100},"_meta":{"` + mcpguard.KeyMeta + `":"stdio-last"}}}`)
+	select {
+	case <-entered:
+	case line := <-h.lines:
+		t.Fatalf("the last call was answered before it ran: %s", line)
+	}
+	_ = h.in.Close()
+	close(release)
+	if text, isErr, _ := toolText(t, h.answer(json.RawMessage(id))); isErr {
+		t.Fatalf("the call in flight when stdin closed: %q", text)
+	}
+	if err := <-h.done; err != nil {
+		t.Fatalf("idemproxy --stdio after stdin closed: %v", err)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.rows) != 2 {
+		t.Fatalf("the upstream wrote %d rows; want 2", len(up.rows))
+	}
+}
+
+// TestStdioFlags: --stdio takes no admin port unless one is named, and a
+// file that cannot serve over stdio is a usage error.
+func TestStdioFlags(t *testing.T) {
+	f, err := parseFlags([]string{"--stdio"}, io.Discard)
+	if err != nil || f.adminListen != "" {
+		t.Fatalf("--stdio: admin %q, %v; want none", f.adminListen, err)
+	}
+	if f, _ := parseFlags([]string{"--stdio", "--admin-listen", "127.0.0.1:9"}, io.Discard); f.adminListen != "127.0.0.1:9" {
+		t.Fatalf("--stdio --admin-listen: %q", f.adminListen)
+	}
+	if f, _ := parseFlags(nil, io.Discard); f.adminListen == "" {
+		t.Fatal("without --stdio the admin listener is on by default")
+	}
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"http":   "http:\n  upstream: http://127.0.0.1:8080\n  tenant: {static: acme}\n  routes:\n    \"POST /v1/x\": {}\n",
+		"header": "mcp:\n  upstream: {url: http://127.0.0.1:8090/mcp}\n  tenant: {header: X-Tenant}\n  tools: {create_invoice: {}}\n",
+	} {
+		path := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		if code := cli([]string{"--config", path, "--stdio"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--stdio") {
+			t.Errorf("%s over stdio: exit %d, %q; want 2, saying why", name, code, stderr.String())
+		}
+	}
+}
+
+// TestStdioHostOutlivesItsUpstreamSession: an upstream over Streamable
+// HTTP that restarts forgets the host's 2025 session (404). The proxy
+// initializes a session again, as the host initialized it, and sends the
+// message once more: the host's session goes on, unguarded and guarded
+// calls alike, and a retry of a write done before is still its replay.
+func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
+	up := &goUpstream{}
+	var handler atomic.Pointer[http.Handler]
+	restart := func() { // a new server: no session of before
+		s := up.server()
+		h := http.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+		handler.Store(&h)
+	}
+	restart()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }))
+	t.Cleanup(srv.Close)
+	h := stdioProxy(t, config(ledgerAddr(t), byURL(srv.URL), policyConfig{}))
+
+	h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "host", "version": "1"}})
+	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	invoice := func(key string) rpcAnswer {
+		return h.call("tools/call", map[string]any{"name": "create_invoice",
+			"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 100},
+			"_meta":     map[string]any{mcpguard.KeyMeta: key}})
+	}
+	first, _, _ := toolText(t, invoice("before"))
+
+	restart()
+	if text, isErr, _ := toolText(t, h.call("tools/call", map[string]any{"name": "echo", "arguments": map[string]any{}})); isErr || text != "echo" {
+		t.Fatalf("an unguarded call after the upstream restarted: %q", text)
+	}
+	if text, isErr, replayed := toolText(t, invoice("after")); isErr || replayed {
+		t.Fatalf("a write after the upstream restarted: %q", text)
+	}
+	if text, _, replayed := toolText(t, invoice("before")); !replayed || text != first {
+		t.Fatalf("the retry of a write of before: %q (replayed %v); want %q, replayed", text, replayed, first)
+	}
+	if w := up.writes(); len(w) != 2 {
+		t.Fatalf("the upstream wrote %d rows; want 2", len(w))
+	}
+}
