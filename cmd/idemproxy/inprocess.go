@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -34,6 +35,13 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	w := &pipeResponse{header: http.Header{}, body: pw, head: make(chan struct{})}
 	go func() {
 		defer func() {
+			// A handler that panics (httputil.ReverseProxy does, with
+			// http.ErrAbortHandler, when its upstream breaks off) cuts its
+			// answer off, as net/http's server does, and ends nothing else.
+			if p := recover(); p != nil {
+				w.WriteHeader(http.StatusInternalServerError) // when the head was not written
+				_ = pw.CloseWithError(fmt.Errorf("the handler stopped: %v", p))
+			}
 			w.WriteHeader(http.StatusOK) // when the handler wrote nothing
 			_ = pw.Close()
 			_ = in.Body.Close()

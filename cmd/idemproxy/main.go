@@ -191,6 +191,11 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	if lis == nil {
 		lis = &listeners{}
 	}
+	if f.stdio {
+		if err := cfg.checkStdio(); err != nil {
+			return err
+		}
+	}
 	var err error
 	if lis.front == nil && !f.stdio {
 		if lis.front, err = net.Listen("tcp", f.listen); err != nil {

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestHandlerTransport: an answer streams as the handler writes it; the
+// client closing the body ends the handler's context; a handler that
+// panics cuts its answer off (before its head: a 500), as net/http's
+// server does, and the process goes on.
+func TestHandlerTransport(t *testing.T) {
+	wrote, left := make(chan struct{}), make(chan struct{})
+	client := &http.Client{Transport: handlerTransport{http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/stream":
+			_, _ = io.WriteString(w, "first")
+			close(wrote)
+			<-r.Context().Done()
+			close(left)
+		case "/abort":
+			_, _ = io.WriteString(w, "part")
+			panic(http.ErrAbortHandler)
+		case "/panic":
+			panic("a bug")
+		}
+	})}}
+
+	res, err := client.Get("http://in-process/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(res.Body, buf); err != nil || string(buf) != "first" {
+		t.Fatalf("the first write: %q, %v", buf, err)
+	}
+	<-wrote
+	_ = res.Body.Close()
+	<-left // the handler saw its client leave
+
+	res, err = client.Get("http://in-process/abort")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK || string(body) != "part" || err == nil || !strings.Contains(err.Error(), "abort Handler") {
+		t.Fatalf("an answer the handler aborted: %d %q, %v; want the part written, then an error", res.StatusCode, body, err)
+	}
+	res, err = client.Get("http://in-process/panic")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(res.Body); res.StatusCode != http.StatusInternalServerError || err == nil || !strings.Contains(err.Error(), "a bug") {
+		t.Fatalf("a handler that panicked: %d, %v; want a 500 cut off", res.StatusCode, err)
+	}
+}
