@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -119,4 +121,57 @@ func httpEndpoint(b *testing.B, s *mcp.Server) string {
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
 	b.Cleanup(srv.Close)
 	return srv.URL
+}
+
+// BenchmarkStdioHost measures tools/call as a host on stdio makes it: the
+// Go SDK's client running a stdio server (goUpstream) itself, against the
+// same client running `idemproxy --stdio` in front of that server; in
+// turns of 100 calls, medians of the calls' latencies: the server
+// directly, a tool the proxy passes through, and a guarded one with a
+// fresh key (its ledger a LedgerService on the memory store, over
+// loopback gRPC).
+func BenchmarkStdioHost(b *testing.B) {
+	b.Setenv("IDEMPROXY_TEST_STDIO_UPSTREAM", "1")
+	server := []string{"env", "-u", "IDEMPROXY_TEST_AS_MAIN", os.Args[0], "-test.run=^$"}
+	file := stdioConfigFile(b, config(ledgerAddr(b), byCommand(server...), policyConfig{}))
+	start := func(argv []string, env ...string) *mcp.ClientSession {
+		cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // the benchmark's own binary
+		cmd.Env = append(os.Environ(), env...)
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "host", Version: "v1"}, nil).Connect(b.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cs.Close() })
+		return cs
+	}
+	direct := start(server)
+	through := start([]string{os.Args[0], "--config", file, "--stdio", "--log-level", "warn"}, "IDEMPROXY_TEST_AS_MAIN=1")
+	call := func(cs *mcp.ClientSession, tool, key string) time.Duration {
+		t0 := time.Now()
+		res, err := cs.CallTool(b.Context(), &mcp.CallToolParams{Name: tool,
+			Arguments: map[string]any{"customer": "c", "currency": "EUR", "amount_cents": 1}, Meta: mcp.Meta{mcpguard.KeyMeta: key}})
+		if err != nil || res.IsError {
+			b.Fatalf("%s: %v, %v", tool, res, err)
+		}
+		return time.Since(t0)
+	}
+	run := time.Now().UnixNano()
+	var plain, passed, guarded []time.Duration
+	for i := 0; b.Loop(); i++ {
+		key := fmt.Sprintf("stdio-%d-%d", run, i)
+		switch i / 100 % 3 {
+		case 0:
+			plain = append(plain, call(direct, "echo", key))
+		case 1:
+			passed = append(passed, call(through, "echo", key))
+		default:
+			guarded = append(guarded, call(through, "create_invoice", key))
+		}
+	}
+	if len(guarded) == 0 {
+		return // too few iterations for every kind
+	}
+	b.ReportMetric(float64(median(plain).Microseconds()), "µs/direct")
+	b.ReportMetric(float64(median(passed).Microseconds()), "µs/passed")
+	b.ReportMetric(float64(median(guarded).Microseconds()), "µs/guarded")
 }

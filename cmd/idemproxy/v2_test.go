@@ -86,7 +86,7 @@ func runV2Client(t *testing.T, endpoint, mode, prefix string, command ...string)
 
 // stdioConfigFile writes cfg's ledger, upstream command and tools as the
 // file a host's idemproxy --stdio reads.
-func stdioConfigFile(t *testing.T, cfg fileConfig) string {
+func stdioConfigFile(t testing.TB, cfg fileConfig) string {
 	t.Helper()
 	argv, err := json.Marshal(cfg.MCP.Upstream.Command)
 	if err != nil {
