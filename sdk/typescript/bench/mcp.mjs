@@ -7,11 +7,11 @@
 //     the same server's unguarded echo, on the 2026-07-28 revision (v2 only:
 //     the v1 SDK serves the 2025 revisions) and the 2025 handshake;
 //   - proxy: create_invoice through idemproxy against the same call sent
-//     straight to the server it fronts, over Streamable HTTP and, with the
-//     server as the proxy's stdio child, against the client running that
-//     server over stdio itself; and, for the breakdown, the unguarded echo
-//     through the proxy against echo sent straight (pass-through), over
-//     HTTP and to the stdio child;
+//     straight to the server it fronts: over Streamable HTTP; and over
+//     stdio, the client running `idemproxy --stdio` (which runs the server
+//     as its stdio child) against the client running the server itself;
+//     and, for the breakdown, the unguarded echo through the proxy against
+//     echo sent straight (pass-through), over each;
 //   - guard-cpu: McpGuard's tool called in this process, with no MCP
 //     transport, --clients calls at once: the CPU a guarded call costs
 //     its server beyond the MCP call itself.
@@ -104,7 +104,7 @@ const guardJS = opt.guard;
 const server = join(here, 'server.mjs');
 const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledgerURL.http };
 
-async function proxy(name, upstream) {
+function proxyConfig(name, upstream) {
   const cfg = join(dir, `${name}.yaml`);
   writeFileSync(cfg, [
     'ledger:', `  address: ${ledgerURL.grpc}`,
@@ -112,22 +112,23 @@ async function proxy(name, upstream) {
     '  tenant:', '    static: acme',
     '  tools:', '    create_invoice: {}', '',
   ].join('\n'));
-  return start(opt.idemproxy, ['--config', cfg, '--listen', '127.0.0.1:0', '--admin-listen', ''], {}, logged('idemproxy listening', 'endpoint'));
+  return cfg;
 }
+const proxy = (name, upstream) => start(opt.idemproxy, ['--config', proxyConfig(name, upstream), '--listen', '127.0.0.1:0', '--admin-listen', ''],
+  {}, logged('idemproxy listening', 'endpoint'));
 
 const [v2Guarded, v1Guarded, v2Plain] = await Promise.all([
   start(process.execPath, [server, '--sdk', 'v2'], guardEnv, port),
   start(process.execPath, [server, '--sdk', 'v1'], guardEnv, port),
   start(process.execPath, [server, '--sdk', 'v2'], {}, port),
 ]);
-const [httpProxy, stdioProxy] = await Promise.all([
-  proxy('http', [`url: ${v2Plain}`]),
-  proxy('stdio', [`command: [${JSON.stringify(process.execPath)}, ${JSON.stringify(server)}, --sdk, v2, --stdio]`]),
-]);
+const httpProxy = await proxy('http', [`url: ${v2Plain}`]);
+const stdioConfig = proxyConfig('stdio', [`command: [${JSON.stringify(process.execPath)}, ${JSON.stringify(server)}, --sdk, v2, --stdio]`]);
 
 // A side is one kind of call: how to connect a client, and which tool.
 const http = (url) => () => new StreamableHTTPClientTransport(new URL(url));
 const stdio = () => new StdioClientTransport({ command: process.execPath, args: [server, '--sdk', 'v2', '--stdio'] });
+const stdioProxy = () => new StdioClientTransport({ command: opt.idemproxy, args: ['--config', stdioConfig, '--stdio', '--log-level', 'warn'], env: process.env });
 const side = (transport, tool, era) => ({ transport, tool, era });
 
 const pairs = [];
@@ -138,8 +139,8 @@ for (const era of ['2026-07-28', '2025']) {
   }
   pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era) });
   pairs.push({ name: `proxy pass-through ${era}`, target: 'info', era, base: side(http(v2Plain), 'echo', era), test: side(http(httpProxy), 'echo', era) });
-  pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(http(stdioProxy), 'create_invoice', era) });
-  pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(http(stdioProxy), 'echo', era) });
+  pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(stdioProxy, 'create_invoice', era) });
+  pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(stdioProxy, 'echo', era) });
 }
 
 // connect is a v2 client on era: pinned to 2026-07-28, or the 2025 handshake.
@@ -157,8 +158,8 @@ async function connect(s) {
     }
   };
   await call(); // the connection is up and the path warm
-  // A 2025 session over HTTP ends with a DELETE (a stdio session through
-  // idemproxy holds a child until then).
+  // A 2025 session over HTTP ends with a DELETE (the v2 client's close()
+  // sends none).
   return { call, close: async () => { await transport.terminateSession?.(); await client.close(); } };
 }
 
