@@ -57,13 +57,13 @@ type stdioAdapter struct {
 	init        []byte
 	initialized bool
 	listening   string // the session whose listening stream is open
-	renewing    sync.Mutex
 	// bindings are the x-mcp-header bindings of each tool, from the
 	// tools/list answers the host read, or the adapter's own.
 	bindings map[string][]paramHeader
 	ids      uint64
 
-	calls sync.WaitGroup
+	renewing sync.Mutex     // one new session at a time
+	calls    sync.WaitGroup // the messages in flight
 }
 
 // serveStdio serves h to the host on in and out until in ends or ctx
