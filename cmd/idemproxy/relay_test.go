@@ -16,10 +16,11 @@ import (
 )
 
 // TestMain serves goUpstream over stdio when the proxy under test starts
-// this binary as its stdio upstream. There it has one tool more:
+// this binary as its stdio upstream. There it has two tools more:
 // crash_once, whose first attempt of a claim ends the process mid-call,
-// as a SIGKILL would, and whose attempts after it answer. With
-// IDEMPROXY_TEST_AS_MAIN it is idemproxy itself (TestBenchMCPRuns).
+// as a SIGKILL would, and whose attempts after it answer; and hang, which
+// never answers. With IDEMPROXY_TEST_AS_MAIN it is idemproxy itself
+// (TestBenchMCPRuns, BenchmarkStdioHost, the host's idemproxy --stdio).
 func TestMain(m *testing.M) {
 	if os.Getenv("IDEMPROXY_TEST_AS_MAIN") != "" {
 		os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
@@ -31,6 +32,12 @@ func TestMain(m *testing.M) {
 				os.Exit(3)
 			}
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
+		// hang reports progress, then never answers, cancelled or not, as
+		// the TypeScript SDK's servers do not answer a cancelled call.
+		mcp.AddTool(s, &mcp.Tool{Name: "hang"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
+			select {}
 		})
 		_ = s.Run(context.Background(), &mcp.StdioTransport{})
 		os.Exit(0)

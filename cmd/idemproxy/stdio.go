@@ -61,6 +61,9 @@ type stdioAdapter struct {
 	// tools/list answers the host read, or the adapter's own.
 	bindings map[string][]paramHeader
 	ids      uint64
+	// inflight ends the exchange of each of the host's requests in
+	// flight, by its id: a request the host cancels is a client that left.
+	inflight map[string]context.CancelFunc
 
 	renewing sync.Mutex     // one new session at a time
 	calls    sync.WaitGroup // the messages in flight
@@ -71,7 +74,7 @@ type stdioAdapter struct {
 // and returns. limit bounds one message the endpoint answers.
 func serveStdio(ctx context.Context, h http.Handler, in io.Reader, out io.Writer, limit int64, drain time.Duration, log *slog.Logger) error {
 	a := &stdioAdapter{endpoint: "http://localhost/mcp", client: &http.Client{Transport: handlerTransport{h}}, limit: limit + 64<<10,
-		log: log, out: out, bindings: map[string][]paramHeader{}}
+		log: log, out: out, bindings: map[string][]paramHeader{}, inflight: map[string]context.CancelFunc{}}
 
 	calls, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -164,13 +167,74 @@ func (a *stdioAdapter) take(ctx context.Context, line []byte) {
 		a.exchange(ctx, line, e)
 		return
 	}
-	a.calls.Go(func() { a.exchange(ctx, line, e) })
+	switch {
+	case e.isCall():
+		ctx, done := a.track(ctx, e.ID)
+		a.calls.Go(func() {
+			defer done()
+			a.exchange(ctx, line, e)
+		})
+	case e.Method == "notifications/cancelled":
+		// The notification goes first: the front knows a guarded call
+		// by it, whose run goes on without its caller.
+		a.calls.Go(func() {
+			a.exchange(ctx, line, e)
+			a.cancel(e.Params)
+		})
+	default:
+		a.calls.Go(func() { a.exchange(ctx, line, e) })
+	}
 	if e.Method == "notifications/initialized" {
 		a.mu.Lock()
 		a.initialized = true
 		a.mu.Unlock()
 		a.startListening(ctx)
 	}
+}
+
+// track gives the host's request id a context of its own, which cancel
+// ends; done forgets it.
+func (a *stdioAdapter) track(ctx context.Context, id json.RawMessage) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	key := compactID(id)
+	a.mu.Lock()
+	a.inflight[key] = cancel
+	a.mu.Unlock()
+	return ctx, func() {
+		a.mu.Lock()
+		delete(a.inflight, key)
+		a.mu.Unlock()
+		cancel()
+	}
+}
+
+// cancel ends the exchange of the request a notifications/cancelled
+// names, as a client of Streamable HTTP that cancels closes its stream:
+// the upstream stops waiting on it, and the host, which gave up, is sent
+// nothing more for it.
+func (a *stdioAdapter) cancel(params json.RawMessage) {
+	var p struct {
+		RequestID json.RawMessage `json:"requestId"`
+	}
+	if json.Unmarshal(params, &p) != nil || len(p.RequestID) == 0 {
+		return
+	}
+	a.mu.Lock()
+	cancel := a.inflight[compactID(p.RequestID)]
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// compactID is a request id as a map key: 7 and 7.0 are not the same id,
+// but blanks do not count.
+func compactID(id json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, id) != nil {
+		return string(id)
+	}
+	return b.String()
 }
 
 // startListening opens the session's listening stream, once a session.
@@ -199,7 +263,7 @@ func (a *stdioAdapter) exchange(ctx context.Context, msg []byte, e envelope) {
 		}
 	}
 	if err != nil {
-		a.fail(e, "idemproxy could not serve the message: "+err.Error())
+		a.fail(ctx, e, "idemproxy could not serve the message: "+err.Error())
 		return
 	}
 	defer res.Body.Close()
@@ -223,13 +287,13 @@ func (a *stdioAdapter) exchange(ctx context.Context, msg []byte, e envelope) {
 		answered = answered || ok
 		if answered || !e.isCall() || err != nil || last == "" {
 			if !answered && e.isCall() {
-				a.fail(e, "the upstream's stream ended before its answer")
+				a.fail(ctx, e, "the upstream's stream ended before its answer")
 			}
 			return
 		}
 		_ = res.Body.Close()
 		if res, err = a.get(ctx, session, last); err != nil {
-			a.fail(e, "resuming the upstream's stream: "+err.Error())
+			a.fail(ctx, e, "resuming the upstream's stream: "+err.Error())
 			return
 		}
 		defer res.Body.Close()
@@ -577,8 +641,12 @@ func (a *stdioAdapter) refused(e envelope, res *http.Response) {
 	a.write(errorMessage(e.ID, jsonrpc.CodeInternalError, fmt.Sprintf("%s: %s", res.Status, strings.TrimSpace(string(body)))))
 }
 
-// fail answers the request e with an error, if e is a request.
-func (a *stdioAdapter) fail(e envelope, why string) {
+// fail answers the request e with an error, if e is a request that the
+// host did not cancel.
+func (a *stdioAdapter) fail(ctx context.Context, e envelope, why string) {
+	if ctx.Err() != nil {
+		return // cancelled by the host, or past the drain: nobody waits
+	}
 	if !e.isCall() {
 		a.log.Warn("a message of the host was not delivered", "method", e.Method, "error", why)
 		return

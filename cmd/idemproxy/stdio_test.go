@@ -35,6 +35,12 @@ type stdioHost struct {
 // the test closes its stdin, or when the test ends.
 func stdioProxy(t *testing.T, cfg fileConfig) *stdioHost {
 	t.Helper()
+	return stdioProxyDraining(t, cfg, 5*time.Second)
+}
+
+// stdioProxyDraining is stdioProxy with the drain timeout drain.
+func stdioProxyDraining(t *testing.T, cfg fileConfig, drain time.Duration) *stdioHost {
+	t.Helper()
 	if err := cfg.check(); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +52,7 @@ func stdioProxy(t *testing.T, cfg fileConfig) *stdioHost {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &stdioHost{t: t, in: inW, lines: make(chan []byte, 1024), done: make(chan error, 1)}
 	go func() {
-		h.done <- run(ctx, flags{stdio: true, drainTimeout: 5 * time.Second}, cfg, &listeners{in: inR, out: outW}, slog.New(slog.DiscardHandler))
+		h.done <- run(ctx, flags{stdio: true, drainTimeout: drain}, cfg, &listeners{in: inR, out: outW}, slog.New(slog.DiscardHandler))
 		_ = outW.Close()
 	}()
 	go func() {
@@ -60,8 +66,10 @@ func stdioProxy(t *testing.T, cfg fileConfig) *stdioHost {
 	t.Cleanup(func() {
 		_ = inW.Close()
 		cancel()
-		for range h.lines { // drains what is left
-		}
+		go func() { // drains what is left, and ends with stdout
+			for range h.lines {
+			}
+		}()
 	})
 	return h
 }
@@ -353,5 +361,38 @@ func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
 	}
 	if w := up.writes(); len(w) != 2 {
 		t.Fatalf("the upstream wrote %d rows; want 2", len(w))
+	}
+}
+
+// TestStdioHostCancels: a request the host cancels (a tool whose server
+// answers nothing once it is cancelled) is ended
+// in the proxy as well as upstream: the host gets no answer for it, and
+// when stdin closes the proxy exits at once instead of waiting out its
+// drain timeout for an answer that will not come.
+func TestStdioHostCancels(t *testing.T) {
+	h := stdioProxyDraining(t, config(ledgerAddr(t), stdioUpstream(t), policyConfig{}), time.Hour)
+	h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "host", "version": "1"}})
+	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	h.send(`{"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"hang","arguments":{},"_meta":{"progressToken":"p"}}}`)
+	for line := range h.lines { // the tool runs
+		if strings.Contains(string(line), `"notifications/progress"`) {
+			break
+		}
+	}
+	h.send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"slow"}}`)
+	_ = h.in.Close()
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("idemproxy --stdio: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("idemproxy --stdio still waits for the cancelled call 30 s after stdin closed")
+	}
+	for line := range h.lines {
+		if strings.Contains(string(line), `"id":"slow"`) {
+			t.Fatalf("the host was answered a call it cancelled: %s", line)
+		}
 	}
 }
