@@ -133,6 +133,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	if name, ok := f.batchedGuardedCall(body); ok {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{
+			"code": jsonrpc.CodeInvalidRequest, "message": fmt.Sprintf("idemproxy guards the tool %s: send its tools/call alone, not in a JSON-RPC batch", name)}})
+		return
+	}
 	e, _ := readEnvelope(body)
 	var fw forwarded
 	switch e.Method {
@@ -164,6 +169,30 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fw.id = e.ID
 	}
 	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, fw)))
+}
+
+// batchedGuardedCall reports the guarded tool that a JSON-RPC batch (an
+// array of messages, which the 2025-03-26 revision allows) calls, if it
+// calls one. Such a batch is refused whole: passed through, its call would
+// reach the upstream without a claim, and a batch's answer is not one call's
+// to store. A batch without one passes through as it is.
+func (f *front) batchedGuardedCall(body []byte) (string, bool) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '[' {
+		return "", false
+	}
+	var batch []json.RawMessage
+	if json.Unmarshal(body, &batch) != nil {
+		return "", false
+	}
+	for _, msg := range batch {
+		if e, _ := readEnvelope(msg); e.Method == "tools/call" {
+			if name := toolName(e.Params); f.guarded[name] {
+				return name, true
+			}
+		}
+	}
+	return "", false
 }
 
 // local is DNS-rebinding protection, as the MCP SDKs have it: a request

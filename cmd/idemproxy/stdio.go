@@ -155,6 +155,10 @@ func (a *stdioAdapter) take(ctx context.Context, line []byte) {
 		a.write(errorMessage(nil, jsonrpc.CodeInvalidRequest, "the message is larger than idemproxy takes"))
 		return
 	}
+	if line[0] == '[' && json.Valid(line) {
+		a.calls.Go(func() { a.exchangeBatch(ctx, line) })
+		return
+	}
 	e, ok := readEnvelope(line)
 	if !ok {
 		a.write(errorMessage(nil, jsonrpc.CodeParseError, "the message is not a JSON-RPC message"))
@@ -297,6 +301,32 @@ func (a *stdioAdapter) exchange(ctx context.Context, msg []byte, e envelope) {
 			return
 		}
 		defer res.Body.Close()
+	}
+}
+
+// exchangeBatch posts a JSON-RPC batch (the 2025-03-26 revision's) as it
+// is, and writes what the endpoint answers: the batch's answers, or its
+// refusal (the front refuses a batch that calls a guarded tool).
+func (a *stdioAdapter) exchangeBatch(ctx context.Context, batch []byte) {
+	res, _, err := a.post(ctx, batch, envelope{})
+	if err != nil {
+		a.log.WarnContext(ctx, "a batch of the host was not delivered", "error", err)
+		return
+	}
+	defer res.Body.Close()
+	switch res.StatusCode {
+	case http.StatusAccepted:
+	case http.StatusOK:
+		if _, _, err := a.relay(res, envelope{}); err != nil {
+			a.log.WarnContext(ctx, "the answer to a batch of the host broke off", "error", err)
+		}
+	default:
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
+		if json.Valid(body) {
+			a.write(body)
+			return
+		}
+		a.log.WarnContext(ctx, "the upstream refused a batch of the host", "status", res.StatusCode, "answer", string(body))
 	}
 }
 
