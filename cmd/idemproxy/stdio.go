@@ -78,9 +78,10 @@ func serveStdio(ctx context.Context, h http.Handler, in io.Reader, out io.Writer
 
 	calls, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	lines := make(chan []byte)
+	lines, stop := make(chan []byte), make(chan struct{})
+	defer close(stop)
 	readErr := make(chan error, 1)
-	go func() { readErr <- readLines(in, maxRequestBytes, lines) }()
+	go func() { readErr <- readLines(in, maxRequestBytes, lines, stop) }()
 	var err error
 read:
 	for {
@@ -110,16 +111,21 @@ read:
 }
 
 // readLines sends each line of in, at most limit bytes, on lines; a line
-// past the limit is read away and sent as nil. It returns at the end of in.
-func readLines(in io.Reader, limit int, lines chan<- []byte) error {
+// past the limit is read away and sent as nil. It returns at the end of
+// in, or at the first line after stop is closed.
+func readLines(in io.Reader, limit int, lines chan<- []byte, stop <-chan struct{}) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	for {
 		line, over, err := readLine(r, limit)
-		switch {
-		case over:
-			lines <- nil
-		case len(bytes.TrimSpace(line)) > 0:
-			lines <- bytes.TrimSpace(line)
+		if line = bytes.TrimSpace(line); over || len(line) > 0 {
+			if over {
+				line = nil
+			}
+			select {
+			case lines <- line:
+			case <-stop:
+				return nil
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			return nil
