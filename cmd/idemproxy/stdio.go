@@ -684,7 +684,7 @@ func (a *stdioAdapter) fail(ctx context.Context, e envelope, why string) {
 		return // cancelled by the host, or past the drain: nobody waits
 	}
 	if !e.isCall() {
-		a.log.Warn("a message of the host was not delivered", "method", e.Method, "error", why)
+		a.log.WarnContext(ctx, "a message of the host was not delivered", "method", e.Method, "error", why)
 		return
 	}
 	a.write(errorMessage(e.ID, codeUpstreamLost, why))
