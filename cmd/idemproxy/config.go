@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -125,6 +126,11 @@ type mcpConfig struct {
 		// (defaultSessionIdle when absent).
 		MaxSessions int      `yaml:"max_sessions"`
 		SessionIdle duration `yaml:"session_idle"`
+		// HeaderFiles are headers the proxy sends an upstream over
+		// Streamable HTTP with every request, each value read from its
+		// file at start (an Authorization the proxy holds, where its
+		// client has none to send: a host over stdio).
+		HeaderFiles map[string]string `yaml:"header_files"`
 	} `yaml:"upstream"`
 	Tenant tenantConfig `yaml:"tenant"`
 	// MaxResultBytes bounds one message of the upstream the proxy relays
@@ -243,6 +249,14 @@ func (c fileConfig) check() error {
 	}
 	if n != 1 {
 		return errors.New("mcp.tenant needs exactly one of static, header and argument")
+	}
+	if len(m.Upstream.HeaderFiles) > 0 && m.Upstream.URL == "" {
+		return errors.New("mcp.upstream.header_files go with url: a stdio upstream sees no headers")
+	}
+	for name := range m.Upstream.HeaderFiles {
+		if !ownHeader(name) {
+			return fmt.Errorf("mcp.upstream.header_files: %q is not a header the proxy may set (it sets MCP's own, and the connection's)", name)
+		}
 	}
 	if m.Upstream.MaxSessions < 0 || m.Upstream.SessionIdle < 0 {
 		return errors.New("mcp.upstream.max_sessions and session_idle must not be negative")
@@ -379,4 +393,37 @@ func (r routeConfig) route(runTimeout time.Duration, stripe bool) (httpguard.Rou
 		route.Release = func(status int) bool { return slices.Contains(release, status) }
 	}
 	return route, nil
+}
+
+// ownHeader reports whether a header of mcp.upstream.header_files is one
+// the proxy may set upstream: a valid name, and neither the connection's
+// (notForwarded) nor one MCP binds to a message or a session.
+func ownHeader(name string) bool {
+	canon := http.CanonicalHeaderKey(name)
+	if name == "" || strings.ContainsAny(name, " :\r\n\t") || notForwarded[canon] {
+		return false
+	}
+	switch canon {
+	case "Mcp-Session-Id", "Mcp-Protocol-Version", "Mcp-Method", "Mcp-Name":
+		return false
+	}
+	return !strings.HasPrefix(canon, "Mcp-Param-")
+}
+
+// upstreamHeaders reads the values of mcp.upstream.header_files, each its
+// file's content without its trailing blanks.
+func (m *mcpConfig) upstreamHeaders() (http.Header, error) {
+	h := http.Header{}
+	for name, path := range m.Upstream.HeaderFiles {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("mcp.upstream.header_files.%s: %w", name, err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" || strings.ContainsAny(v, "\r\n") {
+			return nil, fmt.Errorf("mcp.upstream.header_files.%s: %s holds no one-line value", name, path)
+		}
+		h.Set(name, v)
+	}
+	return h, nil
 }

@@ -426,6 +426,13 @@ func mcpHandler(cfg *mcpConfig, stdio bool, ledger *ledgerclient.Client, m *metr
 	limit := cmp.Or(cfg.MaxResultBytes, defaultMaxResultBytes)
 	endpoint, stop := cfg.Upstream.URL, func() {}
 	var transport http.RoundTripper = upstreamTransport()
+	if len(cfg.Upstream.HeaderFiles) > 0 {
+		h, err := cfg.upstreamHeaders()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		transport = withHeaders{base: transport, header: h}
+	}
 	if endpoint == "" {
 		idle := cmp.Or(time.Duration(cfg.Upstream.SessionIdle), defaultSessionIdle)
 		if stdio {
@@ -442,6 +449,21 @@ func mcpHandler(cfg *mcpConfig, stdio bool, ledger *ledgerclient.Client, m *metr
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", f)
 	return mux, &upstream{endpoint: endpoint, client: &http.Client{Transport: transport}}, stop, nil
+}
+
+// withHeaders sends header with every request, in place of the client's
+// own values of those headers: mcp.upstream.header_files.
+type withHeaders struct {
+	base   http.RoundTripper
+	header http.Header
+}
+
+func (t withHeaders) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	for k, v := range t.header {
+		req.Header[k] = v
+	}
+	return t.base.RoundTrip(req)
 }
 
 // bridgeEndpoint is the stdio bridge's endpoint, which the proxy reaches

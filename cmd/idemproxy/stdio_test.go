@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -395,4 +396,83 @@ func TestStdioHostCancels(t *testing.T) {
 			t.Fatalf("the host was answered a call it cancelled: %s", line)
 		}
 	}
+}
+
+// TestUpstreamHeaderFiles: an upstream over Streamable HTTP that wants
+// credentials the proxy's client has none of (a host over stdio, or an
+// agent over HTTP that sends another) gets them from
+// mcp.upstream.header_files, on every request: the session, guarded calls
+// and passed-through ones. A file the proxy cannot use is an error at start.
+func TestUpstreamHeaderFiles(t *testing.T) {
+	up := &goUpstream{}
+	s := up.server()
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer s3cret" {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	secret := filepath.Join(t.TempDir(), "authorization")
+	if err := os.WriteFile(secret, []byte("Bearer s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config(ledgerAddr(t), byURL(srv.URL), policyConfig{})
+	cfg.MCP.Upstream.HeaderFiles = map[string]string{"Authorization": secret}
+
+	host := stdioProxy(t, cfg)
+	if a := host.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "host", "version": "1"}}); a.Error != nil {
+		t.Fatalf("initialize over stdio: %+v", a.Error)
+	}
+	host.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	if text, isErr, _ := toolText(t, host.call("tools/call", map[string]any{"name": "create_invoice",
+		"arguments": map[string]any{"customer": "c", "currency": "EUR", "amount_cents": 1},
+		"_meta":     map[string]any{mcpguard.KeyMeta: "with-credentials"}})); isErr {
+		t.Fatalf("a guarded call over stdio: %q", text)
+	}
+
+	endpoint, _ := proxy(t, cfg)
+	wrong := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer not-the-upstreams")
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	cs := connect(t, endpoint, wrong)
+	if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "echo", Arguments: map[string]any{}}); err != nil || res.IsError {
+		t.Fatalf("a call passed through over HTTP: %v, %v", res, err)
+	}
+	if w := up.writes(); len(w) != 1 {
+		t.Fatalf("the upstream wrote %d rows; want 1", len(w))
+	}
+
+	bad := cfg
+	bad.MCP = &mcpConfig{Tenant: cfg.MCP.Tenant, Tools: cfg.MCP.Tools}
+	bad.MCP.Upstream.URL = srv.URL
+	for name, file := range map[string]string{"Mcp-Session-Id": secret, "Authorization": filepath.Join(t.TempDir(), "missing")} {
+		bad.MCP.Upstream.HeaderFiles = map[string]string{name: file}
+		err := bad.check()
+		if err == nil {
+			err = run(t.Context(), flags{}, bad, &listeners{front: newListener(t), admin: nil}, slog.New(slog.DiscardHandler))
+		}
+		if err == nil || !strings.Contains(err.Error(), "header_files") {
+			t.Errorf("header_files %s from %s: %v; want an error that names it", name, file, err)
+		}
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func newListener(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
 }
