@@ -365,11 +365,17 @@ func (a *stdioAdapter) renew(ctx context.Context, stale string) error {
 	if !ok {
 		return errors.New("the upstream forgot the session, and the host's initialize cannot be sent again")
 	}
-	a.mu.Lock()
-	a.session = ""
-	a.mu.Unlock()
+	// The stale session stays the one the others send until this one
+	// is known: each of them that meets the 404 waits here, then sends
+	// again on the new session.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.endpoint, bytes.NewReader(msg))
+	if err != nil {
+		return err
+	}
 	e, _ := readEnvelope(msg)
-	res, _, err := a.post(ctx, msg, e)
+	a.headers(ctx, req.Header, e)
+	req.Header.Del("Mcp-Session-Id")
+	res, err := a.client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -350,9 +350,23 @@ func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
 	}
 	first, _, _ := toolText(t, invoice("before"))
 
+	// Eight calls at once meet the forgotten session: one initializes
+	// again, and every one is answered on the new session.
 	restart()
-	if text, isErr, _ := toolText(t, h.call("tools/call", map[string]any{"name": "echo", "arguments": map[string]any{}})); isErr || text != "echo" {
-		t.Fatalf("an unguarded call after the upstream restarted: %q", text)
+	const n = 8
+	for i := range n {
+		h.send(`{"jsonrpc":"2.0","id":"echo-` + strconv.Itoa(i) + `","method":"tools/call","params":{"name":"echo","arguments":{}}}`)
+	}
+	for answered := 0; answered < n; {
+		line := <-h.lines
+		var a rpcAnswer
+		if json.Unmarshal(line, &a) != nil || !strings.HasPrefix(string(a.ID), `"echo-`) {
+			continue
+		}
+		if text, isErr, _ := toolText(t, a); isErr || text != "echo" {
+			t.Fatalf("an unguarded call after the upstream restarted: %q", text)
+		}
+		answered++
 	}
 	if text, isErr, replayed := toolText(t, invoice("after")); isErr || replayed {
 		t.Fatalf("a write after the upstream restarted: %q", text)
