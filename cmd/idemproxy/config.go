@@ -255,7 +255,7 @@ func (c fileConfig) check() error {
 	}
 	for name := range m.Upstream.HeaderFiles {
 		if !ownHeader(name) {
-			return fmt.Errorf("mcp.upstream.header_files: %q is not a header the proxy may set (it sets MCP's own, and the connection's)", name)
+			return fmt.Errorf("mcp.upstream.header_files: %q is not a header the file may set (MCP's own headers and the connection's are not)", name)
 		}
 	}
 	if m.Upstream.MaxSessions < 0 || m.Upstream.SessionIdle < 0 {
