@@ -821,10 +821,7 @@ func (s *bridgeSession) lost(p *proc) {
 		if wt.proc != p {
 			return false
 		}
-		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": wt.id, "error": map[string]any{
-			"code": codeUpstreamLost, "message": "the upstream MCP server exited before it answered",
-		}})
-		deliver(wt, b)
+		deliver(wt, errorMessage(wt.id, codeUpstreamLost, "the upstream MCP server exited before it answered"))
 		close(wt.msgs)
 		return true
 	})
@@ -984,10 +981,7 @@ func (s *bridgeSession) close() {
 	}
 	s.closed = true
 	for _, wt := range s.waiting {
-		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": wt.id, "error": map[string]any{
-			"code": codeUpstreamLost, "message": "the session of the upstream MCP server was closed before it answered",
-		}})
-		deliver(wt, b)
+		deliver(wt, errorMessage(wt.id, codeUpstreamLost, "the session of the upstream MCP server was closed before it answered"))
 		close(wt.msgs)
 	}
 	s.waiting = nil

@@ -212,6 +212,29 @@ func headerValue(h http.Header, name string) (string, bool) {
 	return v, true
 }
 
+// headerText is a header's value for text: as it is when it is printable
+// ASCII without surrounding blanks, else in the base64 sentinel.
+func headerText(s string) string {
+	plain := s == strings.TrimSpace(s) && !strings.HasPrefix(s, base64Open)
+	for i := 0; plain && i < len(s); i++ {
+		plain = s[i] >= 0x20 && s[i] < 0x7f
+	}
+	if plain {
+		return s
+	}
+	return base64Open + base64.StdEncoding.EncodeToString([]byte(s)) + base64Close
+}
+
+// paramText is the header value of an argument: a string as it is, any
+// other value as its JSON.
+func paramText(arg json.RawMessage) string {
+	var s string
+	if json.Unmarshal(arg, &s) == nil {
+		return headerText(s)
+	}
+	return headerText(string(arg))
+}
+
 // bodyName is the name a request's Mcp-Name header must carry: a tool's or
 // a prompt's name, or a resource's URI.
 func bodyName(e envelope) (string, bool) {

@@ -29,10 +29,7 @@ const codeTooLarge = -32099
 // tooLargeMessage is the JSON-RPC response, for the call id, that takes
 // the place of a message over limit bytes.
 func tooLargeMessage(id json.RawMessage, limit int64) []byte {
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{
-		"code": codeTooLarge, "message": fmt.Sprintf("the upstream's answer is larger than the %d bytes idemproxy relays", limit),
-	}})
-	return b
+	return errorMessage(id, codeTooLarge, fmt.Sprintf("the upstream's answer is larger than the %d bytes idemproxy relays", limit))
 }
 
 // tooLargeResult is the tool's answer, as JSON, for a call (of params)

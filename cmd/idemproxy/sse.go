@@ -150,6 +150,15 @@ func readEnvelope(msg []byte) (envelope, bool) {
 	return e, true
 }
 
+// errorMessage is a JSON-RPC error response to id.
+func errorMessage(id json.RawMessage, code int64, message string) []byte {
+	if len(id) == 0 {
+		id = json.RawMessage("null")
+	}
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": message}})
+	return b
+}
+
 // answers reports whether e is the response to the request of id.
 func (e envelope) answers(id json.RawMessage) bool {
 	return e.Method == "" && len(e.ID) > 0 && bytes.Equal(bytes.TrimSpace(e.ID), bytes.TrimSpace(id))

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -709,36 +708,4 @@ func (a *stdioAdapter) write(msg []byte) {
 	if _, err := a.out.Write(b.Bytes()); err != nil {
 		a.log.Warn("writing to stdout", "error", err)
 	}
-}
-
-// errorMessage is a JSON-RPC error response to id.
-func errorMessage(id json.RawMessage, code int64, message string) []byte {
-	if len(id) == 0 {
-		id = json.RawMessage("null")
-	}
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": map[string]any{"code": code, "message": message}})
-	return b
-}
-
-// headerText is a header's value for text: as it is when it is printable
-// ASCII without surrounding blanks, else in the base64 sentinel.
-func headerText(s string) string {
-	plain := s == strings.TrimSpace(s) && !strings.HasPrefix(s, base64Open)
-	for i := 0; plain && i < len(s); i++ {
-		plain = s[i] >= 0x20 && s[i] < 0x7f
-	}
-	if plain {
-		return s
-	}
-	return base64Open + base64.StdEncoding.EncodeToString([]byte(s)) + base64Close
-}
-
-// paramText is the header value of an argument: a string as it is, any
-// other value as its JSON.
-func paramText(arg json.RawMessage) string {
-	var s string
-	if json.Unmarshal(arg, &s) == nil {
-		return headerText(s)
-	}
-	return headerText(string(arg))
 }
