@@ -84,10 +84,23 @@ func TestInterleave(t *testing.T) {
 	}
 	stats := func() crdb.BatchStats { return crdb.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
 	logSyncs := func() (uint64, time.Duration) { return syncs.Load(), time.Duration(synced.Load()) }
+	// The fdatasyncs counted are the slow subject's syncs in the turns
+	// its counts cover; the fast subject's counts fail on the second turn.
+	var counts atomic.Int64
+	countSyncs := func() (func() (uint64, error), error) {
+		from := syncs.Load()
+		return func() (uint64, error) { return syncs.Load() - from, nil }, nil
+	}
+	countFails := func() (func() (uint64, error), error) {
+		if counts.Add(1) == 2 {
+			return nil, errors.New("perf is gone")
+		}
+		return func() (uint64, error) { return 0, nil }, nil
+	}
 	before := runtime.GOMAXPROCS(0)
 	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
-		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false), LogSyncs: logSyncs},
-		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, LogSyncs: logSyncs, Procs: before + 1})
+		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false), LogSyncs: logSyncs, Fdatasyncs: countFails},
+		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, LogSyncs: logSyncs, Fdatasyncs: countSyncs, Procs: before + 1})
 	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
 		t.Fatalf("turns %v, want %v", turns, want)
 	}
@@ -122,20 +135,41 @@ func TestInterleave(t *testing.T) {
 		t.Fatalf("log syncs: fast %.2f/op, %.0f%% busy; slow %.2f/op of %.3f ms, %.0f%% busy; want none, and 2 of 0.5 ms for about half the time",
 			fast.LogSyncs, 100*fast.LogBusy, slow.LogSyncs, slow.LogSyncMs, 100*slow.LogBusy)
 	}
+	// The counted fdatasyncs are the measured turns' (a warm-up's are not:
+	// they would make it about 2.4).
+	if slow.Fdatasyncs == nil || *slow.Fdatasyncs < 2 || *slow.Fdatasyncs > 2.2 || slow.CountError != "" {
+		t.Fatalf("slow: fdatasyncs %v (%q), want 2 an operation", slow.Fdatasyncs, slow.CountError)
+	}
+	if fast.Fdatasyncs != nil || fast.CountError != "perf is gone" {
+		t.Fatalf("fast: fdatasyncs %v (%q), want none, and why", fast.Fdatasyncs, fast.CountError)
+	}
 }
 
-// TestLogs: the table of the results whose store's log was read.
-func TestLogs(t *testing.T) {
+// TestSyncs: the table of the results whose fdatasyncs were counted or
+// whose store's log was read, each with what is known of it.
+func TestSyncs(t *testing.T) {
+	calls, none := 0.048, 0.0
 	rs := []bench.Result{
 		{Target: "ledgerd/embedded", Workload: "fresh", Clients: 8, LogSyncs: 0.75, LogSyncMs: 0.31, LogBusy: 0.97},
-		{Target: "redis", Workload: "fresh", Clients: 8},
+		{Target: "redis", Workload: "fresh", Clients: 8, Fdatasyncs: &calls},
+		{Target: "redis", Workload: "replay", Clients: 8, Fdatasyncs: &none},
+		{Target: "sql", Workload: "fresh", Clients: 8},
 	}
-	md := bench.Logs(rs)
-	if strings.Count(md, "\n") != 4 || !strings.Contains(md, "| ledgerd/embedded | fresh | 8 | 0.75 | 0.310 | 97% |") || strings.Contains(md, "redis") {
-		t.Fatalf("logs:\n%s", md)
+	md := bench.Syncs(rs)
+	for _, row := range []string{
+		"| ledgerd/embedded | fresh | 8 | – | 0.750 | 0.310 | 97% |",
+		"| redis | fresh | 8 | 0.048 | – | – | – |",
+		"| redis | replay | 8 | 0.000 | – | – | – |",
+	} {
+		if !strings.Contains(md, row) {
+			t.Errorf("no row %q in:\n%s", row, md)
+		}
 	}
-	if md := bench.Logs(rs[1:]); md != "" {
-		t.Fatalf("logs with no log read:\n%s", md)
+	if strings.Count(md, "\n") != 6 || strings.Contains(md, "sql") {
+		t.Fatalf("syncs:\n%s", md)
+	}
+	if md := bench.Syncs(rs[3:]); md != "" {
+		t.Fatalf("syncs with none counted or read:\n%s", md)
 	}
 }
 

@@ -64,6 +64,12 @@ type Result struct {
 	LogSyncs  float64 `json:"log_syncs_per_op,omitempty"`
 	LogSyncMs float64 `json:"log_sync_ms,omitempty"`
 	LogBusy   float64 `json:"log_busy,omitempty"`
+	// Where the subject counted them, the fdatasync system calls of the
+	// process behind the target an operation (a store in this process, a
+	// Redis in its own), over the measured turns: nil when not counted,
+	// and CountError says why when counting failed.
+	Fdatasyncs *float64 `json:"fdatasyncs_per_op,omitempty"`
+	CountError string   `json:"count_error,omitempty"`
 
 	// Of Waiters: what the Lookups waiting added to ledgerd's resident
 	// memory, in MiB.
@@ -81,6 +87,10 @@ type Subject struct {
 	// the store behind the target since it opened, and the time they took,
 	// for Result.LogSyncs, LogSyncMs and LogBusy.
 	LogSyncs func() (syncs uint64, took time.Duration)
+	// Fdatasyncs, when not nil, starts counting the fdatasync system
+	// calls of the process behind the target (CountFdatasyncs) and returns
+	// what stops the count and gives it, for Result.Fdatasyncs.
+	Fdatasyncs func() (stop func() (uint64, error), err error)
 	// Procs, when above 0, is GOMAXPROCS during the target's turns: the
 	// cores of a service sized to fewer than the machine has (the clients
 	// of an in-process service run under the same limit).
@@ -117,7 +127,22 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 			if sub.LogSyncs != nil {
 				syncs0, took0 = sub.LogSyncs()
 			}
+			var count func() (uint64, error)
+			if sub.Fdatasyncs != nil {
+				var err error
+				if count, err = sub.Fdatasyncs(); err != nil {
+					ms[i].countFailed(err)
+				}
+			}
 			ms[i].turn(ctx, clients, turn, sub.Op)
+			if count != nil {
+				n, err := count()
+				ms[i].fdatasyncs += n
+				ms[i].counted = true
+				if err != nil {
+					ms[i].countFailed(err)
+				}
+			}
 			if sub.LogSyncs != nil {
 				syncs, took := sub.LogSyncs()
 				ms[i].syncs += syncs - syncs0
@@ -155,6 +180,17 @@ type meter struct {
 	logged          bool // the store's log syncs were read
 	syncs           uint64
 	syncTime        time.Duration
+	counted         bool   // fdatasyncs were counted in a turn
+	fdatasyncs      uint64 // over the turns counted
+	countErr        string // the first turn whose count failed: why
+}
+
+// countFailed records that counting a turn's fdatasyncs failed: the
+// subject's count is then not given, and the first failure says why.
+func (m *meter) countFailed(err error) {
+	if m.countErr == "" {
+		m.countErr = err.Error()
+	}
 }
 
 // turn measures op for d.
@@ -194,6 +230,12 @@ func (m *meter) result(target, workload string, clients int) Result {
 		if m.syncs > 0 {
 			r.LogSyncMs = ms(m.syncTime / time.Duration(m.syncs))
 		}
+	}
+	if m.countErr != "" {
+		r.CountError = m.countErr
+	} else if m.counted && m.ops > 0 {
+		per := float64(m.fdatasyncs) / float64(m.ops)
+		r.Fdatasyncs = &per
 	}
 	if m.batches > 0 {
 		r.BatchCalls = float64(m.calls) / float64(m.batches)
@@ -314,20 +356,30 @@ func Markdown(rs []Result) string {
 	return b.String()
 }
 
-// Logs writes, for each result with its store's log syncs read, the
+// Syncs writes, for each result with its fdatasyncs counted or its
+// store's log syncs read, the fdatasync calls an operation, the log's
 // syncs an operation, the mean time of a sync and the share of the time
-// the log spent syncing: a table, empty when there is none.
-func Logs(rs []Result) string {
+// the log spent syncing ("–" where not known): a table, empty when there
+// is none.
+func Syncs(rs []Result) string {
 	var b strings.Builder
 	for _, r := range rs {
-		if r.LogSyncs > 0 {
-			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.3f | %.0f%% |\n", r.Target, r.Workload, r.Clients, r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
+		if r.Fdatasyncs == nil && r.LogSyncs == 0 {
+			continue
 		}
+		calls, log, took, busy := "–", "–", "–", "–"
+		if r.Fdatasyncs != nil {
+			calls = fmt.Sprintf("%.3f", *r.Fdatasyncs)
+		}
+		if r.LogSyncs > 0 {
+			log, took, busy = fmt.Sprintf("%.3f", r.LogSyncs), fmt.Sprintf("%.3f", r.LogSyncMs), fmt.Sprintf("%.0f%%", 100*r.LogBusy)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s |\n", r.Target, r.Workload, r.Clients, calls, log, took, busy)
 	}
 	if b.Len() == 0 {
 		return ""
 	}
-	return "\n| target | workload | clients | log syncs/op | ms a sync | time syncing |\n|---|---|---:|---:|---:|---:|\n" + b.String()
+	return "\n| target | workload | clients | fdatasync calls/op | log syncs/op | ms a sync | time syncing |\n|---|---|---:|---:|---:|---:|---:|\n" + b.String()
 }
 
 // WaitersTable writes, for each result of Waiters, what the waiters added

@@ -82,15 +82,15 @@ func (r *Redis) Hot() Op {
 // append-only file in dir and no snapshots. appendfsync is Redis's
 // setting of that name: "always" makes each write durable before it
 // answers; "no" leaves the writes to the OS, which measures what Redis
-// costs without its disk. stop kills it.
-func StartRedis(ctx context.Context, dir, appendfsync string) (addr string, stop func(), err error) {
+// costs without its disk. pid is its process's; stop kills it.
+func StartRedis(ctx context.Context, dir, appendfsync string) (addr string, pid int, stop func(), err error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
@@ -99,7 +99,7 @@ func StartRedis(ctx context.Context, dir, appendfsync string) (addr string, stop
 		"--logfile", filepath.Join(dir, "redis.log"))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
@@ -109,12 +109,12 @@ func StartRedis(ctx context.Context, dir, appendfsync string) (addr string, stop
 	defer cancel()
 	for {
 		if err = c.Ping(ctx).Err(); err == nil {
-			return addr, stop, nil
+			return addr, cmd.Process.Pid, stop, nil
 		}
 		select {
 		case <-ctx.Done():
 			stop()
-			return "", nil, fmt.Errorf("redis-server did not answer on %s: %w", addr, err)
+			return "", 0, nil, fmt.Errorf("redis-server did not answer on %s: %w", addr, err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

@@ -18,7 +18,7 @@ func startRedis(t *testing.T) *redis.Client {
 		}
 		t.Skip("redis-server is not installed")
 	}
-	addr, stop, err := StartRedis(t.Context(), t.TempDir(), "always")
+	addr, _, stop, err := StartRedis(t.Context(), t.TempDir(), "always")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,14 +85,34 @@ type config struct {
 }
 
 // target is a target's workloads; batches, when not nil, reads the batch
-// counters of the store behind it, and logSyncs its log's syncs; procs,
-// when above 0, is GOMAXPROCS during its turns.
+// counters of the store behind it, logSyncs its log's syncs, and
+// fdatasyncs counts its process's fdatasync calls; procs, when above 0, is
+// GOMAXPROCS during its turns.
 type target struct {
-	name      string
-	workloads map[string]bench.Op
-	batches   func() crdb.BatchStats
-	logSyncs  func() (uint64, time.Duration)
-	procs     int
+	name       string
+	workloads  map[string]bench.Op
+	batches    func() crdb.BatchStats
+	logSyncs   func() (uint64, time.Duration)
+	fdatasyncs func() (func() (uint64, error), error)
+	procs      int
+}
+
+// fdatasyncCounter is what counts the fdatasync calls of a process for a
+// target (bench.CountFdatasyncs), when perf can count them here: it tries
+// once, on this process, and says once why not. Without it the targets are
+// measured as before, and their syncs a pair are the log's alone.
+func fdatasyncCounter() func(pid int) func() (func() (uint64, error), error) {
+	stop, err := bench.CountFdatasyncs(os.Getpid())
+	if err == nil {
+		_, err = stop()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ledgerbench: the fdatasync calls are not counted:", err)
+		return nil
+	}
+	return func(pid int) func() (func() (uint64, error), error) {
+		return func() (func() (uint64, error), error) { return bench.CountFdatasyncs(pid) }
+	}
 }
 
 func main() {
@@ -246,6 +266,12 @@ func run(ctx context.Context, cfg config) error {
 		if r.LogSyncs > 0 {
 			store = fmt.Sprintf("  log %.2f syncs/op of %.3f ms, syncing %.0f%%", r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
 		}
+		if r.Fdatasyncs != nil {
+			store += fmt.Sprintf("  fdatasync %.3f/op", *r.Fdatasyncs)
+		}
+		if r.CountError != "" {
+			store += "  fdatasyncs not counted: " + r.CountError
+		}
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, store, r.Errors, r.FirstError)
 	}
@@ -282,7 +308,7 @@ func run(ctx context.Context, cfg config) error {
 				var subjects []bench.Subject
 				for _, t := range targets {
 					if op, ok := t.workloads[w]; ok {
-						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, LogSyncs: t.logSyncs, Procs: t.procs})
+						subjects = append(subjects, bench.Subject{Target: t.name, Op: op, Batches: t.batches, LogSyncs: t.logSyncs, Fdatasyncs: t.fdatasyncs, Procs: t.procs})
 					}
 				}
 				if len(subjects) == 0 {
@@ -366,7 +392,16 @@ func run(ctx context.Context, cfg config) error {
 			stores = append(stores, s)
 		}
 	}
+	// The stores in ledgerd's process, which run beside a Redis, and that
+	// Redis have their fdatasync calls counted (PostgreSQL syncs in
+	// processes of its own, for ledgerd and direct SQL alike).
+	inProcess := func(name string) bool { return name == "embedded" || name == "memory" }
+	var counter func(pid int) func() (func() (uint64, error), error)
+	if slices.ContainsFunc(stores, inProcess) {
+		counter = fdatasyncCounter()
+	}
 	for _, name := range stores {
+		local := inProcess(name)
 		// The variants of a store run in turns, on one database.
 		variants := []variant{{}}
 		if name == "postgres" {
@@ -435,7 +470,11 @@ func run(ctx context.Context, cfg config) error {
 						return w.Count, w.Sum
 					}
 				}
-				targets = append(targets, target{name: t, workloads: work, batches: batches, logSyncs: logSyncs, procs: procs})
+				var fdatasyncs func() (func() (uint64, error), error)
+				if local && counter != nil {
+					fdatasyncs = counter(os.Getpid())
+				}
+				targets = append(targets, target{name: t, workloads: work, batches: batches, logSyncs: logSyncs, fdatasyncs: fdatasyncs, procs: procs})
 			}
 			// Direct SQL runs in turns with the variants, once.
 			if pool != nil && v == variants[len(variants)-1] {
@@ -446,8 +485,8 @@ func run(ctx context.Context, cfg config) error {
 				targets = append(targets, sql)
 			}
 		}
-		if (name == "embedded" || name == "memory") && cfg.redis {
-			peer, stop, err := redisTarget(ctx, prefix+name, cfg.redisFsync, replays, outs, emit)
+		if local && cfg.redis {
+			peer, stop, err := redisTarget(ctx, prefix+name, cfg.redisFsync, replays, outs, counter, emit)
 			if err != nil {
 				return err
 			}
@@ -545,7 +584,7 @@ func ledgerdBinary(bin string) (string, func(), error) {
 
 func output(cfg config, results []bench.Result) error {
 	fmt.Print(bench.Markdown(results))
-	fmt.Print(bench.Logs(results))
+	fmt.Print(bench.Syncs(results))
 	fmt.Print(bench.WaitersTable(results))
 	var peers []string // Redis, one target an appendfsync setting
 	for _, r := range results {
@@ -620,7 +659,8 @@ const (
 // store uses and returns it as a target, after emitting that disk's fsync floor as a
 // result of its own. Without redis-server it says so and returns no
 // target.
-func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, outs []*bench.Outcome, emit func(bench.Result)) (target, func(), error) {
+func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, outs []*bench.Outcome,
+	counter func(pid int) func() (func() (uint64, error), error), emit func(bench.Result)) (target, func(), error) {
 	dir, err := os.MkdirTemp("", "ledgerbench-redis-")
 	if err != nil {
 		return target{}, nil, err
@@ -634,7 +674,7 @@ func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, 
 	pair := 2 * floor
 	emit(bench.Result{Target: floorName, Workload: "fresh", Clients: 1, Ops: samples, PerSecond: float64(time.Second) / float64(pair),
 		P50ms: float64(pair.Microseconds()) / 1000})
-	addr, stop, err := bench.StartRedis(ctx, dir, appendfsync)
+	addr, pid, stop, err := bench.StartRedis(ctx, dir, appendfsync)
 	if errors.Is(err, exec.ErrNotFound) {
 		fmt.Fprintln(os.Stderr, "ledgerbench: redis-server is not on the PATH: the embedded store is measured without its Redis peer")
 		return target{}, func() { _ = os.RemoveAll(dir) }, nil
@@ -654,7 +694,11 @@ func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, 
 	}
 	work := map[string]bench.Op{"fresh": r.Fresh(), "replay": r.Replay(), "hot": r.Hot()}
 	addSizes(work, outs, func(o *bench.Outcome) bench.Op { r := *r; r.Outcome = o; return r.Fresh() })
-	return target{name: redisPrefix + appendfsync, workloads: work}, closeAll, nil
+	t := target{name: redisPrefix + appendfsync, workloads: work}
+	if counter != nil {
+		t.fdatasyncs = counter(pid)
+	}
+	return t, closeAll, nil
 }
 
 // dbTag qualifies the names of the PostgreSQL targets: " fsync=off" when

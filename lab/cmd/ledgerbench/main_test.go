@@ -127,6 +127,31 @@ func besideRedis(t *testing.T, store, appendfsync string) {
 			t.Errorf("%s %s: log %.2f syncs/op of %.3f ms, syncing %.0f%% of the time", r.Target, r.Workload, r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
 		}
 	}
+	// Where perf is (.ci/run installs it), ledgerd's fdatasync calls and
+	// Redis's are counted: about twice a fresh pair with a durable Redis's
+	// and the embedded store's, fewer when writes share a sync; never
+	// without a disk, nor for a replay.
+	_, perfErr := exec.LookPath("perf")
+	counted := perfErr == nil || os.Getenv("CI") == "true"
+	for _, r := range all {
+		if r.Target == floorName {
+			continue
+		}
+		if !counted {
+			if r.Fdatasyncs != nil {
+				t.Errorf("%s %s: fdatasyncs counted without perf", r.Target, r.Workload)
+			}
+			continue
+		}
+		if r.Fdatasyncs == nil {
+			t.Errorf("%s %s: fdatasyncs not counted: %s", r.Target, r.Workload, r.CountError)
+			continue
+		}
+		durable := appendfsync == "always" && r.Workload == "fresh"
+		if n := *r.Fdatasyncs; durable && (n <= 0 || n > 2.1) || !durable && n != 0 {
+			t.Errorf("%s %s: %.3f fdatasyncs a pair", r.Target, r.Workload, n)
+		}
+	}
 	for _, target := range []string{"ledgerd/" + store + " (stream)", redisPrefix + appendfsync, floorName} {
 		if _, ok := got[target]; !ok {
 			t.Fatalf("no result for %q; got %v", target, got)
