@@ -28,7 +28,8 @@ func TestBenchMCPRuns(t *testing.T) {
 	}
 	cmd := exec.CommandContext(t.Context(), node, filepath.Join("..", "..", "sdk", "typescript", "bench", "mcp.mjs"), //nolint:gosec // the test's own
 		"--ledgerd", filepath.Join(bin, "ledgerd"), "--idemproxy", os.Args[0], "--guard", guardJS,
-		"--calls", "10", "--block", "5", "--clients", "2", "--seconds", "0.2", "--rounds", "1")
+		"--calls", "10", "--block", "5", "--clients", "2", "--seconds", "0.2", "--rounds", "1",
+		"--ledgerd-procs", "1", "--proxy-procs", "1") // the processes sized to one core, as docs/performance.md measures them too
 	cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1") // the proxy the script starts is this binary's cli
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -23,6 +23,8 @@
 //   npm run build && node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls 600]
 //     [--block 50] [--clients 32] [--seconds 3] [--rounds 2] [--only NAME,...] [--json FILE]
 //     [--guard PATH (the package's index.js; dist/index.js when absent)]
+//     [--ledgerd-procs N] [--proxy-procs N (GOMAXPROCS of ledgerd, of idemproxy: a process
+//     sized to N cores; the machine's cores when absent)]
 //
 // `make bench-mcp` builds both binaries and runs it.
 import { spawn } from 'node:child_process';
@@ -44,15 +46,18 @@ const { values: opt } = parseArgs({
     calls: { type: 'string', default: '600' }, block: { type: 'string', default: '50' },
     clients: { type: 'string', default: '32' }, seconds: { type: 'string', default: '3' },
     rounds: { type: 'string', default: '2' }, only: { type: 'string', default: '' }, json: { type: 'string', default: '' },
+    'ledgerd-procs': { type: 'string', default: '' }, 'proxy-procs': { type: 'string', default: '' },
   },
 });
 if (!opt.ledgerd || !opt.idemproxy) {
-  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE] [--guard PATH]');
+  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE] [--guard PATH] [--ledgerd-procs N] [--proxy-procs N]');
   process.exit(2);
 }
 const calls = Number(opt.calls), block = Number(opt.block), clients = Number(opt.clients);
 const seconds = Number(opt.seconds), rounds = Number(opt.rounds);
 const only = opt.only ? opt.only.split(',') : [];
+// procs is the environment that sizes a Go process to n cores (none: every core).
+const procs = (n) => n ? { GOMAXPROCS: n } : {};
 
 const children = [];
 const dir = mkdtempSync(join(tmpdir(), 'idemledger-bench-mcp-'));
@@ -96,7 +101,7 @@ const logged = (msg, field) => (line) => {
 const port = (line) => line.startsWith('listening ') ? `http://127.0.0.1:${line.slice(10).trim()}/mcp` : undefined;
 
 const ledgerURL = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
-  '--admin-listen', ''], {}, (line) => {
+  '--admin-listen', ''], procs(opt['ledgerd-procs']), (line) => {
   const grpc = logged('ledgerd listening', 'grpc')(line);
   return grpc && { grpc, http: `http://${JSON.parse(line).http}` };
 });
@@ -115,7 +120,7 @@ function proxyConfig(name, upstream) {
   return cfg;
 }
 const proxy = (name, upstream) => start(opt.idemproxy, ['--config', proxyConfig(name, upstream), '--listen', '127.0.0.1:0', '--admin-listen', ''],
-  {}, logged('idemproxy listening', 'endpoint'));
+  procs(opt['proxy-procs']), logged('idemproxy listening', 'endpoint'));
 
 const [v2Guarded, v1Guarded, v2Plain] = await Promise.all([
   start(process.execPath, [server, '--sdk', 'v2'], guardEnv, port),
@@ -128,7 +133,8 @@ const stdioConfig = proxyConfig('stdio', [`command: [${JSON.stringify(process.ex
 // A side is one kind of call: how to connect a client, and which tool.
 const http = (url) => () => new StreamableHTTPClientTransport(new URL(url));
 const stdio = () => new StdioClientTransport({ command: process.execPath, args: [server, '--sdk', 'v2', '--stdio'] });
-const stdioProxy = () => new StdioClientTransport({ command: opt.idemproxy, args: ['--config', stdioConfig, '--stdio', '--log-level', 'warn'], env: process.env });
+const stdioProxy = () => new StdioClientTransport({ command: opt.idemproxy, args: ['--config', stdioConfig, '--stdio', '--log-level', 'warn'],
+  env: { ...process.env, ...procs(opt['proxy-procs']) } });
 const side = (transport, tool, era) => ({ transport, tool, era });
 
 const pairs = [];
