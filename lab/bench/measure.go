@@ -87,10 +87,10 @@ type Subject struct {
 	// the store behind the target since it opened, and the time they took,
 	// for Result.LogSyncs, LogSyncMs and LogBusy.
 	LogSyncs func() (syncs uint64, took time.Duration)
-	// Fdatasyncs, when not nil, starts counting the fdatasync system
-	// calls of the process behind the target (CountFdatasyncs) and returns
-	// what stops the count and gives it, for Result.Fdatasyncs.
-	Fdatasyncs func() (stop func() (uint64, error), err error)
+	// Fdatasyncs, when not nil, counts the fdatasync system calls of the
+	// process behind the target over each measured turn, for
+	// Result.Fdatasyncs.
+	Fdatasyncs FdatasyncCount
 	// Procs, when above 0, is GOMAXPROCS during the target's turns: the
 	// cores of a service sized to fewer than the machine has (the clients
 	// of an in-process service run under the same limit).

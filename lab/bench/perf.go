@@ -13,6 +13,11 @@ import (
 	"strings"
 )
 
+// A FdatasyncCount starts counting the fdatasync system calls of a
+// process and returns the stop that turns the count off and gives it
+// (CountFdatasyncs of the process).
+type FdatasyncCount func() (stop func() (uint64, error), err error)
+
 // fdatasyncEvent is the kernel's tracepoint on entering fdatasync(2).
 const fdatasyncEvent = "syscalls:sys_enter_fdatasync"
 

@@ -93,7 +93,7 @@ type target struct {
 	workloads  map[string]bench.Op
 	batches    func() crdb.BatchStats
 	logSyncs   func() (uint64, time.Duration)
-	fdatasyncs func() (func() (uint64, error), error)
+	fdatasyncs bench.FdatasyncCount
 	procs      int
 }
 
@@ -101,7 +101,7 @@ type target struct {
 // target (bench.CountFdatasyncs), when perf can count them here: it tries
 // once, on this process, and says once why not. Without it the targets are
 // measured as before, and their syncs a pair are the log's alone.
-func fdatasyncCounter() func(pid int) func() (func() (uint64, error), error) {
+func fdatasyncCounter() func(pid int) bench.FdatasyncCount {
 	stop, err := bench.CountFdatasyncs(os.Getpid())
 	if err == nil {
 		_, err = stop()
@@ -110,7 +110,7 @@ func fdatasyncCounter() func(pid int) func() (func() (uint64, error), error) {
 		fmt.Fprintln(os.Stderr, "ledgerbench: the fdatasync calls are not counted:", err)
 		return nil
 	}
-	return func(pid int) func() (func() (uint64, error), error) {
+	return func(pid int) bench.FdatasyncCount {
 		return func() (func() (uint64, error), error) { return bench.CountFdatasyncs(pid) }
 	}
 }
@@ -396,7 +396,7 @@ func run(ctx context.Context, cfg config) error {
 	// Redis have their fdatasync calls counted (PostgreSQL syncs in
 	// processes of its own, for ledgerd and direct SQL alike).
 	inProcess := func(name string) bool { return name == "embedded" || name == "memory" }
-	var counter func(pid int) func() (func() (uint64, error), error)
+	var counter func(pid int) bench.FdatasyncCount
 	if slices.ContainsFunc(stores, inProcess) {
 		counter = fdatasyncCounter()
 	}
@@ -470,7 +470,7 @@ func run(ctx context.Context, cfg config) error {
 						return w.Count, w.Sum
 					}
 				}
-				var fdatasyncs func() (func() (uint64, error), error)
+				var fdatasyncs bench.FdatasyncCount
 				if local && counter != nil {
 					fdatasyncs = counter(os.Getpid())
 				}
@@ -660,7 +660,7 @@ const (
 // result of its own. Without redis-server it says so and returns no
 // target.
 func redisTarget(ctx context.Context, prefix, appendfsync string, replays bool, outs []*bench.Outcome,
-	counter func(pid int) func() (func() (uint64, error), error), emit func(bench.Result)) (target, func(), error) {
+	counter func(pid int) bench.FdatasyncCount, emit func(bench.Result)) (target, func(), error) {
 	dir, err := os.MkdirTemp("", "ledgerbench-redis-")
 	if err != nil {
 		return target{}, nil, err
