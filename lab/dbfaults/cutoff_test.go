@@ -53,7 +53,7 @@ func TestCutOffFromTheDatabase(t *testing.T) {
 	}, "ledgerd did not serve again after the path returned")
 	l.finish()
 
-	s := l.check(errcode.Unavailable, errcode.UpstreamTimeout)
+	s := l.check([]errcode.Code{errcode.Unavailable, errcode.UpstreamTimeout})
 	notServing, _ := l.readiness(cutAt)
 	_, servingBack := l.readiness(backAt)
 	switch {

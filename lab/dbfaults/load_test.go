@@ -210,9 +210,11 @@ func (s summary) firstDoneAfter(at time.Time) time.Duration {
 	return s.done[i].Sub(at)
 }
 
-// check fails the test for a call that failed untyped, with a code not in
-// allowed or not retryable, or past its deadline, and sums the calls up.
-func (l *load) check(allowed ...errcode.Code) summary {
+// check fails the test for a call that failed untyped, with a code that
+// is neither retryable and in retryable nor in lost (the answers that say
+// a write was lost, which are not retryable: the caller's claim is gone),
+// or past its deadline, and sums the calls up.
+func (l *load) check(retryable []errcode.Code, lost ...errcode.Code) summary {
 	l.t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -230,8 +232,8 @@ func (l *load) check(allowed ...errcode.Code) summary {
 		default:
 			le := ledgerstatus.FromError(c.err)
 			byCode[le.Code.String()]++
-			if !le.Retryable() || !slices.Contains(allowed, le.Code) {
-				l.t.Errorf("a call failed %v, want one of %v, retryable", c.err, allowed)
+			if !slices.Contains(lost, le.Code) && (!le.Retryable() || !slices.Contains(retryable, le.Code)) {
+				l.t.Errorf("a call failed %v, want one of %v, retryable, or one of %v", c.err, retryable, lost)
 			}
 		}
 		if took > callDeadline+slack {
