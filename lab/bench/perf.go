@@ -13,7 +13,7 @@ import (
 	"strings"
 )
 
-// A FdatasyncCount starts counting the fdatasync system calls of a
+// An FdatasyncCount starts counting the fdatasync system calls of a
 // process and returns the stop that turns the count off and gives it
 // (CountFdatasyncs of the process).
 type FdatasyncCount func() (stop func() (uint64, error), err error)
