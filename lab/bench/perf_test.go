@@ -52,8 +52,9 @@ func TestCountFdatasyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	syncs(5) // after it
-	// The test's process may sync for its own reasons (the runtime does
-	// not; the test binary writes nothing else): exactly 50.
+	// Nothing else in this process syncs meanwhile (the runtime does not,
+	// and no test of this package runs in parallel or leaves a goroutine
+	// behind that syncs): exactly 50.
 	if n != 50 {
 		t.Fatalf("counted %d fdatasyncs, want 50", n)
 	}
