@@ -106,6 +106,24 @@ func (h *stdioHost) call(method string, params any) rpcAnswer {
 	return h.answer(json.RawMessage(strconv.Itoa(id)))
 }
 
+// handshake initializes a 2025 session as a host does, and returns the
+// answer to initialize.
+func (h *stdioHost) handshake() rpcAnswer {
+	h.t.Helper()
+	init := h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "host", "version": "1"}})
+	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return init
+}
+
+// invoice calls the guarded create_invoice with key.
+func (h *stdioHost) invoice(key string) rpcAnswer {
+	h.t.Helper()
+	return h.call("tools/call", map[string]any{"name": "create_invoice",
+		"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 100},
+		"_meta":     map[string]any{mcpguard.KeyMeta: key}})
+}
+
 // answer reads until the response to id (null for an error that names no
 // request), past the other messages.
 func (h *stdioHost) answer(id json.RawMessage) rpcAnswer {
@@ -252,19 +270,11 @@ func TestStdioHostOnThe2025Handshake(t *testing.T) {
 	cfg := config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{})
 	h := stdioProxy(t, cfg)
 
-	init := h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
-		"clientInfo": map[string]any{"name": "host", "version": "1"}})
-	if init.Error != nil || !strings.Contains(string(init.Result), mcpguard.IdempotencyCapability) {
+	if init := h.handshake(); init.Error != nil || !strings.Contains(string(init.Result), mcpguard.IdempotencyCapability) {
 		t.Fatalf("initialize: %s %+v; want the idempotency capability", init.Result, init.Error)
 	}
-	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	invoice := func(key string) rpcAnswer {
-		return h.call("tools/call", map[string]any{"name": "create_invoice",
-			"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 100},
-			"_meta":     map[string]any{mcpguard.KeyMeta: key}})
-	}
-	first, _, _ := toolText(t, invoice("stdio-2025"))
-	again, _, replayed := toolText(t, invoice("stdio-2025"))
+	first, _, _ := toolText(t, h.invoice("stdio-2025"))
+	again, _, replayed := toolText(t, h.invoice("stdio-2025"))
 	if !replayed || again != first {
 		t.Fatalf("a write %q, then its retry %q (replayed %v)", first, again, replayed)
 	}
@@ -340,15 +350,8 @@ func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := stdioProxy(t, config(ledgerAddr(t), byURL(srv.URL), policyConfig{}))
 
-	h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
-		"clientInfo": map[string]any{"name": "host", "version": "1"}})
-	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	invoice := func(key string) rpcAnswer {
-		return h.call("tools/call", map[string]any{"name": "create_invoice",
-			"arguments": map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 100},
-			"_meta":     map[string]any{mcpguard.KeyMeta: key}})
-	}
-	first, _, _ := toolText(t, invoice("before"))
+	h.handshake()
+	first, _, _ := toolText(t, h.invoice("before"))
 
 	// Eight calls at once meet the forgotten session: one initializes
 	// again, and every one is answered on the new session.
@@ -368,10 +371,10 @@ func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
 		}
 		answered++
 	}
-	if text, isErr, replayed := toolText(t, invoice("after")); isErr || replayed {
+	if text, isErr, replayed := toolText(t, h.invoice("after")); isErr || replayed {
 		t.Fatalf("a write after the upstream restarted: %q", text)
 	}
-	if text, _, replayed := toolText(t, invoice("before")); !replayed || text != first {
+	if text, _, replayed := toolText(t, h.invoice("before")); !replayed || text != first {
 		t.Fatalf("the retry of a write of before: %q (replayed %v); want %q, replayed", text, replayed, first)
 	}
 	if w := up.writes(); len(w) != 2 {
@@ -386,9 +389,7 @@ func TestStdioHostOutlivesItsUpstreamSession(t *testing.T) {
 // drain timeout for an answer that will not come.
 func TestStdioHostCancels(t *testing.T) {
 	h := stdioProxyDraining(t, config(ledgerAddr(t), stdioUpstream(t), policyConfig{}), time.Hour)
-	h.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
-		"clientInfo": map[string]any{"name": "host", "version": "1"}})
-	h.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	h.handshake()
 	h.send(`{"jsonrpc":"2.0","id":"slow","method":"tools/call","params":{"name":"hang","arguments":{},"_meta":{"progressToken":"p"}}}`)
 	for line := range h.lines { // the tool runs
 		if strings.Contains(string(line), `"notifications/progress"`) {
@@ -437,14 +438,10 @@ func TestUpstreamHeaderFiles(t *testing.T) {
 	cfg.MCP.Upstream.HeaderFiles = map[string]string{"Authorization": secret}
 
 	host := stdioProxy(t, cfg)
-	if a := host.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
-		"clientInfo": map[string]any{"name": "host", "version": "1"}}); a.Error != nil {
+	if a := host.handshake(); a.Error != nil {
 		t.Fatalf("initialize over stdio: %+v", a.Error)
 	}
-	host.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	if text, isErr, _ := toolText(t, host.call("tools/call", map[string]any{"name": "create_invoice",
-		"arguments": map[string]any{"customer": "c", "currency": "EUR", "amount_cents": 1},
-		"_meta":     map[string]any{mcpguard.KeyMeta: "with-credentials"}})); isErr {
+	if text, isErr, _ := toolText(t, host.invoice("with-credentials")); isErr {
 		t.Fatalf("a guarded call over stdio: %q", text)
 	}
 
