@@ -36,7 +36,11 @@ import (
 // x. The database breaks that cycle (PostgreSQL after deadlock_timeout,
 // 1 s by default, with SQLSTATE 40P01; CockroachDB at once, with a retry
 // error), and the calls of the aborted batch fall back to their own
-// statements: a pause, never a wrong answer (TestCrossedBatches). Sending
+// statements: a pause, never a wrong answer (TestCrossedBatches). With
+// more batches in flight (Config.BatchInFlight, or the tuned limit on a
+// distant database) longer cycles can form, and a single-row statement,
+// holding the lock the next in line waits for, can be the one aborted: it
+// reruns itself, as after a serialization failure (retry). Sending
 // each statement with its own Sync would rule the cycle out, and measured
 // 10% slower at 8 and 32 clients: two commits a round trip instead of one.
 
@@ -326,10 +330,11 @@ type casRow struct {
 // one round trip and one transaction, a multi-row statement for each kind,
 // claims first, and every call gets its own answer. A lone call uses its
 // single-row statement. A serialization failure, also at COMMIT, reruns the
-// batch. On
-// any other error (a deadlock, an ambiguous commit) each call falls back to
-// its own statement, which is safe: a statement that did commit answers the
-// same again (a claim knows its nonce, a complete its token and outcome).
+// batch. On any other error (a deadlock, an ambiguous commit) each call
+// falls back to its own statement, which is safe: a statement that did
+// commit answers the same again (a claim knows its nonce, a complete its
+// token and outcome). A single-row statement reruns itself after a
+// serialization failure or a deadlock (retry).
 func (s *Store) runOps(ctx context.Context, region string, calls []*call[op, opResult]) {
 	for _, c := range calls {
 		trace.SpanFromContext(c.ctx).SetAttributes(ledger.AttrBatchSize.Int(len(calls))) //nolint:contextcheck // each call's own span
@@ -361,7 +366,7 @@ func (s *Store) runOps(ctx context.Context, region string, calls []*call[op, opR
 	sortByScope(completes)
 	var gotClaims map[string]row
 	var gotCompletes map[string]casRow
-	err := s.retry(ctx, func(ctx context.Context) (err error) {
+	err := s.retrySerialization(ctx, func(ctx context.Context) (err error) {
 		b := &pgx.Batch{}
 		if len(claims) > 0 {
 			b.Queue(claimBatchSQL, claimArgs(s.now(), claims)...)

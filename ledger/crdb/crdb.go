@@ -2,8 +2,9 @@
 // PostgreSQL in SERIALIZABLE isolation, over pgx v5 and cockroach-go.
 //
 // Every operation is one SQL statement on the common path (see sql.go),
-// retried as a whole on serialization failures (SQLSTATE 40001) with
-// jittered exponential backoff, a bounded number of times: past the bound the
+// retried as a whole on serialization failures (SQLSTATE 40001) and
+// deadlocks (40P01) with jittered exponential backoff, a bounded number
+// of times: past the bound the
 // caller gets CONTENTION, which is retryable. Time comes from the database
 // (now()) unless Config.Now is set, so ledger instances with skewed clocks
 // agree.

@@ -18,11 +18,29 @@ import (
 	"github.com/idemledger/idemledger/ledger/errcode"
 )
 
-// retry runs fn until it succeeds, fails with an error that is not a
-// serialization failure, or has been retried MaxRetries times, sleeping a
-// jittered exponential backoff between attempts. It is crdbgo.ExecuteCtx with
-// backoff: ExecuteCtx itself retries at once.
+// retry runs fn until it succeeds, fails with an error other than a
+// serialization failure or a deadlock, or has been retried MaxRetries
+// times, sleeping a jittered exponential backoff between attempts. The
+// database rolls back a deadlock's victim as a whole, as it does a
+// serialization failure's transaction, so running it again is as safe.
+// Under load a single-row statement can be the victim: it holds the row
+// lock that a third transaction queues on while it waits for a second
+// one, which waits for the third (TestTwoInstancesRace, batched).
 func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error {
+	return s.retrySerialization(ctx, func(ctx context.Context) error {
+		err := fn(ctx)
+		if sqlState(err) == "40P01" {
+			return deadlockVictim{err}
+		}
+		return err
+	})
+}
+
+// retrySerialization is retry for serialization failures only; a batch
+// uses it, so that a deadlocked batch falls back to its calls' own
+// statements at once (runOps). It is crdbgo.ExecuteCtx with backoff:
+// ExecuteCtx itself retries at once.
+func (s *Store) retrySerialization(ctx context.Context, fn func(context.Context) error) error {
 	attempt := 0
 	return crdbgo.ExecuteCtx(crdbgo.WithMaxRetries(ctx, s.cfg.MaxRetries), func(ctx context.Context, _ ...any) error {
 		if attempt > 0 {
@@ -34,6 +52,15 @@ func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error
 		return fn(ctx)
 	})
 }
+
+// deadlockVictim is a deadlock (SQLSTATE 40P01) made retryable to
+// crdbgo.ExecuteCtx, which retries what reports 40001 or CR000; the
+// PostgreSQL error stays in the chain for sqlState and classify.
+type deadlockVictim struct{ error }
+
+func (deadlockVictim) SQLState() string { return "40001" }
+
+func (e deadlockVictim) Unwrap() error { return e.error }
 
 // retryAmbiguous is retry for statements that are safe to repeat: it also
 // runs fn again after an ambiguous commit, once.

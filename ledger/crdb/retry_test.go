@@ -2,6 +2,7 @@ package crdb
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -20,9 +21,16 @@ import (
 )
 
 // failFirst installs a trigger that raises a serialization failure (40001)
-// on the first n writes to the records table; a sequence counts them,
-// because a sequence survives the rollback.
+// on the first n writes to the records table.
 func failFirst(t *testing.T, s *Store, n int, deferred bool) {
+	t.Helper()
+	forceFailures(t, s, n, deferred, "40001")
+}
+
+// forceFailures installs a trigger that raises SQLSTATE state on the first
+// n writes to the records table; a sequence counts them, because a
+// sequence survives the rollback.
+func forceFailures(t *testing.T, s *Store, n int, deferred bool, state string) {
 	t.Helper()
 	timing := "BEFORE INSERT OR UPDATE ON idempotency_records FOR EACH ROW"
 	create := "CREATE TRIGGER"
@@ -36,7 +44,7 @@ func failFirst(t *testing.T, s *Store, n int, deferred bool) {
 		`CREATE FUNCTION force_failure() RETURNS trigger LANGUAGE plpgsql AS $$
 		 BEGIN
 		   IF nextval('forced_failures') <= ` + itoa(n) + ` THEN
-		     RAISE EXCEPTION 'forced serialization failure' USING ERRCODE = '40001';
+		     RAISE EXCEPTION 'forced failure' USING ERRCODE = '` + state + `';
 		   END IF;
 		   RETURN NEW;
 		 END $$`,
@@ -71,17 +79,39 @@ func rowCount(t *testing.T, s *Store) (n int) {
 	return n
 }
 
-func TestForcedSerializationFailureIsRetried(t *testing.T) {
-	s := newTestStore(t, Config{MaxRetries: 5, RetryBase: time.Millisecond})
-	failFirst(t, s, 3, false)
-	l := ledger.New(s, ledger.Config{})
-	sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
-	res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
-	if err != nil || res.Claim == nil || res.Claim.Token != 1 {
-		t.Fatalf("Begin after 3 forced failures = %+v, %v; want the first claim", res, err)
-	}
-	if n := rowCount(t, s); n != 1 {
-		t.Fatalf("%d rows, want 1", n)
+// TestForcedFailureIsRetried: a claim and a complete whose statement the
+// database rolls back as a serialization failure (40001) or as a
+// deadlock's victim (40P01) run again, batched or not, and each happens
+// once. A deadlock's victim can be a single-row statement (retry).
+func TestForcedFailureIsRetried(t *testing.T) {
+	for _, state := range []string{"40001", "40P01"} {
+		for _, batching := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batching=%v", state, batching), func(t *testing.T) {
+				s := newTestStore(t, Config{MaxRetries: 5, RetryBase: time.Millisecond, Batching: batching})
+				// Three failures for the claim, three for the complete.
+				forceFailures(t, s, 3, false, state)
+				l := ledger.New(s, ledger.Config{})
+				sc := ledger.Scope{Namespace: "billing", Tenant: "acme", Key: "k"}
+				res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method})
+				if err != nil || res.Claim == nil || res.Claim.Token != 1 {
+					t.Fatalf("Begin after 3 forced failures = %+v, %v; want the first claim", res, err)
+				}
+				if _, err := s.pool.Exec(t.Context(), `ALTER SEQUENCE forced_failures RESTART`); err != nil {
+					t.Fatal(err)
+				}
+				rec, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("inv_1"))
+				if err != nil || rec.State != ledger.StateCompleted {
+					t.Fatalf("Complete after 3 forced failures = %+v, %v; want completed", rec, err)
+				}
+				if n := rowCount(t, s); n != 1 {
+					t.Fatalf("%d rows, want 1", n)
+				}
+				var used int64
+				if err := s.pool.QueryRow(t.Context(), `SELECT last_value FROM forced_failures`).Scan(&used); err != nil || used != 4 {
+					t.Fatalf("the complete ran %d times, want 3 failures and a success (%v)", used, err)
+				}
+			})
+		}
 	}
 }
 
