@@ -34,10 +34,13 @@ import (
 //	Proxy: the same through idemproxy, in front of a server without a
 //	guard.
 //
+// With IDEMPROXY_BENCH_LEDGERD=host:port both call a running ledgerd
+// (without credentials, as one in dev mode takes them) instead.
+//
 // The TypeScript guard and idemproxy in front of TypeScript servers, with
 // the official TypeScript client, are measured by sdk/typescript/bench/mcp.mjs.
 func BenchmarkToolCall(b *testing.B) {
-	addr := ledgerAddr(b)
+	addr := benchLedger(b)
 	conn, err := grpc.NewClient(addr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		b.Fatal(err)
@@ -97,6 +100,16 @@ func BenchmarkToolCall(b *testing.B) {
 	}
 }
 
+// benchLedger is the ledger a benchmark calls: the running ledgerd at
+// IDEMPROXY_BENCH_LEDGERD, or a LedgerService on the memory store in the
+// benchmark's process.
+func benchLedger(b *testing.B) string {
+	if addr := os.Getenv("IDEMPROXY_BENCH_LEDGERD"); addr != "" {
+		return addr
+	}
+	return ledgerAddr(b)
+}
+
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
@@ -133,7 +146,7 @@ func httpEndpoint(b *testing.B, s *mcp.Server) string {
 func BenchmarkStdioHost(b *testing.B) {
 	b.Setenv("IDEMPROXY_TEST_STDIO_UPSTREAM", "1")
 	server := []string{"env", "-u", "IDEMPROXY_TEST_AS_MAIN", os.Args[0], "-test.run=^$"}
-	file := stdioConfigFile(b, config(ledgerAddr(b), byCommand(server...), policyConfig{}))
+	file := stdioConfigFile(b, config(benchLedger(b), byCommand(server...), policyConfig{}))
 	start := func(argv []string, env ...string) *mcp.ClientSession {
 		cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // the benchmark's own binary
 		cmd.Env = append(os.Environ(), env...)
