@@ -157,16 +157,29 @@ func TestTwoInstancesRace(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")
 	}
-	for _, batching := range []bool{false, true} {
-		t.Run(fmt.Sprint("batching=", batching), func(t *testing.T) { twoInstancesRace(t, batching) })
+	for _, tt := range []struct {
+		name     string
+		batching bool
+		inFlight int
+	}{
+		{"batching=false", false, 0},
+		{"batching=true", true, 0},
+		// Batches in flight at once on each instance, as a distant
+		// database gets: longer lock cycles, whose victim may be a
+		// single-row statement.
+		{"batching=true,inflight=4", true, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			twoInstancesRace(t, crdb.Config{MaxRetries: 30, Batching: tt.batching, BatchInFlight: tt.inFlight})
+		})
 	}
 }
 
-func twoInstancesRace(t *testing.T, batching bool) {
+func twoInstancesRace(t *testing.T, cfg crdb.Config) {
 	url := pgtest.NewDatabase(t)
 	var ledgers [2]*ledger.Ledger
 	for i := range ledgers {
-		s := openURL(t, url+"&pool_max_conns=16", crdb.Config{MaxRetries: 30, Batching: batching}, i == 0)
+		s := openURL(t, url+"&pool_max_conns=16", cfg, i == 0)
 		ledgers[i] = ledger.New(s, ledger.Config{})
 	}
 	const keys, perInstance = 300, 16
