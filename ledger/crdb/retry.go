@@ -29,7 +29,8 @@ import (
 func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error {
 	return s.retrySerialization(ctx, func(ctx context.Context) error {
 		err := fn(ctx)
-		if sqlState(err) == "40P01" {
+		// Checked for nil first: sqlState's errors.As allocates.
+		if err != nil && sqlState(err) == "40P01" {
 			return deadlockVictim{err}
 		}
 		return err
