@@ -29,8 +29,7 @@ import (
 func (s *Store) retry(ctx context.Context, fn func(context.Context) error) error {
 	return s.retrySerialization(ctx, func(ctx context.Context) error {
 		err := fn(ctx)
-		// Checked for nil first: sqlState's errors.As allocates.
-		if err != nil && sqlState(err) == "40P01" {
+		if sqlState(err) == "40P01" {
 			return deadlockVictim{err}
 		}
 		return err
@@ -81,11 +80,20 @@ func (s *Store) backoff(attempt int) time.Duration {
 // SQLSTATE 40003 (statement_completion_unknown) or cockroach-go's
 // AmbiguousCommitError.
 func isAmbiguous(err error) bool {
+	if err == nil {
+		return false // asked after every claim: nothing to allocate
+	}
 	var amb *crdbgo.AmbiguousCommitError
 	return errors.As(err, &amb) || sqlState(err) == "40003"
 }
 
+// sqlState is err's SQLSTATE, "" when it has none. It is asked of every
+// statement's return, nil included, where it allocates nothing: the
+// target errors.As needs is made only for an error.
 func sqlState(err error) string {
+	if err == nil {
+		return ""
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code
