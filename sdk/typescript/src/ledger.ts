@@ -1,11 +1,12 @@
 // The LedgerService client: Connect or gRPC to ledgerd, with the write
 // service's bearer token and a deadline on every call.
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { LedgerService } from "./gen/idemledger/v1/ledger_pb.js";
 import { LedgerError } from "./errors.js";
 import { StreamLedger, type LedgerCalls } from "./stream.js";
+import type { StreamEndpoint } from "./wire.js";
 
 /**
  * A LedgerService client for a write service: its calls go over one
@@ -60,12 +61,13 @@ export function createLedger(opts: LedgerOptions): Ledger {
     });
   }
   const common = { baseUrl: opts.baseUrl, interceptors, useBinaryFormat: true };
-  if (opts.protocol === "grpc") {
-    const grpc = createClient(LedgerService, createGrpcTransport(common));
-    return new StreamLedger(grpc, grpc, opts.timeoutMs ?? 5000, config);
-  }
-  return new StreamLedger(createClient(LedgerService, createConnectTransport({ ...common, httpVersion: "2" })),
-    createClient(LedgerService, createConnectTransport({ ...common, httpVersion: "1.1" })), opts.timeoutMs ?? 5000, config);
+  const endpoint: StreamEndpoint = {
+    sessions: new Http2SessionManager(opts.baseUrl),
+    protocol: opts.protocol ?? "connect",
+    headers: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
+  };
+  const unary = opts.protocol === "grpc" ? createGrpcTransport(common) : createConnectTransport({ ...common, httpVersion: "1.1" });
+  return new StreamLedger(endpoint, createClient(LedgerService, unary), opts.timeoutMs ?? 5000, config);
 }
 
 // misconfigured turns an answer that no ledgerd gives (a 404 without the

@@ -7,12 +7,13 @@ import { create, toBinary, type MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type CallOptions, type Client } from "@connectrpc/connect";
 import {
-  LedgerService, StreamRequestSchema,
+  type LedgerService, StreamRequestSchema,
   type BeginRequestSchema, type BeginResponse, type CompleteRequestSchema, type CompleteResponse, type ExtendRequestSchema, type ExtendResponse,
   type LookupRequestSchema, type LookupResponse, type ReleaseRequestSchema, type ReleaseResponse, type ResolveRequestSchema, type ResolveResponse,
   type StreamRequest, type StreamResponse,
 } from "./gen/idemledger/v1/ledger_pb.js";
 import { sizeBound } from "./size.js";
+import { WireStream, type StreamEndpoint } from "./wire.js";
 
 /** The calls a write service makes, each as its unary counterpart answers it. */
 export interface LedgerCalls {
@@ -41,48 +42,19 @@ interface Pending {
   reject(err: unknown): void;
 }
 
-/** One stream: its queue of messages to send and its calls in flight. */
+/** One stream and its calls in flight. */
 class Session {
   readonly pending = new Map<bigint, Pending>();
-  readonly ctl = new AbortController();
-  private readonly queue: StreamRequest[] = [];
-  private wake: (() => void) | undefined;
-  private closing = false;
+  wire!: WireStream;
   ended = false;
 
   send(req: StreamRequest): void {
-    this.queue.push(req);
-    this.poke();
-  }
-
-  /** closeSend sends what is queued, then closes the client's side. */
-  closeSend(): void {
-    this.closing = true;
-    this.poke();
-  }
-
-  private poke(): void {
-    const w = this.wake;
-    this.wake = undefined;
-    w?.();
-  }
-
-  async *requests(): AsyncGenerator<StreamRequest> {
-    for (;;) {
-      while (this.queue.length > 0) {
-        yield this.queue.shift()!;
-      }
-      if (this.closing || this.ended) {
-        return;
-      }
-      await new Promise<void>((r) => (this.wake = r));
-    }
+    this.wire.send(req);
   }
 
   /** end takes the calls in flight off the stream, for failing or sending again. */
   end(): Pending[] {
     this.ended = true;
-    this.poke();
     const calls = [...this.pending.values()];
     this.pending.clear();
     return calls;
@@ -91,12 +63,12 @@ class Session {
 
 /**
  * StreamLedger sends Begin, Complete, Release, Extend, Lookup and Resolve
- * over one LedgerService.Stream of raw, opened when first needed, opened
+ * over one LedgerService.Stream (a WireStream), opened when first needed, opened
  * again after it ends, and closed after a second without calls (so that
  * it keeps no process alive). Differences a caller may notice:
  *   - the call's timeoutMs travels as the call's timeout, and its signal
  *     cancels it on the server;
- *   - headers are the stream's (raw's interceptors), not the call's;
+ *   - headers are the stream's (the endpoint's), not the call's;
  *   - calls in flight when the stream breaks fail UNAVAILABLE: they may
  *     have run, as a unary call cut off by a broken connection may have;
  *   - a baseUrl that does not speak HTTP/2 (a proxy of HTTP/1.1 only) gets
@@ -110,12 +82,12 @@ export class StreamLedger implements LedgerCalls {
   private http1 = false;
 
   /**
-   * raw opens the streams; unary takes the calls too large for one, and
-   * every call when raw's endpoint does not speak HTTP/2; defaultTimeoutMs
+   * endpoint is where the streams go; unary takes the calls too large for
+   * one, and every call when the endpoint does not speak HTTP/2; defaultTimeoutMs
    * bounds a call that sets no timeoutMs (0: none); failed maps what
    * ended a stream to what its calls fail with.
    */
-  constructor(private readonly raw: Client<typeof LedgerService>, private readonly unary: Client<typeof LedgerService>,
+  constructor(private readonly endpoint: StreamEndpoint, private readonly unary: Client<typeof LedgerService>,
     private readonly defaultTimeoutMs: number, private readonly failed: (err: unknown, method: string) => unknown = (err) => err) {}
 
   readonly begin = this.method("begin");
@@ -134,7 +106,8 @@ export class StreamLedger implements LedgerCalls {
   close(): void {
     this.closed = true;
     clearTimeout(this.idle);
-    this.cur?.ctl.abort(new ConnectError("the ledger client is closed", Code.Unavailable));
+    this.cur?.wire.abort(new ConnectError("the ledger client is closed", Code.Unavailable));
+    this.endpoint.sessions.abort();
   }
 
   private call(kind: Kind, init: object, opts: CallOptions = {}): Promise<unknown> {
@@ -200,33 +173,30 @@ export class StreamLedger implements LedgerCalls {
       return this.cur;
     }
     const s = new Session();
+    s.wire = new WireStream(this.endpoint, (res) => this.deliver(s, res), (err) => this.ended(s, err));
     this.cur = s;
-    void this.read(s);
     return s;
   }
 
-  // read delivers the stream's answers until it ends.
-  private async read(s: Session): Promise<void> {
-    let err: unknown = new ConnectError("the ledger ended the stream", Code.Unavailable);
-    try {
-      for await (const res of this.raw.stream(s.requests(), { signal: s.ctl.signal })) {
-        if (res.result.case === "drain") {
-          this.retire(s); // calls already sent are answered; new ones go on a new stream
-          continue;
-        }
-        const p = s.pending.get(res.id);
-        s.pending.delete(res.id);
-        if (p) {
-          try {
-            p.resolve(answer(p.kind, res));
-          } catch (e) {
-            p.reject(e);
-          }
-        }
-      }
-    } catch (e) {
-      err = e;
+  // deliver answers the call that res answers.
+  private deliver(s: Session, res: StreamResponse): void {
+    if (res.result.case === "drain") {
+      this.retire(s); // calls already sent are answered; new ones go on a new stream
+      return;
     }
+    const p = s.pending.get(res.id);
+    s.pending.delete(res.id);
+    if (p) {
+      try {
+        p.resolve(answer(p.kind, res));
+      } catch (e) {
+        p.reject(e);
+      }
+    }
+  }
+
+  // ended fails the calls s leaves unanswered, or sends them again as unary calls where the endpoint does not speak HTTP/2.
+  private ended(s: Session, err = new ConnectError("the ledger ended the stream", Code.Unavailable)): void {
     if (this.cur === s) {
       this.cur = undefined;
     }
@@ -249,14 +219,18 @@ export class StreamLedger implements LedgerCalls {
     if (this.cur === s) {
       this.cur = undefined;
     }
-    s.closeSend();
+    s.wire.closeSend();
   }
 }
 
-/** notHTTP2 says err is what connect-node makes of an endpoint that answered HTTP/2's preface in HTTP/1.1. */
-export function notHTTP2(err: unknown): boolean {
-  const ce = ConnectError.from(err);
-  return ce.code === Code.Internal && (ce.cause as { code?: unknown } | undefined)?.code === "ERR_HTTP2_ERROR";
+// notHTTP2 says err comes of an endpoint that answered HTTP/2's preface in HTTP/1.1.
+function notHTTP2(err: unknown): boolean {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if ((e as { code?: unknown }).code === "ERR_HTTP2_ERROR") {
+      return true;
+    }
+  }
+  return false;
 }
 
 // answer is the response of kind from res, or the error it carries.
