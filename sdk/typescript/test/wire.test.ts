@@ -159,3 +159,39 @@ test("a stream refused, or ended without its end message, fails the calls in fli
     await ledger.close();
   }
 });
+
+test("a drain: the calls sent are answered, the stream's sending side closes, new calls go on a new stream", async () => {
+  const streams: http2.ServerHttp2Stream[] = [];
+  let sendingClosed!: () => void;
+  const firstClosed = new Promise<void>((r) => (sendingClosed = r));
+  const ledger = await fakeLedger("connect", (stream, req) => {
+    if (!streams.includes(stream)) {
+      streams.push(stream);
+      if (streams.length === 1) {
+        stream.on("end", () => {
+          sendingClosed();
+          stream.end(envelope(0b10, Buffer.from("{}")));
+        });
+      }
+    }
+    if (streams.length === 1) {
+      // As ledgerd shutting down: the drain first, then the call's answer on the same stream.
+      stream.write(response({ id: 0n, result: { case: "drain", value: {} } }));
+      setImmediate(() => stream.write(claim(req.id, 1n)));
+      return;
+    }
+    stream.write(claim(req.id, 2n));
+  });
+  const client = createLedger({ baseUrl: ledger.baseUrl });
+  try {
+    const first = await client.begin(begin("a"));
+    assert.equal(first.result.case === "claim" && first.result.value.token, 1n, "answered on the drained stream");
+    await firstClosed;
+    const second = await client.begin(begin("b"));
+    assert.equal(second.result.case === "claim" && second.result.value.token, 2n);
+    assert.equal(streams.length, 2, "the call after the drain went on a new stream");
+  } finally {
+    client.close();
+    await ledger.close();
+  }
+});
