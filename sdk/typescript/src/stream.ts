@@ -48,10 +48,6 @@ class Session {
   wire!: WireStream;
   ended = false;
 
-  send(req: StreamRequest): void {
-    this.wire.send(req);
-  }
-
   /** end takes the calls in flight off the stream, for failing or sending again. */
   end(): Pending[] {
     this.ended = true;
@@ -118,7 +114,7 @@ export class StreamLedger implements LedgerCalls {
     const req = create(StreamRequestSchema, { call: { case: kind, value: init } } as MessageInitShape<typeof StreamRequestSchema>);
     // Only a call that carries an outcome can be large, and only one whose
     // bound is over the limit is encoded to tell: the others are encoded once.
-    const large = (kind === "complete" || kind === "resolve") && sizeBound(req) > maxStreamedBytes && toBinary(StreamRequestSchema, req).length > maxStreamedBytes;
+    const large = (kind === "complete" || kind === "resolve") && sizeBound(req) > maxStreamedBytes && encodedSize(req) > maxStreamedBytes;
     if (this.http1 || large) {
       return this.callUnary(kind, init, opts);
     }
@@ -129,13 +125,17 @@ export class StreamLedger implements LedgerCalls {
       req.timeout = durationFromMs(timeoutMs);
     }
     req.id = ++this.ids;
+    const msg = encoded(kind, req);
+    if (msg instanceof ConnectError) {
+      return Promise.reject(msg); // a request that cannot be encoded fails alone, before it touches the stream
+    }
     const s = this.session();
     clearTimeout(this.idle);
     return new Promise<unknown>((resolve, reject) => {
       let timer: ReturnType<typeof setTimeout> | undefined;
       const giveUp = (err: ConnectError) => {
         if (s.pending.delete(req.id)) {
-          s.send(create(StreamRequestSchema, { id: req.id, call: { case: "cancel", value: {} } }));
+          s.wire.send(toBinary(StreamRequestSchema, create(StreamRequestSchema, { id: req.id, call: { case: "cancel", value: {} } })));
           done();
           reject(err);
         }
@@ -159,7 +159,7 @@ export class StreamLedger implements LedgerCalls {
         // The server ends the call at its timeout; this is for a server that does not answer at all.
         timer = setTimeout(() => giveUp(new ConnectError("the call's deadline passed", Code.DeadlineExceeded)), timeoutMs);
       }
-      s.send(req);
+      s.wire.send(msg);
     });
   }
 
@@ -231,6 +231,25 @@ function notHTTP2(err: unknown): boolean {
     }
   }
   return false;
+}
+
+// encoded is req's encoding, or the INVALID_ARGUMENT error of a request
+// that cannot be encoded (a uint64 below zero).
+function encoded(kind: Kind, req: StreamRequest): Uint8Array | ConnectError {
+  try {
+    return toBinary(StreamRequestSchema, req);
+  } catch (err) {
+    return new ConnectError(`the ${kind} request cannot be encoded: ${err instanceof Error ? err.message : String(err)}`, Code.InvalidArgument);
+  }
+}
+
+// encodedSize is the length of req's encoding; 0 when it cannot be encoded (encoded says why).
+function encodedSize(req: StreamRequest): number {
+  try {
+    return toBinary(StreamRequestSchema, req).length;
+  } catch {
+    return 0;
+  }
 }
 
 // answer is the response of kind from res, or the error it carries.

@@ -10,12 +10,12 @@
 // checks and its errors are connect's own protocol functions, so a
 // caller sees the errors connect-node's client gives.
 import { constants, type ClientHttp2Stream, type IncomingHttpHeaders } from "node:http2";
-import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import { fromBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import * as connectProtocol from "@connectrpc/connect/protocol-connect";
 import * as grpcProtocol from "@connectrpc/connect/protocol-grpc";
-import { LedgerService, StreamRequestSchema, StreamResponseSchema, type StreamRequest, type StreamResponse } from "./gen/idemledger/v1/ledger_pb.js";
+import { LedgerService, StreamResponseSchema, type StreamResponse } from "./gen/idemledger/v1/ledger_pb.js";
 
 /** Where a stream goes: the connection, the protocol, and the headers a stream carries beside the protocol's (the bearer token). */
 export interface StreamEndpoint {
@@ -33,7 +33,7 @@ const compressed = 0b00000001;
 const maxReceivedBytes = 256 << 20;
 
 /**
- * WireStream is one LedgerService.Stream. send queues a request (written
+ * WireStream is one LedgerService.Stream. send writes a request (sent
  * with the others queued in the same turn), closeSend ends the client's
  * side once they are written, abort ends the stream at once. Each answer
  * goes to onMessage; onEnd is called once, with undefined when the
@@ -58,11 +58,11 @@ export class WireStream {
     ep.sessions.request("POST", path, headers, {}).then((h2) => this.attach(h2), (err: unknown) => this.finish(ConnectError.from(err, Code.Unavailable)));
   }
 
-  send(req: StreamRequest): void {
+  /** send writes msg, a StreamRequest's encoding, in an envelope. */
+  send(msg: Uint8Array): void {
     if (this.done || this.sendClosed) {
       return;
     }
-    const msg = toBinary(StreamRequestSchema, req);
     const env = Buffer.allocUnsafe(5 + msg.length);
     env[0] = 0;
     env.writeUInt32BE(msg.length, 1);
@@ -136,6 +136,9 @@ export class WireStream {
   // the start of the next: under 5 bytes as they are, else in a buffer of
   // the envelope's size that the chunks after it fill.
   private read(chunk: Buffer): void {
+    if (this.done) {
+      return;
+    }
     if (this.partial) {
       const n = Math.min(this.partial.length - this.filled, chunk.length);
       chunk.copy(this.partial, this.filled, 0, n);

@@ -195,3 +195,27 @@ test("a drain: the calls sent are answered, the stream's sending side closes, ne
     await ledger.close();
   }
 });
+
+test("a request that cannot be encoded fails alone, INVALID_ARGUMENT, and never reaches the stream", async () => {
+  const received: StreamRequest[] = [];
+  const ledger = await fakeLedger("connect", (stream, req) => {
+    received.push(req);
+    stream.write(claim(req.id, 3n));
+  });
+  const client = createLedger({ baseUrl: ledger.baseUrl });
+  try {
+    const [bad, good] = await Promise.allSettled([
+      client.complete({ tenant: "acme", key: "a", token: -1n }),
+      client.begin(begin("b")),
+    ]);
+    assert.equal(bad.status, "rejected");
+    const err = ConnectError.from((bad as PromiseRejectedResult).reason);
+    assert.equal(err.code, Code.InvalidArgument);
+    assert.match(err.rawMessage, /complete request cannot be encoded.*uint64/);
+    assert.equal(good.status === "fulfilled" && good.value.result.case, "claim");
+    assert.deepEqual(received.map((r) => r.call.case), ["begin"], "only the Begin reached the ledger");
+  } finally {
+    client.close();
+    await ledger.close();
+  }
+});
