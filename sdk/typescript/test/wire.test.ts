@@ -219,3 +219,27 @@ test("a request that cannot be encoded fails alone, INVALID_ARGUMENT, and never 
     await ledger.close();
   }
 });
+
+test("close: the calls in flight fail UNAVAILABLE at once, later calls too, and the connection closes", async () => {
+  let streamClosed!: () => void, arrived!: () => void;
+  const closed = new Promise<void>((r) => (streamClosed = r));
+  const received = new Promise<void>((r) => (arrived = r));
+  const ledger = await fakeLedger("connect", (stream) => {
+    stream.on("close", () => streamClosed()); // never answers
+    arrived();
+  });
+  const client = createLedger({ baseUrl: ledger.baseUrl, timeoutMs: 60_000 });
+  try {
+    const inFlight = client.begin(begin("a")).then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+    await received; // the call is in flight at the ledger
+    client.close();
+    const err = await inFlight;
+    assert.equal(err.code, Code.Unavailable);
+    assert.match(err.rawMessage, /closed/);
+    const later = await client.begin(begin("b")).then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+    assert.equal(later.code, Code.Unavailable);
+    await closed;
+  } finally {
+    await ledger.close();
+  }
+});
