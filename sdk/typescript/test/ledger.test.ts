@@ -153,6 +153,32 @@ for (const [protocol, baseUrl] of [["connect", () => process.env.LEDGER_HTTP!], 
   });
 }
 
+// Many calls at once on one stream, their answers interleaved and some
+// split across frames: each call gets its own answer, and each replay its
+// own outcome's bytes.
+test("createLedger: 300 calls at once on one stream, each answered with its own", async () => {
+  const ledger = createLedger({ baseUrl: process.env.LEDGER_HTTP!, token });
+  try {
+    const run = `ts-${randomUUID()}`;
+    const value = (i: number) => Uint8Array.from({ length: 1 + ((i * 7919) % (40 << 10)) }, (_, j) => (i + j) % 256);
+    const outcome = (i: number) => ({ result: { case: "response" as const, value: { typeUrl: "type.googleapis.com/x.Y", value: value(i) } } });
+    const begin = (i: number) => ledger.begin({ tenant: "acme", key: `${run}-${i}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+    const ids = Array.from({ length: 300 }, (_, i) => i);
+    await Promise.all(ids.map(async (i) => {
+      const claimed = await begin(i);
+      assert.equal(claimed.result.case, "claim");
+      await ledger.complete({ tenant: "acme", key: `${run}-${i}`, token: claimed.result.case === "claim" ? claimed.result.value.token : 0n, outcome: outcome(i) });
+    }));
+    await Promise.all(ids.map(async (i) => {
+      const replayed = await begin(i);
+      assert.equal(replayed.result.case, "replay");
+      assert.deepEqual(replayed.result.case === "replay" ? replayed.result.value.outcome?.result.value?.value : undefined, value(i), `key ${i}`);
+    }));
+  } finally {
+    ledger.close();
+  }
+});
+
 // A request over 64 KiB goes as a unary call (sizeBound spares the others
 // an encoding): one over ledgerd's limit fails alone, where on the stream
 // it would end the stream and every call on it.
