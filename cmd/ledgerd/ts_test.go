@@ -2,15 +2,20 @@ package main_test
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/idemledger/idemledger/internal/nodetest"
 	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // TestTypeScriptClient runs the TypeScript package's tests
@@ -18,8 +23,10 @@ import (
 // Connect protocol and over gRPC, and its MCP guard inside a TypeScript
 // SDK server driven by the SDK's client; its fence with node-postgres on a
 // PostgreSQL database of the test's own) against this ledgerd, with a
-// bearer token. Without node or
-// the npm packages (make npm) it skips, except under CI=true.
+// bearer token, and the ledger client over TLS against a second ledgerd
+// that serves it (an https baseUrl; Node trusts the test's CA through
+// NODE_EXTRA_CA_CERTS). Without node or the npm packages (make npm) it
+// skips, except under CI=true.
 func TestTypeScriptClient(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	node, dir := nodetest.Node(t, "../../sdk/typescript", "@connectrpc/connect-node")
@@ -29,6 +36,20 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
+	tlsDir := t.TempDir()
+	ca := servertest.NewCA(t)
+	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
+	caFile := filepath.Join(tlsDir, "ca.crt")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secure := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile, "--health-listen", "127.0.0.1:0")
+	probe, err := grpc.NewClient(secure.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	secure.waitServing(t, probe)
 	tests, err := filepath.Glob(filepath.Join(dir, "test", "*.test.ts"))
 	if err != nil || len(tests) == 0 {
 		t.Fatalf("no tests in %s: %v", dir, err)
@@ -36,6 +57,7 @@ func TestTypeScriptClient(t *testing.T) {
 	cmd := exec.CommandContext(t.Context(), node, append([]string{"--import", "tsx", "--test", "--test-concurrency=4"}, tests...)...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LEDGER_HTTP=http://"+p.http, "LEDGER_GRPC=http://"+p.grpc, "LEDGER_ADMIN=http://"+p.admin, "LEDGER_TOKEN=ts-secret",
+		"LEDGER_HTTPS=https://"+secure.http, "LEDGER_GRPCS=https://"+secure.grpc, "NODE_EXTRA_CA_CERTS="+caFile,
 		"FENCE_DATABASE_URL="+pgtest.NewDatabase(t)) // the fence's tests, with node-postgres
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -110,6 +132,20 @@ func TestTypeScriptPackage(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
+	tlsDir := t.TempDir()
+	ca := servertest.NewCA(t)
+	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
+	caFile := filepath.Join(tlsDir, "ca.crt")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secure := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile, "--health-listen", "127.0.0.1:0")
+	probe, err := grpc.NewClient(secure.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	secure.waitServing(t, probe)
 	srv := exec.Command(node, "server.mjs")
 	srv.Dir = project
 	srv.Env = append(os.Environ(), "LEDGER_URL=http://"+p.http, "LEDGER_TOKEN=ts-secret")
@@ -190,6 +226,20 @@ func TestTypeScriptGuardConformance(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
+	tlsDir := t.TempDir()
+	ca := servertest.NewCA(t)
+	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
+	caFile := filepath.Join(tlsDir, "ca.crt")
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secure := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile, "--health-listen", "127.0.0.1:0")
+	probe, err := grpc.NewClient(secure.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	secure.waitServing(t, probe)
 	for _, c := range []struct {
 		script string
 		suite  nodetest.Suite

@@ -3,7 +3,8 @@
 // KEY_REUSED and IN_PROGRESS with their details, unary and on
 // createLedger's stream. The Go test
 // TestTypeScriptClient (cmd/ledgerd) starts ledgerd and runs this with
-// LEDGER_HTTP, LEDGER_GRPC, LEDGER_ADMIN and LEDGER_TOKEN set.
+// LEDGER_HTTP, LEDGER_GRPC, LEDGER_ADMIN and LEDGER_TOKEN set, and
+// LEDGER_HTTPS and LEDGER_GRPCS, a second ledgerd's listeners over TLS.
 import { strict as assert } from "node:assert";
 import { randomUUID } from "node:crypto";
 import http from "node:http";
@@ -178,6 +179,30 @@ test("createLedger: 300 calls at once on one stream, each answered with its own"
     ledger.close();
   }
 });
+
+// Over TLS (an https baseUrl; the Go test's CA comes through
+// NODE_EXTRA_CA_CERTS): the stream on HTTP/2 by ALPN, and a large
+// Complete as a unary call.
+for (const [protocol, baseUrl] of [["connect", () => process.env.LEDGER_HTTPS!], ["grpc", () => process.env.LEDGER_GRPCS!]] as const) {
+  test(`createLedger over ${protocol} with TLS: the stream and a unary call`, async () => {
+    assert.match(baseUrl(), /^https:/);
+    const ledger = createLedger({ baseUrl: baseUrl(), protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      const begin = { tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" };
+      const claimed = await ledger.begin(begin);
+      assert.equal(claimed.result.case, "claim");
+      const value = Uint8Array.from({ length: 100 << 10 }, (_, i) => i % 253); // over 64 KiB: a unary call
+      await ledger.complete({ tenant: "acme", key, token: claimed.result.case === "claim" ? claimed.result.value.token : 0n,
+        outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value } } } });
+      const replayed = await ledger.begin(begin);
+      assert.equal(replayed.result.case, "replay");
+      assert.deepEqual(replayed.result.case === "replay" ? replayed.result.value.outcome?.result.value?.value : undefined, value);
+    } finally {
+      ledger.close();
+    }
+  });
+}
 
 // A request over 64 KiB goes as a unary call (sizeBound spares the others
 // an encoding): one over ledgerd's limit fails alone, where on the stream
