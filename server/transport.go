@@ -1,6 +1,11 @@
 package server
 
-import "google.golang.org/grpc"
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
 
 // The transport's bounds. A fixed window turns off gRPC's bandwidth-delay
 // probing and its window updates: fewer frames, fewer syscalls per call.
@@ -18,15 +23,22 @@ const (
 	// MaxHeaderListBytes bounds a call's metadata, which the server reads
 	// before it knows who is calling.
 	MaxHeaderListBytes = 64 << 10
+	// MinPingInterval is how often a client may ping, with or without
+	// calls open; a client that pings more often is told too_many_pings
+	// and disconnected. The ledger's clients ping a connection after 10 s
+	// without a frame from it, to find one that went silent.
+	MinPingInterval = 5 * time.Second
 )
 
 // TransportOptions are the server's transport settings for LedgerService:
-// fixed flow-control windows and the Codec. ledgerd uses them, with
+// fixed flow-control windows, the clients' pings allowed every
+// MinPingInterval, and the Codec. ledgerd uses them, with
 // MaxConnectionStreams and MaxHeaderListBytes.
 func TransportOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinPingInterval, PermitWithoutStream: true}),
 		grpc.ForceServerCodecV2(Codec()),
 	}
 }

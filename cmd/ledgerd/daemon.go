@@ -156,7 +156,6 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 			Time:                  time.Minute,
 			Timeout:               20 * time.Second,
 		}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(d.log, metrics)...),
 		grpc.ChainStreamInterceptor(streamInterceptors(d.log, metrics)...),
 	}

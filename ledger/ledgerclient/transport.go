@@ -1,7 +1,10 @@
 package ledgerclient
 
 import (
+	"time"
+
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/idemledger/idemledger/internal/protocodec"
 )
@@ -12,8 +15,23 @@ import (
 // gRPC's bandwidth-delay probing and its window updates.
 const windowSize = 4 << 20
 
+// A connection that goes silent without closing (a node lost without a
+// reset, a route that drops its packets) is pinged after pingAfter without
+// a frame from the ledger, and closed when the ping is not answered within
+// pingTimeout (which also bounds, as TCP_USER_TIMEOUT, how long sent bytes
+// may go unacknowledged): its calls fail UNAVAILABLE and the next call
+// dials again. Without it each call waited for its deadline, and the next
+// went to the same connection, until TCP gave up many minutes later.
+// ledgerd lets a client ping every 5 s (server.TransportOptions); 10 s is
+// the least gRPC allows.
+const (
+	pingAfter   = 10 * time.Second
+	pingTimeout = 5 * time.Second
+)
+
 // DialOptions are the transport settings of a connection to ledgerd: fixed
-// flow-control windows for the ledger's answers, and protobuf encoded in
+// flow-control windows for the ledger's answers, keepalive pings that find
+// a silent connection in 15 s, and protobuf encoded in
 // buffers that are not cleared before they are written (gRPC's own codec
 // clears 1 MiB to send a 256 KiB outcome), for every call on the
 // connection: give it to a connection to ledgerd alone. Add credentials and
@@ -22,6 +40,7 @@ func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithInitialWindowSize(windowSize),
 		grpc.WithInitialConnWindowSize(windowSize),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: pingAfter, Timeout: pingTimeout}),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(protocodec.Codec())),
 	}
 }
