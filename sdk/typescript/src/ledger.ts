@@ -66,7 +66,9 @@ export function createLedger(opts: LedgerOptions): Ledger {
     protocol: opts.protocol ?? "connect",
     headers: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
   };
-  const unary = opts.protocol === "grpc" ? createGrpcTransport(common) : createConnectTransport({ ...common, httpVersion: "1.1" });
+  // gRPC's unary calls share the stream's connection, so a connection the
+  // stream finds lost is left by both.
+  const unary = opts.protocol === "grpc" ? createGrpcTransport({ ...common, sessionManager: endpoint.sessions }) : createConnectTransport({ ...common, httpVersion: "1.1" });
   return new StreamLedger(endpoint, createClient(LedgerService, unary), opts.timeoutMs ?? 5000, config);
 }
 

@@ -31,6 +31,20 @@ const endStream = connectProtocol.endStreamFlag;
 const compressed = 0b00000001;
 /** The largest message the client takes: a replay carries an outcome, which ledgerd bounds well under this. */
 const maxReceivedBytes = 256 << 20;
+/**
+ * A stream that hears nothing from the ledger for pingAfterMs pings its
+ * connection, and a ping not answered within pingTimeoutMs ends the stream
+ * UNAVAILABLE and closes the connection, so that the next call connects
+ * again: a connection that went silent without closing (a node lost
+ * without a reset, a route that drops its packets) is found in 15 s, not
+ * when TCP gives up, minutes later. The Go client pings the same, and
+ * ledgerd allows a ping every 5 s. Not connect-node's own pings: its
+ * manager can emit a session's error after it stopped listening (and throw
+ * from a ping on a destroyed session, connect-es#1795), which would end
+ * the write service's process.
+ */
+const pingAfterMs = 10_000;
+const pingTimeoutMs = 5_000;
 
 /**
  * WireStream is one LedgerService.Stream. send writes a request (sent
@@ -51,6 +65,8 @@ export class WireStream {
   private partial: Buffer | undefined; // an envelope that later chunks fill
   private filled = 0;
   private endSeen = false;
+  private lastRead = 0; // Date.now() when the stream last heard from the ledger
+  private liveness: ReturnType<typeof setTimeout> | undefined;
 
   constructor(private readonly ep: StreamEndpoint, private readonly onMessage: (res: StreamResponse) => void,
     private readonly onEnd: (err: ConnectError | undefined) => void) {
@@ -92,6 +108,8 @@ export class WireStream {
       return;
     }
     this.h2 = h2;
+    this.heard();
+    this.watch(pingAfterMs);
     for (const env of this.early.splice(0)) {
       h2.write(env);
     }
@@ -100,7 +118,7 @@ export class WireStream {
     }
     h2.on("response", (headers) => this.response(headers));
     h2.on("data", (chunk: Buffer) => {
-      this.ep.sessions.notifyResponseByteRead(h2);
+      this.heard();
       this.read(chunk);
     });
     h2.on("trailers", (trailers) => (this.trailer = webHeaders(trailers)));
@@ -113,6 +131,49 @@ export class WireStream {
       }
     });
     h2.on("close", () => this.finish(resetError(h2.rstCode) ?? new ConnectError("the ledger's stream closed before it ended", Code.Unavailable)));
+  }
+
+  private heard(): void {
+    this.lastRead = Date.now();
+  }
+
+  // watch pings the connection once the stream has heard nothing for
+  // pingAfterMs, looking again in ms.
+  private watch(ms: number): void {
+    this.liveness = setTimeout(() => {
+      const quiet = Date.now() - this.lastRead;
+      if (quiet < pingAfterMs) {
+        this.watch(pingAfterMs - quiet);
+        return;
+      }
+      this.ping();
+    }, ms);
+    this.liveness.unref?.();
+  }
+
+  private ping(): void {
+    const session = this.h2?.session;
+    if (this.done || !session || session.closed || session.destroyed) {
+      return;
+    }
+    this.liveness = setTimeout(() => {
+      this.finish(new ConnectError(`the ledger's connection did not answer a ping within ${pingTimeoutMs} ms: it is lost`, Code.Unavailable));
+      // Closed without an error, which the connection's manager hears as a
+      // close: the next stream connects again.
+      session.destroy();
+    }, pingTimeoutMs);
+    this.liveness.unref?.();
+    try {
+      session.ping((err) => {
+        if (err === null && !this.done) {
+          clearTimeout(this.liveness);
+          this.heard();
+          this.watch(pingAfterMs);
+        }
+      });
+    } catch {
+      // The session closed under the ping: the stream hears of it on its own.
+    }
   }
 
   private response(headers: IncomingHttpHeaders): void {
@@ -226,6 +287,7 @@ export class WireStream {
       return;
     }
     this.done = true;
+    clearTimeout(this.liveness);
     this.early.length = 0;
     if (this.h2 && !this.h2.closed) {
       this.h2.close(err ? constants.NGHTTP2_CANCEL : constants.NGHTTP2_NO_ERROR);

@@ -8,7 +8,7 @@
 import { strict as assert } from "node:assert";
 import { randomUUID } from "node:crypto";
 import http from "node:http";
-import type { AddressInfo } from "node:net";
+import net, { type AddressInfo } from "node:net";
 import { test } from "node:test";
 
 import { create } from "@bufbuild/protobuf";
@@ -257,3 +257,77 @@ test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary c
     proxy.close();
   }
 });
+
+// A connection to ledgerd that goes silent without closing (its far end
+// lost without a reset, as when a node dies) is found by the client's
+// pings: the call in flight fails UNAVAILABLE about 15 s on, long before
+// its deadline, and its retry goes on a new connection, which the ledger
+// answers with the claim, since it never heard the first. A connection
+// that is only quiet answers the pings and is kept: a Lookup that waits
+// 17 s is answered. Both protocols, all at once.
+test("createLedger: a connection gone silent is dropped, and the retry goes on a new one; a quiet one is kept", async () => {
+  const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
+  const begin = (key: string) => ({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+  const quiet = protocols.map(async ([protocol, url]) => {
+    const ledger = createLedger({ baseUrl: url, protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      await ledger.begin(begin(key));
+      const sent = Date.now();
+      const waited = await ledger.lookup({ tenant: "acme", key, wait: { seconds: 17n } }, { timeoutMs: 30_000 });
+      assert.equal(waited.record?.method, "http:POST /v1/invoices", protocol);
+      assert.ok(Date.now() - sent >= 17_000, `${protocol}: the Lookup was answered after ${Date.now() - sent} ms, before its wait`);
+    } finally {
+      ledger.close();
+    }
+  });
+  const silent = protocols.map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      await ledger.begin(begin(`${key}-before`));
+      relay.silence();
+      const sent = Date.now();
+      const lost = await ledger.begin(begin(key), { timeoutMs: 45_000 }).then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+      assert.equal(lost.code, Code.Unavailable, `${protocol}: ${lost.message}`);
+      assert.ok(Date.now() - sent < 30_000, `${protocol}: the call on the silent connection failed after ${Date.now() - sent} ms, want about 15 s`);
+      const retried = await ledger.begin(begin(key));
+      assert.equal(retried.result.case, "claim", protocol);
+      assert.equal(relay.accepted(), 2, `${protocol}: connections`);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  await Promise.all([...quiet, ...silent]);
+});
+
+// silencing forwards the connections it accepts to target; silence makes
+// the ones it holds go silent without closing (what either end sends is
+// read and dropped), and the ones accepted after it are forwarded.
+async function silencing(target: URL): Promise<{ url: string; silence(): void; accepted(): number; close(): void }> {
+  const held: { silent: boolean; sockets: net.Socket[] }[] = [];
+  const relay = net.createServer((agent) => {
+    const far = net.connect(Number(target.port), target.hostname);
+    const conn = { silent: false, sockets: [agent, far] };
+    held.push(conn);
+    const pipe = (from: net.Socket, to: net.Socket) => {
+      from.on("data", (chunk) => conn.silent || to.write(chunk));
+      from.on("close", () => to.destroy());
+      from.on("error", () => to.destroy());
+    };
+    pipe(agent, far);
+    pipe(far, agent);
+  });
+  await new Promise<void>((r) => relay.listen(0, "127.0.0.1", r));
+  return {
+    url: `${target.protocol}//127.0.0.1:${(relay.address() as AddressInfo).port}`,
+    silence: () => held.forEach((c) => (c.silent = true)),
+    accepted: () => held.length,
+    close: () => {
+      relay.close();
+      held.forEach((c) => c.sockets.forEach((s) => s.destroy()));
+    },
+  };
+}
