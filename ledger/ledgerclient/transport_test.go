@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/relaytest"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
@@ -74,13 +73,13 @@ func TestOutcomesByteForByte(t *testing.T) {
 func TestSilentConnectionIsDropped(t *testing.T) {
 	t.Parallel()
 	_, addr, _ := start(t, "", server.TransportOptions()...)
-	r := newRelay(t, addr)
-	c := dial(t, r.addr(), ledgerclient.DialOptions()...)
+	r := relaytest.New(t, addr)
+	c := dial(t, r.Addr(), ledgerclient.DialOptions()...)
 	if _, err := c.Begin(t.Context(), begin("before")); err != nil {
 		t.Fatal(err)
 	}
 
-	r.silence()
+	r.Silence()
 	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
 	defer cancel()
 	sent := time.Now()
@@ -97,7 +96,7 @@ func TestSilentConnectionIsDropped(t *testing.T) {
 	if err != nil || res.GetClaim().GetToken() != 1 {
 		t.Fatalf("the retry on a new connection: %v, %v; want the claim", res, err)
 	}
-	if n := r.accepted(); n != 2 {
+	if n := r.Accepted(); n != 2 {
 		t.Fatalf("the relay accepted %d connections, want 2", n)
 	}
 }
@@ -119,100 +118,5 @@ func TestQuietConnectionIsKept(t *testing.T) {
 	}
 	if waited := time.Since(sent); waited < 17*time.Second {
 		t.Fatalf("the Lookup was answered after %s, before its wait", waited)
-	}
-}
-
-// relay forwards the connections it accepts to a server. silence makes the
-// ones it holds go silent without closing: what either end sends is read
-// and dropped. Connections accepted later are forwarded.
-type relay struct {
-	lis   net.Listener
-	to    string
-	mu    sync.Mutex
-	conns []*relayed
-	wg    sync.WaitGroup
-}
-
-type relayed struct {
-	silent     atomic.Bool
-	agent, far net.Conn
-}
-
-func newRelay(t *testing.T, to string) *relay {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{lis: lis, to: to}
-	r.wg.Go(r.accept)
-	t.Cleanup(func() {
-		_ = lis.Close()
-		r.mu.Lock()
-		for _, c := range r.conns {
-			_ = c.agent.Close()
-			_ = c.far.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func (r *relay) addr() string { return r.lis.Addr().String() }
-
-func (r *relay) accept() {
-	for {
-		agent, err := r.lis.Accept()
-		if err != nil {
-			return
-		}
-		far, err := net.Dial("tcp", r.to)
-		if err != nil {
-			_ = agent.Close()
-			continue
-		}
-		c := &relayed{agent: agent, far: far}
-		r.mu.Lock()
-		r.conns = append(r.conns, c)
-		r.mu.Unlock()
-		r.wg.Go(func() { c.pipe(agent, far) })
-		r.wg.Go(func() { c.pipe(far, agent) })
-	}
-}
-
-func (r *relay) accepted() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.conns)
-}
-
-func (r *relay) silence() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range r.conns {
-		c.silent.Store(true)
-	}
-}
-
-// pipe copies from src to dst until either fails, dropping what it reads
-// once the connection is silent, and then closes both.
-func (c *relayed) pipe(src, dst net.Conn) {
-	defer func() {
-		_ = src.Close()
-		_ = dst.Close()
-	}()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if err != nil {
-			return
-		}
-		if c.silent.Load() {
-			continue
-		}
-		if _, err := dst.Write(buf[:n]); err != nil {
-			return
-		}
 	}
 }
