@@ -155,8 +155,11 @@ type options struct {
 }
 
 // WithCompletion sets the timeout of each Complete or Release call (5 s)
-// and how many times one is tried (3) when the ledger answers a retryable
-// error.
+// and how many times one is tried (4) when the ledger answers a retryable
+// error. Keep timeout × tries above 15 s: a connection that goes silent
+// without closing (a ledgerd's node lost) fails its calls that long before
+// the ledger client finds it lost (ledgerclient.DialOptions) and the next
+// try goes on a new connection.
 func WithCompletion(timeout time.Duration, tries int) Option {
 	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
 }
@@ -190,7 +193,7 @@ type Guard struct {
 func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 	o := options{
 		completeTimeout: 5 * time.Second,
-		completeTries:   3,
+		completeTries:   4,
 		maxOutcomeBytes: ledger.DefaultMaxOutcomeBytes,
 		log:             slog.New(slog.DiscardHandler),
 	}

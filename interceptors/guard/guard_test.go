@@ -21,8 +21,10 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
+	"github.com/idemledger/idemledger/internal/relaytest"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/errcode"
+	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/ledger/memory"
 	"github.com/idemledger/idemledger/server"
@@ -460,5 +462,55 @@ func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
 	close(release)
 	if err := <-first; err != nil || runs.Load() != 0 {
 		t.Fatalf("the first attempt: %v; the duplicate ran %d times", err, runs.Load())
+	}
+}
+
+// TestCompleteOutlastsASilentConnection: the ledger's connection goes
+// silent without closing while the run goes on (a ledgerd's node lost):
+// the Complete's tries (four of 5 s) outlast the 15 s in which the ledger
+// client finds the connection lost, so the outcome is stored on a new
+// connection and the retry gets the replay; the run ran once. With three
+// tries the key stayed in progress until its lease ran out.
+func TestCompleteOutlastsASilentConnection(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(server.TransportOptions()...)
+	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
+		return server.Principal{Namespace: "tools", Tenants: []string{"*"}}, nil
+	})
+	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+
+	relay := relaytest.New(t, lis.Addr().String())
+	conn, err := grpc.NewClient(relay.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() {
+		_ = lc.Close()
+		_ = conn.Close()
+	})
+	g, err := guard.New(lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var runs atomic.Int64
+	res, err := g.Do(t.Context(), call("silent"), func(context.Context) (guard.Outcome, error) {
+		runs.Add(1)
+		relay.Silence()
+		return jsonResult(`{"id":"inv_1"}`), nil
+	})
+	if err != nil || res.Replayed {
+		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
+	}
+	res, err = g.Do(t.Context(), call("silent"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
+	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
+		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
 	}
 }

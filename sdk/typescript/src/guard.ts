@@ -92,7 +92,12 @@ export class OutcomeUnknownError extends Error {
 export interface GuardOptions {
   /** The largest outcome kept (1 MiB when absent); a larger one is stored as OUTCOME_TOO_LARGE. */
   maxOutcomeBytes?: number;
-  /** How many times Complete and Release are tried (3 when absent). */
+  /**
+   * How many times Complete and Release are tried (4 when absent). Keep it,
+   * times the ledger's timeoutMs, above 15 s: a connection that goes silent
+   * without closing (a ledgerd's node lost) fails its calls that long before
+   * the ledger client finds it lost and the next try goes on a new one.
+   */
   completeTries?: number;
 }
 
@@ -109,7 +114,7 @@ export class Guard {
   constructor(ledger: Ledger, opts: GuardOptions = {}) {
     this.ledger = ledger;
     this.maxOutcomeBytes = opts.maxOutcomeBytes ?? 1 << 20;
-    this.completeTries = opts.completeTries ?? 3;
+    this.completeTries = opts.completeTries ?? 4;
   }
 
   /**

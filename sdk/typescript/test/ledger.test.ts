@@ -264,7 +264,9 @@ test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary c
 // its deadline, and its retry goes on a new connection, which the ledger
 // answers with the claim, since it never heard the first. A connection
 // that is only quiet answers the pings and is kept: a Lookup that waits
-// 17 s is answered. Both protocols, all at once.
+// 17 s is answered. A guard whose connection goes silent while its run
+// goes on stores the outcome on a new one (its four tries of 5 s outlast
+// the 15 s), and the retry replays it. Both protocols, all at once.
 test("createLedger: a connection gone silent is dropped, and the retry goes on a new one; a quiet one is kept", async () => {
   const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
   const begin = (key: string) => ({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
@@ -300,7 +302,30 @@ test("createLedger: a connection gone silent is dropped, and the retry goes on a
       relay.close();
     }
   });
-  await Promise.all([...quiet, ...silent]);
+  const guarded = protocols.map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+    try {
+      const call = { ...begin(`ts-${randomUUID()}`), policy: {} };
+      let runs = 0;
+      const run = async (id: string) => {
+        runs++;
+        relay.silence();
+        return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
+      };
+      const guard = new Guard(ledger);
+      const first = await guard.do(call, () => run("inv_1"));
+      assert.equal(first.replayed, false, protocol);
+      const retried = await guard.do(call, () => run("other"));
+      assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
+      assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
+      assert.equal(runs, 1, protocol);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  await Promise.all([...quiet, ...silent, ...guarded]);
 });
 
 // silencing forwards the connections it accepts to target; silence makes
