@@ -156,10 +156,10 @@ type options struct {
 
 // WithCompletion sets the timeout of each Complete or Release call (5 s)
 // and how many times one is tried (4) when the ledger answers a retryable
-// error. Keep timeout × tries above 15 s: a connection that goes silent
-// without closing (a ledgerd's node lost) fails its calls that long before
-// the ledger client finds it lost (ledgerclient.DialOptions) and the next
-// try goes on a new connection.
+// error. Keep timeout × tries above 15 s: on a connection that goes silent
+// without closing (a ledgerd's node lost), calls fail for up to 15 s until
+// the ledger client finds it lost (ledgerclient.DialOptions), and only a
+// try after that goes on a new connection.
 func WithCompletion(timeout time.Duration, tries int) Option {
 	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
 }

@@ -94,9 +94,10 @@ export interface GuardOptions {
   maxOutcomeBytes?: number;
   /**
    * How many times Complete and Release are tried (4 when absent). Keep it,
-   * times the ledger's timeoutMs, above 15 s: a connection that goes silent
-   * without closing (a ledgerd's node lost) fails its calls that long before
-   * the ledger client finds it lost and the next try goes on a new one.
+   * times the ledger's timeoutMs, above 15 s: on a connection that goes
+   * silent without closing (a ledgerd's node lost), calls fail for up to
+   * 15 s until the ledger client finds it lost, and only a try after that
+   * goes on a new connection.
    */
   completeTries?: number;
 }
