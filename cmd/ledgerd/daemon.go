@@ -134,6 +134,17 @@ func newDaemon(ctx context.Context, cfg config, log *slog.Logger) (*daemon, erro
 	return d, nil
 }
 
+// A client connection that sends nothing for pingAfter is pinged, on both
+// listeners, and closed when the ping is not answered within pingTimeout:
+// a client lost without a reset (its node powered off) holds its
+// connection, its Streams and their waiting Lookups that long, not until
+// TCP gives up, and a connection held open by a Stream is not idle, so
+// --max-connections could not shed it.
+const (
+	pingAfter   = 30 * time.Second
+	pingTimeout = 10 * time.Second
+)
+
 // grpcOptions are the gRPC server's settings: credentials, limits,
 // keepalives and interceptors.
 func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOption {
@@ -153,8 +164,8 @@ func (d *daemon) grpcOptions(metrics *grpcprom.ServerMetrics) []grpc.ServerOptio
 			// Let a long Lookup finish, and a Stream opened just before the
 			// GOAWAY reach its age, drain and finish its calls.
 			MaxConnectionAgeGrace: cfg.streamMaxAge + ledger.DefaultMaxLookupWait + server.DrainGrace + 10*time.Second,
-			Time:                  time.Minute,
-			Timeout:               20 * time.Second,
+			Time:                  pingAfter,
+			Timeout:               pingTimeout,
 		}),
 		grpc.ChainUnaryInterceptor(unaryInterceptors(d.log, metrics)...),
 		grpc.ChainStreamInterceptor(streamInterceptors(d.log, metrics)...),

@@ -56,6 +56,7 @@ func startHTTP(addr string, gs *grpc.Server, tlsConf *tls.Config, auth server.Au
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10, // read before a call is authenticated: bounded
 		IdleTimeout:       15 * time.Minute,
+		HTTP2:             &http.HTTP2Config{SendPingTimeout: pingAfter, PingTimeout: pingTimeout},
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ConnState:         conns.connState,
 	}
