@@ -267,7 +267,7 @@ test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary c
 // 17 s is answered. A guard whose connection goes silent while its run
 // goes on stores the outcome on a new one (its four tries of 5 s outlast
 // the 15 s), and the retry replays it. Both protocols, all at once.
-test("createLedger: a connection gone silent is dropped, and the retry goes on a new one; a quiet one is kept", async () => {
+test("createLedger: a connection gone silent is dropped and the retry goes on a new one, a guard's outcome too; a quiet one is kept", async () => {
   const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
   const begin = (key: string) => ({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
   const quiet = protocols.map(async ([protocol, url]) => {
