@@ -212,20 +212,6 @@ func TestTypeScriptGuardConformance(t *testing.T) {
 	}
 	p := start(t, "--data-dir", t.TempDir(), "--tokens", tokens)
 	p.waitServing(t, p.dial(t))
-	tlsDir := t.TempDir()
-	ca := servertest.NewCA(t)
-	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
-	caFile := filepath.Join(tlsDir, "ca.crt")
-	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	secure := start(t, "--data-dir", t.TempDir(), "--tokens", tokens, "--tls-cert", certFile, "--tls-key", keyFile, "--health-listen", "127.0.0.1:0")
-	probe, err := grpc.NewClient(secure.health, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer probe.Close()
-	secure.waitServing(t, probe)
 	for _, c := range []struct {
 		script string
 		suite  nodetest.Suite
