@@ -5,6 +5,7 @@
 package relaytest
 
 import (
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,13 +14,14 @@ import (
 
 // Relay forwards the connections it accepts on a loopback port to a
 // server. Silence makes the ones it holds go silent; the ones it accepts
-// later are forwarded.
+// later are forwarded, unless SilenceNew holds them.
 type Relay struct {
-	lis   net.Listener
-	to    string
-	mu    sync.Mutex
-	conns []*relayed
-	wg    sync.WaitGroup
+	lis       net.Listener
+	to        string
+	silentNew atomic.Bool
+	mu        sync.Mutex
+	conns     []*relayed
+	wg        sync.WaitGroup
 }
 
 type relayed struct {
@@ -42,7 +44,9 @@ func New(t testing.TB, to string) *Relay {
 		r.mu.Lock()
 		for _, c := range r.conns {
 			_ = c.agent.Close()
-			_ = c.far.Close()
+			if c.far != nil {
+				_ = c.far.Close()
+			}
 		}
 		r.mu.Unlock()
 		r.wg.Wait()
@@ -70,11 +74,27 @@ func (r *Relay) Silence() {
 	}
 }
 
+// SilenceNew makes the connections the relay accepts from now on, until
+// SilenceNew(false), be held and never answered (a process that accepts
+// and hangs): what they send is read and dropped, and they reach no
+// server.
+func (r *Relay) SilenceNew(on bool) { r.silentNew.Store(on) }
+
 func (r *Relay) accept() {
 	for {
 		agent, err := r.lis.Accept()
 		if err != nil {
 			return
+		}
+		if r.silentNew.Load() {
+			r.mu.Lock()
+			r.conns = append(r.conns, &relayed{agent: agent})
+			r.mu.Unlock()
+			r.wg.Go(func() {
+				_, _ = io.Copy(io.Discard, agent)
+				_ = agent.Close()
+			})
+			continue
 		}
 		far, err := net.Dial("tcp", r.to)
 		if err != nil {

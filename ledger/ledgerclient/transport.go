@@ -31,7 +31,9 @@ const (
 
 // DialOptions are the transport settings of a connection to ledgerd: fixed
 // flow-control windows for the ledger's answers, keepalive pings that find
-// a silent connection in 15 s, and protobuf encoded in
+// a silent connection in 15 s (a connection attempt, its TLS handshake
+// included, is given up in 20 s: gRPC's default, which the TypeScript
+// client keeps too), and protobuf encoded in
 // buffers that are not cleared before they are written (gRPC's own codec
 // clears 1 MiB to send a 256 KiB outcome), for every call on the
 // connection: give it to a connection to ledgerd alone. Add credentials and

@@ -3,11 +3,16 @@ package ledgerclient_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -17,6 +22,7 @@ import (
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // TestOutcomesByteForByte: over ledgerd's transport settings on both ends
@@ -118,5 +124,55 @@ func TestQuietConnectionIsKept(t *testing.T) {
 	}
 	if waited := time.Since(sent); waited < 17*time.Second {
 		t.Fatalf("the Lookup was answered after %s, before its wait", waited)
+	}
+}
+
+// TestUnansweredHandshakeIsGivenUp: a connection whose TLS handshake gets
+// no answer (a process that accepts and hangs) is given up in 20 s
+// (gRPC's bound on a connection attempt, the handshake included), and the
+// call waiting on it fails UNAVAILABLE then, not at its deadline; the
+// connection is made anew (after gRPC's backoff, a second) and the retry
+// claims. The TypeScript client bounds its connections the same.
+func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
+	t.Parallel()
+	ca := servertest.NewCA(t)
+	cert := ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
+	_, addr, _ := start(t, "", append(server.TransportOptions(), grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))...)
+	r := relaytest.New(t, addr)
+	r.SilenceNew(true)
+	conn, err := grpc.NewClient(r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool})))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	t.Cleanup(func() {
+		_ = c.Close()
+		_ = conn.Close()
+	})
+
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	defer cancel()
+	sent := time.Now()
+	_, err = c.Begin(ctx, begin("k"))
+	ledgertest.WantStatus(t, err, errcode.Unavailable)
+	if waited := time.Since(sent); waited < 19*time.Second || waited > 30*time.Second {
+		t.Fatalf("the call failed after %s, want about 20 s", waited)
+	}
+
+	r.SilenceNew(false)
+	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+		conn.Connect()
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatalf("the connection stayed %s", st)
+		}
+	}
+	res, err := c.Begin(ctx, begin("k"))
+	if err != nil || res.GetClaim().GetToken() != 1 {
+		t.Fatalf("the retry on a new connection: %v, %v; want the claim", res, err)
+	}
+	if n := r.Accepted(); n != 2 {
+		t.Fatalf("the relay accepted %d connections, want 2", n)
 	}
 }
