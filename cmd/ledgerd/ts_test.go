@@ -38,7 +38,7 @@ func TestTypeScriptClient(t *testing.T) {
 	p.waitServing(t, p.dial(t))
 	tlsDir := t.TempDir()
 	ca := servertest.NewCA(t)
-	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
+	certFile, keyFile := servertest.WriteFiles(t, tlsDir, "server", ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true}))
 	caFile := filepath.Join(tlsDir, "ca.crt")
 	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,12 @@
 // The LedgerService client: Connect or gRPC to ledgerd, with the write
 // service's bearer token and a deadline on every call.
 import { Code, ConnectError, createClient, type Interceptor } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { ErrorCode, ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { LedgerService } from "./gen/idemledger/v1/ledger_pb.js";
 import { LedgerError } from "./errors.js";
 import { StreamLedger, type LedgerCalls } from "./stream.js";
-import type { StreamEndpoint } from "./wire.js";
+import { newSessions, type StreamEndpoint } from "./wire.js";
 
 /**
  * A LedgerService client for a write service: its calls go over one
@@ -62,7 +62,7 @@ export function createLedger(opts: LedgerOptions): Ledger {
   }
   const common = { baseUrl: opts.baseUrl, interceptors, useBinaryFormat: true };
   const endpoint: StreamEndpoint = {
-    sessions: new Http2SessionManager(opts.baseUrl),
+    sessions: newSessions(opts.baseUrl),
     protocol: opts.protocol ?? "connect",
     headers: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
   };

@@ -9,10 +9,13 @@
 // is connect-node's Http2SessionManager's; the headers, the response's
 // checks and its errors are connect's own protocol functions, so a
 // caller sees the errors connect-node's client gives.
-import { constants, type ClientHttp2Stream, type IncomingHttpHeaders } from "node:http2";
+import { constants, type ClientHttp2Stream, type IncomingHttpHeaders, type SecureClientSessionOptions } from "node:http2";
+import net from "node:net";
+import type { Duplex } from "node:stream";
+import tls from "node:tls";
 import { fromBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { Http2SessionManager } from "@connectrpc/connect-node";
 import * as connectProtocol from "@connectrpc/connect/protocol-connect";
 import * as grpcProtocol from "@connectrpc/connect/protocol-grpc";
 import { LedgerService, StreamResponseSchema, type StreamResponse } from "./gen/idemledger/v1/ledger_pb.js";
@@ -45,6 +48,41 @@ const maxReceivedBytes = 256 << 20;
  */
 const pingAfterMs = 10_000;
 const pingTimeoutMs = 5_000;
+/**
+ * A connection to the ledger that is not up, its TLS handshake included,
+ * within connectTimeoutMs is given up (UNAVAILABLE), and the next call
+ * looks the address up and connects again. Node bounds neither: a
+ * connection whose SYNs are dropped (an address whose node is gone, a
+ * Service's stale DNS answer) waits for the kernel's retries, about 2 min,
+ * and a TLS handshake that gets no answer waits for ever, while every
+ * call fails at its deadline. 20 s is gRPC-Go's bound, which the Go client
+ * keeps.
+ */
+const connectTimeoutMs = 20_000;
+
+/** newSessions is the HTTP/2 connection to the ledger at baseUrl that the client's streams and gRPC calls share. */
+export function newSessions(baseUrl: string): Http2SessionManager {
+  return new Http2SessionManager(baseUrl, undefined, { createConnection: connectWithin });
+}
+
+// connectWithin makes the session's socket as Node's http2.connect does
+// (TLS with ALPN h2 and the host's name for an https URL) and destroys it
+// when it has not connected within connectTimeoutMs.
+function connectWithin(authority: URL, options: SecureClientSessionOptions): Duplex {
+  const secure = authority.protocol === "https:";
+  const host = authority.hostname.replace(/^\[(.*)\]$/, "$1");
+  const port = Number(authority.port || (secure ? 443 : 80));
+  const socket = secure
+    ? tls.connect({ ...options, host, port, ALPNProtocols: ["h2"], servername: options.servername ?? (net.isIP(host) ? undefined : host) })
+    : net.connect({ ...options, host, port });
+  const timer = setTimeout(() => {
+    socket.destroy(Object.assign(new Error(`connect ETIMEDOUT ${authority.host}: not connected within ${connectTimeoutMs} ms`), { code: "ETIMEDOUT" }));
+  }, connectTimeoutMs);
+  timer.unref();
+  socket.once(secure ? "secureConnect" : "connect", () => clearTimeout(timer));
+  socket.once("close", () => clearTimeout(timer));
+  return socket;
+}
 
 /**
  * WireStream is one LedgerService.Stream. send writes a request (sent

@@ -6,6 +6,7 @@
 // LEDGER_HTTP, LEDGER_GRPC, LEDGER_ADMIN and LEDGER_TOKEN set, and
 // LEDGER_HTTPS and LEDGER_GRPCS, a second ledgerd's listeners over TLS.
 import { strict as assert } from "node:assert";
+import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import http from "node:http";
 import net, { type AddressInfo } from "node:net";
@@ -16,7 +17,7 @@ import { anyPack, anyUnpack, StringValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 
-import { createLedger, ErrorCode, Guard, LedgerConfigError, LedgerError, LedgerService, ledgerError } from "../src/index.js";
+import { createLedger, ErrorCode, Guard, type Ledger, LedgerConfigError, LedgerError, LedgerService, ledgerError } from "../src/index.js";
 
 const token = process.env.LEDGER_TOKEN ?? "";
 const bearer: Interceptor = (next) => (req) => {
@@ -328,12 +329,91 @@ test("createLedger: a connection gone silent is dropped and the retry goes on a 
   await Promise.all([...quiet, ...silent, ...guarded]);
 });
 
+// A connection that is not up in 20 s is given up, and the call waiting on
+// it fails UNAVAILABLE then, not at its deadline: one to an address that
+// drops its SYNs (a listener whose queue is full), which Node leaves to
+// the kernel's retries (about 2 min), and one over TLS whose handshake
+// gets no answer, which Node would wait on for ever; the retry of the
+// latter connects anew and claims. Both protocols, all at once.
+test("createLedger: a connection not up in 20 s is given up, and the next call connects anew", async () => {
+  const begin = (key: string) => ({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+  const lost = async (ledger: Ledger, protocol: string, key: string) => {
+    const sent = Date.now();
+    const err = await ledger.begin(begin(key), { timeoutMs: 45_000 }).then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+    const took = Date.now() - sent;
+    assert.equal(err.code, Code.Unavailable, `${protocol}: ${err.message}`);
+    assert.match(err.message, /ETIMEDOUT/, protocol);
+    assert.ok(took >= 19_000 && took < 30_000, `${protocol}: the call failed after ${took} ms, want about 20 s`);
+  };
+  const dropping = await droppingSyns();
+  const syn = (["connect", "grpc"] as const).map(async (protocol) => {
+    const ledger = createLedger({ baseUrl: dropping.url, protocol, token });
+    try {
+      await lost(ledger, protocol, `ts-${randomUUID()}`);
+    } finally {
+      ledger.close();
+    }
+  });
+  const handshake = ([["connect", process.env.LEDGER_HTTPS!], ["grpc", process.env.LEDGER_GRPCS!]] as const).map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    relay.silenceNew(true);
+    const ledger = createLedger({ baseUrl: relay.url.replace("127.0.0.1", "localhost"), protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      await lost(ledger, `${protocol} over TLS`, key);
+      relay.silenceNew(false);
+      const retried = await ledger.begin(begin(key));
+      assert.equal(retried.result.case, "claim", protocol);
+      assert.equal(relay.accepted(), 2, `${protocol}: connections`);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  try {
+    await Promise.all([...syn, ...handshake]);
+  } finally {
+    dropping.close();
+  }
+});
+
+// droppingSyns is an address whose SYNs are dropped: a listener (in a
+// process of its own, blocked, so it never accepts) whose queue of one is
+// filled first.
+async function droppingSyns(): Promise<{ url: string; close(): void }> {
+  const child = spawn(process.execPath, ["-e", `
+    const s = require("node:net").createServer().listen({ port: 0, host: "127.0.0.1", backlog: 1 }, () => {
+      console.log(s.address().port);
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
+    });`], { stdio: ["ignore", "pipe", "inherit"] });
+  const port = await new Promise<number>((resolve) => child.stdout.once("data", (d: Buffer) => resolve(Number(String(d).trim()))));
+  // A queue of one takes two connections: the third's SYN is dropped.
+  const filling = [0, 1].map(() => net.connect(port, "127.0.0.1"));
+  await Promise.all(filling.map((s) => new Promise((r) => s.once("connect", r))));
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: () => {
+      filling.forEach((s) => s.destroy());
+      child.kill("SIGKILL");
+    },
+  };
+}
+
 // silencing forwards the connections it accepts to target; silence makes
 // the ones it holds go silent without closing (what either end sends is
-// read and dropped), and the ones accepted after it are forwarded.
-async function silencing(target: URL): Promise<{ url: string; silence(): void; accepted(): number; close(): void }> {
+// read and dropped); the ones it accepts between silenceNew(true) and
+// silenceNew(false) it holds and never answers (a process that accepts and
+// hangs), reaching no target.
+async function silencing(target: URL): Promise<{ url: string; silence(): void; silenceNew(on: boolean): void; accepted(): number; close(): void }> {
   const held: { silent: boolean; sockets: net.Socket[] }[] = [];
+  let silentNew = false;
   const relay = net.createServer((agent) => {
+    if (silentNew) {
+      held.push({ silent: true, sockets: [agent] });
+      agent.on("error", () => agent.destroy());
+      agent.resume();
+      return;
+    }
     const far = net.connect(Number(target.port), target.hostname);
     const conn = { silent: false, sockets: [agent, far] };
     held.push(conn);
@@ -349,6 +429,7 @@ async function silencing(target: URL): Promise<{ url: string; silence(): void; a
   return {
     url: `${target.protocol}//127.0.0.1:${(relay.address() as AddressInfo).port}`,
     silence: () => held.forEach((c) => (c.silent = true)),
+    silenceNew: (on: boolean) => (silentNew = on),
     accepted: () => held.length,
     close: () => {
       relay.close();
