@@ -1,10 +1,14 @@
 // Package relaytest forwards TCP connections to a server, and makes the
 // ones it holds go silent without closing, as a connection does whose far
 // end is lost without a reset (a node powered off, a route that drops its
-// packets): for the tests of the ledger clients' pings.
+// packets), or holds or closes the ones it accepts (a process that hangs,
+// a server that is down): for the tests of the ledger clients' pings and
+// connection attempts.
 package relaytest
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -13,15 +17,17 @@ import (
 )
 
 // Relay forwards the connections it accepts on a loopback port to a
-// server. Silence makes the ones it holds go silent; the ones it accepts
-// later are forwarded, unless SilenceNew holds them.
+// server. Silence makes the ones it holds go silent; what it does with
+// the ones it accepts later is their Mode (Forward unless Admit says).
 type Relay struct {
-	lis       net.Listener
-	to        string
-	silentNew atomic.Bool
-	mu        sync.Mutex
-	conns     []*relayed
-	wg        sync.WaitGroup
+	lis      net.Listener
+	to       string
+	mode     atomic.Int32
+	mu       sync.Mutex
+	accepted int
+	more     chan struct{} // closed at the next accept
+	conns    []*relayed
+	wg       sync.WaitGroup
 }
 
 type relayed struct {
@@ -37,7 +43,7 @@ func New(t testing.TB, to string) *Relay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Relay{lis: lis, to: to}
+	r := &Relay{lis: lis, to: to, more: make(chan struct{})}
 	r.wg.Go(r.accept)
 	t.Cleanup(func() {
 		_ = lis.Close()
@@ -61,7 +67,24 @@ func (r *Relay) Addr() string { return r.lis.Addr().String() }
 func (r *Relay) Accepted() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.conns)
+	return r.accepted
+}
+
+// WaitAccepted waits until the relay has accepted n connections.
+func (r *Relay) WaitAccepted(ctx context.Context, n int) error {
+	for {
+		r.mu.Lock()
+		accepted, more := r.accepted, r.more
+		r.mu.Unlock()
+		if accepted >= n {
+			return nil
+		}
+		select {
+		case <-more:
+		case <-ctx.Done():
+			return fmt.Errorf("relaytest: %d connections accepted, waiting for %d: %w", accepted, n, ctx.Err())
+		}
+	}
 }
 
 // Silence makes the connections the relay holds go silent: what either
@@ -74,11 +97,22 @@ func (r *Relay) Silence() {
 	}
 }
 
-// SilenceNew makes the connections the relay accepts from now on, until
-// SilenceNew(false), be held and never answered (a process that accepts
-// and hangs): what they send is read and dropped, and they reach no
-// server.
-func (r *Relay) SilenceNew(on bool) { r.silentNew.Store(on) }
+// Mode is what the relay does with a connection it accepts.
+type Mode int32
+
+const (
+	// Forward relays it to the server.
+	Forward Mode = iota
+	// Hang holds it and never answers (a process that accepts and hangs):
+	// what it sends is read and dropped, and it reaches no server.
+	Hang
+	// Close closes it at once (a server that is down).
+	Close
+)
+
+// Admit sets what the relay does with the connections it accepts from now
+// on.
+func (r *Relay) Admit(m Mode) { r.mode.Store(int32(m)) }
 
 func (r *Relay) accept() {
 	for {
@@ -86,28 +120,38 @@ func (r *Relay) accept() {
 		if err != nil {
 			return
 		}
-		if r.silentNew.Load() {
-			r.mu.Lock()
-			r.conns = append(r.conns, &relayed{agent: agent})
-			r.mu.Unlock()
+		r.mu.Lock()
+		r.accepted++
+		close(r.more)
+		r.more = make(chan struct{})
+		r.mu.Unlock()
+		switch Mode(r.mode.Load()) {
+		case Close:
+			_ = agent.Close()
+		case Hang:
+			r.hold(&relayed{agent: agent})
 			r.wg.Go(func() {
 				_, _ = io.Copy(io.Discard, agent)
 				_ = agent.Close()
 			})
-			continue
+		case Forward:
+			far, err := net.Dial("tcp", r.to)
+			if err != nil {
+				_ = agent.Close()
+				continue
+			}
+			c := &relayed{agent: agent, far: far}
+			r.hold(c)
+			r.wg.Go(func() { c.pipe(agent, far) })
+			r.wg.Go(func() { c.pipe(far, agent) })
 		}
-		far, err := net.Dial("tcp", r.to)
-		if err != nil {
-			_ = agent.Close()
-			continue
-		}
-		c := &relayed{agent: agent, far: far}
-		r.mu.Lock()
-		r.conns = append(r.conns, c)
-		r.mu.Unlock()
-		r.wg.Go(func() { c.pipe(agent, far) })
-		r.wg.Go(func() { c.pipe(far, agent) })
 	}
+}
+
+func (r *Relay) hold(c *relayed) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conns = append(r.conns, c)
 }
 
 // pipe copies from src to dst until either fails, dropping what it reads

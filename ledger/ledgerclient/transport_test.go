@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -139,7 +140,7 @@ func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
 	cert := ca.Issue(t, servertest.Leaf{CommonName: "ledgerd", IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, Server: true})
 	_, addr, _ := start(t, "", append(server.TransportOptions(), grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))...)
 	r := relaytest.New(t, addr)
-	r.SilenceNew(true)
+	r.Admit(relaytest.Hang)
 	conn, err := grpc.NewClient(r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool})))...)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +160,7 @@ func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
 		t.Fatalf("the call failed after %s, want about 20 s", waited)
 	}
 
-	r.SilenceNew(false)
+	r.Admit(relaytest.Forward)
 	ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
@@ -174,5 +175,47 @@ func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
 	}
 	if n := r.Accepted(); n != 2 {
 		t.Fatalf("the relay accepted %d connections, want 2", n)
+	}
+}
+
+// TestConnectsSoonAfterAnOutage: a client whose ledger was down (every
+// connection closed at once) while it tried 8 times is connected again
+// within 6 s of the ledger's return: its attempts are at most 5 s apart.
+// With gRPC's default backoff the 9th came 21–32 s after the 8th (and
+// later ones up to 2 min apart), every call failing meanwhile.
+func TestConnectsSoonAfterAnOutage(t *testing.T) {
+	t.Parallel()
+	_, addr, _ := start(t, "", server.TransportOptions()...)
+	r := relaytest.New(t, addr)
+	r.Admit(relaytest.Close)
+	conn, err := grpc.NewClient(r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err = c.Begin(ctx, begin("k"))
+	ledgertest.WantStatus(t, err, errcode.Unavailable)
+
+	ctx, cancel = context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if err := r.WaitAccepted(ctx, 8); err != nil {
+		t.Fatal(err)
+	}
+	r.Admit(relaytest.Forward)
+	back := time.Now()
+	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, st) {
+			t.Fatalf("the connection stayed %s", st)
+		}
+	}
+	if waited := time.Since(back); waited > 6*time.Second {
+		t.Fatalf("connected %s after the ledger's return, want within 6 s", waited)
+	}
+	if res, err := c.Begin(ctx, begin("k")); err != nil || res.GetClaim().GetToken() != 1 {
+		t.Fatalf("the call after the return: %v, %v; want the claim", res, err)
 	}
 }
