@@ -160,12 +160,10 @@ func takenOver() error {
 // leaves the outcome unknown.
 func (g *Guard) settleFence(ctx context.Context, call Call, c Claim, r *fencing.Run) (out Outcome, committed bool, err error) {
 	var row fencing.Row
-	for try := 1; ; try++ {
-		row, err = call.Policy.Fence.Reserve(context.WithoutCancel(ctx), r.Scope, c.Token+1)
-		if err == nil || try >= g.opts.completeTries {
-			break
-		}
-	}
+	err = g.persist(context.WithoutCancel(ctx), func(ctx context.Context) (err error) {
+		row, err = call.Policy.Fence.Reserve(ctx, r.Scope, c.Token+1)
+		return err
+	}, func(error) (bool, time.Duration) { return true, 0 })
 	if err != nil {
 		return Outcome{}, false, fmt.Errorf("%w: the fence cannot be read after the run failed: %w", ErrOutcomeUnknown, err)
 	}

@@ -149,19 +149,21 @@ type Option func(*options)
 
 type options struct {
 	completeTimeout time.Duration
-	completeTries   int
+	completeWithin  time.Duration
 	maxOutcomeBytes int
 	log             *slog.Logger
 }
 
-// WithCompletion sets the timeout of each Complete or Release call (5 s)
-// and how many times one is tried (4) when the ledger answers a retryable
-// error. Keep timeout × tries above 15 s: on a connection that goes silent
-// without closing (a ledgerd's node lost), calls fail for up to 15 s until
-// the ledger client finds it lost (ledgerclient.DialOptions), and only a
-// try after that goes on a new connection.
-func WithCompletion(timeout time.Duration, tries int) Option {
-	return func(o *options) { o.completeTimeout, o.completeTries = timeout, tries }
+// WithCompletion sets the timeout of each Complete or Release call (5 s),
+// and how long one is tried again, while the ledger answers a retryable
+// error, from the start of its first try (20 s). A ledger that is down
+// (restarting, say) fails each try at once, and tries go on, at most 1 s
+// apart, until it is back; a connection that goes silent without closing
+// (a ledgerd's node lost) fails them for up to 15 s until the ledger
+// client finds it lost (ledgerclient.DialOptions), so keep within above
+// 15 s plus a timeout. A fenced run's fence is read under the same bounds.
+func WithCompletion(timeout, within time.Duration) Option {
+	return func(o *options) { o.completeTimeout, o.completeWithin = timeout, within }
 }
 
 // WithMaxOutcomeBytes sets the largest outcome the guard asks the ledger
@@ -193,7 +195,7 @@ type Guard struct {
 func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 	o := options{
 		completeTimeout: 5 * time.Second,
-		completeTries:   4,
+		completeWithin:  20 * time.Second,
 		maxOutcomeBytes: ledger.DefaultMaxOutcomeBytes,
 		log:             slog.New(slog.DiscardHandler),
 	}
@@ -205,8 +207,8 @@ func New(client ledgerv1.LedgerServiceClient, opts ...Option) (*Guard, error) {
 		return nil, errors.New("guard: no ledger client")
 	case o.maxOutcomeBytes <= 0:
 		return nil, errors.New("guard: the largest outcome must be positive")
-	case o.completeTimeout <= 0 || o.completeTries <= 0:
-		return nil, errors.New("guard: the completion timeout and tries must be positive")
+	case o.completeTimeout <= 0 || o.completeWithin <= 0:
+		return nil, errors.New("guard: the completion's timeout and time to try must be positive")
 	}
 	return &Guard{ledger: client, opts: o}, nil
 }

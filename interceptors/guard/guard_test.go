@@ -170,7 +170,7 @@ func TestRefusesToBuild(t *testing.T) {
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	for name, opt := range map[string]guard.Option{
 		"ZeroOutcomeLimit": guard.WithMaxOutcomeBytes(0),
-		"ZeroTries":        guard.WithCompletion(time.Second, 0),
+		"ZeroWithin":       guard.WithCompletion(time.Second, 0),
 	} {
 		if _, err := guard.New(client, opt); err == nil {
 			t.Errorf("%s: built", name)
@@ -473,6 +473,52 @@ func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
 // tries the key stayed in progress until its lease ran out.
 func TestCompleteOutlastsASilentConnection(t *testing.T) {
 	t.Parallel()
+	relay, g := relayedGuard(t)
+	var runs atomic.Int64
+	res, err := g.Do(t.Context(), call("silent"), func(context.Context) (guard.Outcome, error) {
+		runs.Add(1)
+		relay.Silence()
+		return jsonResult(`{"id":"inv_1"}`), nil
+	})
+	if err != nil || res.Replayed {
+		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
+	}
+	res, err = g.Do(t.Context(), call("silent"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
+	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
+		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
+	}
+}
+
+// TestCompleteOutlastsALedgerRestart: the ledger goes down under the run
+// (its connections closed, new ones refused) and is back 3 s later. Each
+// try of the Complete fails at once meanwhile, and the guard goes on
+// trying for its 20 s, so the outcome is stored when the ledger is back
+// and the retry replays it. With four tries whatever their pace, the
+// tries were spent in under a second and the key stayed in progress.
+func TestCompleteOutlastsALedgerRestart(t *testing.T) {
+	t.Parallel()
+	relay, g := relayedGuard(t)
+	var runs atomic.Int64
+	res, err := g.Do(t.Context(), call("restart"), func(context.Context) (guard.Outcome, error) {
+		runs.Add(1)
+		relay.Admit(relaytest.Close)
+		relay.Cut()
+		time.AfterFunc(3*time.Second, func() { relay.Admit(relaytest.Forward) }) // the restart
+		return jsonResult(`{"id":"inv_1"}`), nil
+	})
+	if err != nil || res.Replayed {
+		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
+	}
+	res, err = g.Do(t.Context(), call("restart"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
+	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
+		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
+	}
+}
+
+// relayedGuard is a Guard whose ledger client (over ledgerclient's
+// DialOptions) reaches a ledger server through the relay returned.
+func relayedGuard(t *testing.T) (*relaytest.Relay, *guard.Guard) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -499,18 +545,5 @@ func TestCompleteOutlastsASilentConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	var runs atomic.Int64
-	res, err := g.Do(t.Context(), call("silent"), func(context.Context) (guard.Outcome, error) {
-		runs.Add(1)
-		relay.Silence()
-		return jsonResult(`{"id":"inv_1"}`), nil
-	})
-	if err != nil || res.Replayed {
-		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
-	}
-	res, err = g.Do(t.Context(), call("silent"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
-	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
-		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
-	}
+	return relay, g
 }

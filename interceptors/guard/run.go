@@ -250,27 +250,46 @@ func notKept(code errcode.Code, size, limit int) *ledgerv1.Outcome {
 }
 
 // record runs a Complete or Release detached from the caller's context,
-// with its own timeout, retried on retryable answers. Failures are logged
-// (the caller already has its answer) and returned.
+// retried on retryable answers (persist). Failures are logged (the caller
+// already has its answer) and returned.
 func (g *Guard) record(ctx context.Context, what string, c Claim, call func(context.Context) error) error {
 	ctx = context.WithoutCancel(ctx)
-	for try := 1; ; try++ {
-		cctx, cancel := context.WithTimeout(ctx, g.opts.completeTimeout)
-		err := call(cctx)
+	err := g.persist(ctx, call, func(err error) (bool, time.Duration) {
+		le := ledgerstatus.FromError(err)
+		return le.Retryable(), le.RetryAfter
+	})
+	if err != nil {
+		le := ledgerstatus.FromError(err)
+		msg := "idempotency " + what + " failed: the record stays in progress until its lease runs out"
+		if le.Code == errcode.LeaseLost {
+			msg = "idempotency " + what + " fenced: another attempt took over while the handler ran"
+		}
+		g.opts.log.ErrorContext(ctx, msg, "method", c.Method, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
+	}
+	return err
+}
+
+// persist calls try, each time with the completion's timeout, until it
+// succeeds, fails for good (again says whether an error is worth another
+// try, and the least wait before it), or the completion's time to try
+// (from the first try's start) would pass before the next try: tries that
+// fail at once (a ledger that is down) go on, at most 1 s apart, until
+// it is back.
+func (g *Guard) persist(ctx context.Context, try func(context.Context) error, again func(error) (bool, time.Duration)) error {
+	until := time.Now().Add(g.opts.completeWithin)
+	for n := 1; ; n++ {
+		tctx, cancel := context.WithTimeout(ctx, g.opts.completeTimeout)
+		err := try(tctx)
 		cancel()
 		if err == nil {
 			return nil
 		}
-		le := ledgerstatus.FromError(err)
-		if !le.Retryable() || try >= g.opts.completeTries {
-			msg := "idempotency " + what + " failed: the record stays in progress until its lease runs out"
-			if le.Code == errcode.LeaseLost {
-				msg = "idempotency " + what + " fenced: another attempt took over while the handler ran"
-			}
-			g.opts.log.ErrorContext(ctx, msg, "method", c.Method, "key", c.Key, "tenant", c.Tenant, "token", c.Token, "code", le.Code.String(), "error", err)
+		retry, after := again(err)
+		pause := max(after, backoff.FullJitter(20*time.Millisecond, time.Second, n+1))
+		if !retry || time.Until(until) < pause {
 			return err
 		}
-		time.Sleep(max(le.RetryAfter, backoff.FullJitter(20*time.Millisecond, time.Second, try+1)))
+		time.Sleep(pause)
 	}
 }
 

@@ -97,6 +97,19 @@ func (r *Relay) Silence() {
 	}
 }
 
+// Cut closes the connections the relay holds (a server that went down).
+func (r *Relay) Cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		_ = c.agent.Close()
+		if c.far != nil {
+			_ = c.far.Close()
+		}
+	}
+	r.conns = nil
+}
+
 // Mode is what the relay does with a connection it accepts.
 type Mode int32
 

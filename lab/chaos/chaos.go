@@ -304,7 +304,7 @@ func (w *world) startService(ledgerConn *grpc.ClientConn) (string, error) {
 		w.closers = append(w.closers, func() { _ = sc.Close() })
 		ledgerClient = sc
 	}
-	g, err := guard.New(ledgerClient, guard.WithCompletion(2*time.Second, 12))
+	g, err := guard.New(ledgerClient, guard.WithCompletion(2*time.Second, 24*time.Second))
 	if err != nil {
 		return "", err
 	}

@@ -443,7 +443,7 @@ func Serve(ctx context.Context, args []string) error {
 	}
 	defer conn.Close()
 	var ledger ledgerv1.LedgerServiceClient = &crashBeforeComplete{LedgerServiceClient: ledgerv1.NewLedgerServiceClient(conn), chance: *crash, rng: newLocked(*seed)}
-	g, err := guard.New(ledger, guard.WithCompletion(2*time.Second, 12))
+	g, err := guard.New(ledger, guard.WithCompletion(2*time.Second, 24*time.Second))
 	if err != nil {
 		return err
 	}

@@ -100,7 +100,7 @@ func Run(t *testing.T, open func(t *testing.T) DB) {
 			db := open(t)
 			clock := ledgertest.NewClock(time.Now())
 			conn := servertest.NewServer(t, servertest.Ledger(servertest.MemoryLedgerAt("payments", clock.Now))).Dial(t)
-			g, err := guard.New(ledgerv1.NewLedgerServiceClient(conn), guard.WithCompletion(time.Second, 2))
+			g, err := guard.New(ledgerv1.NewLedgerServiceClient(conn), guard.WithCompletion(time.Second, 2*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
