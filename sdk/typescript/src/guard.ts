@@ -93,13 +93,15 @@ export interface GuardOptions {
   /** The largest outcome kept (1 MiB when absent); a larger one is stored as OUTCOME_TOO_LARGE. */
   maxOutcomeBytes?: number;
   /**
-   * How many times Complete and Release are tried (4 when absent). Keep it,
-   * times the ledger's timeoutMs, above 15 s: on a connection that goes
-   * silent without closing (a ledgerd's node lost), calls fail for up to
-   * 15 s until the ledger client finds it lost, and only a try after that
-   * goes on a new connection.
+   * How long Complete and Release are tried again, while the ledger answers
+   * a retryable error, from the start of the first try (20 s when absent);
+   * each try has the ledger's timeoutMs. A ledger that is down (restarting,
+   * say) fails each try at once, and tries go on, at most 1 s apart, until
+   * it is back; a connection that goes silent without closing (a ledgerd's
+   * node lost) fails them for up to 15 s until the ledger client finds it
+   * lost, so keep it above 15 s plus a timeoutMs.
    */
-  completeTries?: number;
+  completeWithinMs?: number;
 }
 
 const defaultRunTimeoutMs = 60_000;
@@ -110,12 +112,12 @@ const maxLookupWaitMs = 5_000;
 export class Guard {
   readonly ledger: Ledger;
   private readonly maxOutcomeBytes: number;
-  private readonly completeTries: number;
+  private readonly completeWithinMs: number;
 
   constructor(ledger: Ledger, opts: GuardOptions = {}) {
     this.ledger = ledger;
     this.maxOutcomeBytes = opts.maxOutcomeBytes ?? 1 << 20;
-    this.completeTries = opts.completeTries ?? 4;
+    this.completeWithinMs = opts.completeWithinMs ?? 20_000;
   }
 
   /**
@@ -346,19 +348,22 @@ export class Guard {
     await send(notKept(le?.code === ErrorCode.OUTCOME_TOO_LARGE ? ErrorCode.OUTCOME_TOO_LARGE : ErrorCode.INTERNAL, size(), this.maxOutcomeBytes));
   }
 
-  // record runs a Complete or Release, retried on retryable answers; it
-  // returns the last error, if any.
+  // record runs a Complete or Release, retried on retryable answers until
+  // completeWithinMs would pass before the next try; it returns the last
+  // error, if any.
   private async record(call: () => Promise<unknown>): Promise<unknown> {
+    const until = Date.now() + this.completeWithinMs;
     for (let attempt = 1; ; attempt++) {
       try {
         await call();
         return undefined;
       } catch (err) {
         const le = ledgerError(err);
-        if (!(le?.retryable ?? isTransport(err)) || attempt >= this.completeTries) {
+        const pause = Math.max(le?.retryAfterMs ?? 0, Math.random() * Math.min(1000, 20 * 2 ** attempt));
+        if (!(le?.retryable ?? isTransport(err)) || until - Date.now() < pause) {
           return err;
         }
-        await sleep(Math.max(le?.retryAfterMs ?? 0, Math.random() * Math.min(1000, 20 * 2 ** attempt)));
+        await sleep(pause);
       }
     }
   }

@@ -160,7 +160,10 @@ export class WireStream {
       this.read(chunk);
     });
     h2.on("trailers", (trailers) => (this.trailer = webHeaders(trailers)));
-    h2.on("end", () => this.finish(this.outcome()));
+    // A stream aborted (its connection closed under it: a ledgerd killed or
+    // restarted, a reset on the way) ends without its end: it is judged at
+    // its close, after any error that says more.
+    h2.on("end", () => h2.aborted || this.finish(this.outcome()));
     // An error while writing after the server ended the stream is not the stream's
     // error: its end says what happened (connect-node does the same).
     h2.on("error", (err: Error & { code?: string }) => {
@@ -168,7 +171,7 @@ export class WireStream {
         this.finish(ConnectError.from(err, Code.Unavailable));
       }
     });
-    h2.on("close", () => this.finish(resetError(h2.rstCode) ?? new ConnectError("the ledger's stream closed before it ended", Code.Unavailable)));
+    h2.on("close", () => this.finish(closeError(h2)));
   }
 
   private heard(): void {
@@ -360,6 +363,17 @@ function webHeaders(h: IncomingHttpHeaders): Headers {
 }
 
 // resetError is what an HTTP/2 reset says, as gRPC maps its codes; undefined for none.
+// closeError is the error of a stream that closed before it ended. One
+// that its connection's close aborted (Node cancels the streams of a
+// connection that closes) was cut off: UNAVAILABLE, as gRPC has a broken
+// connection; its calls may have run.
+function closeError(h2: ClientHttp2Stream): ConnectError {
+  if (h2.aborted && h2.rstCode === constants.NGHTTP2_CANCEL) {
+    return new ConnectError("the ledger's connection closed under the stream", Code.Unavailable);
+  }
+  return resetError(h2.rstCode) ?? new ConnectError("the ledger's stream closed before it ended", Code.Unavailable);
+}
+
 function resetError(rstCode: number): ConnectError | undefined {
   const msg = `the ledger's stream was reset (HTTP/2 code ${rstCode})`;
   switch (rstCode) {

@@ -266,7 +266,7 @@ test("a proxy of HTTP/1.1 only in front of ledgerd: every call goes as a unary c
 // answers with the claim, since it never heard the first. A connection
 // that is only quiet answers the pings and is kept: a Lookup that waits
 // 17 s is answered. A guard whose connection goes silent while its run
-// goes on stores the outcome on a new one (its four tries of 5 s outlast
+// goes on stores the outcome on a new one (its tries for 20 s outlast
 // the 15 s), and the retry replays it. Both protocols, all at once.
 test("createLedger: a connection gone silent is dropped and the retry goes on a new one, a guard's outcome too; a quiet one is kept", async () => {
   const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
@@ -329,6 +329,63 @@ test("createLedger: a connection gone silent is dropped and the retry goes on a 
   await Promise.all([...quiet, ...silent, ...guarded]);
 });
 
+// A connection that closes under a call (a ledgerd killed or restarted)
+// fails the call UNAVAILABLE, retryable, where it failed INTERNAL ("ended
+// without its end message", "missing status"), and the next call connects
+// again. The ledger goes down under a guarded run (its connections
+// closed, new ones closed at once) and is back 3 s later: each try of the
+// Complete fails at once meanwhile, and the guard goes on trying for its
+// 20 s, so the outcome is stored when the ledger is back and the retry
+// replays it. With four tries whatever their pace, they were spent in
+// under a second and the key stayed in progress. Both protocols, at once.
+test("a ledger restart: a call cut off fails UNAVAILABLE, and a guard's outcome outlasts it", async () => {
+  const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
+  const cutOff = protocols.map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+    try {
+      const key = `ts-${randomUUID()}`;
+      await ledger.begin({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
+      const waiting = ledger.lookup({ tenant: "acme", key, wait: { seconds: 10n } }, { timeoutMs: 20_000 });
+      relay.cut();
+      const err = await waiting.then(() => assert.fail("answered"), (e: unknown) => ConnectError.from(e));
+      assert.equal(err.code, Code.Unavailable, `${protocol}: ${err.message}`);
+      const again = await ledger.lookup({ tenant: "acme", key });
+      assert.equal(again.record?.method, "http:POST /v1/invoices", protocol);
+      assert.equal(relay.accepted(), 2, `${protocol}: connections`);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  const guarded = protocols.map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+    try {
+      const call = { tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: {} };
+      let runs = 0;
+      const run = async (id: string) => {
+        runs++;
+        relay.admit("close");
+        relay.cut();
+        setTimeout(() => relay.admit("forward"), 3000); // the restart
+        return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
+      };
+      const guard = new Guard(ledger);
+      const first = await guard.do(call, () => run("inv_1"));
+      assert.equal(first.replayed, false, protocol);
+      const retried = await guard.do(call, () => run("other"));
+      assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
+      assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
+      assert.equal(runs, 1, protocol);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  await Promise.all([...cutOff, ...guarded]);
+});
+
 // A connection that is not up in 20 s is given up, and the call waiting on
 // it fails UNAVAILABLE then, not at its deadline: one to an address that
 // drops its SYNs (a listener whose queue is full), which Node leaves to
@@ -356,12 +413,12 @@ test("createLedger: a connection not up in 20 s is given up, and the next call c
   });
   const handshake = ([["connect", process.env.LEDGER_HTTPS!], ["grpc", process.env.LEDGER_GRPCS!]] as const).map(async ([protocol, url]) => {
     const relay = await silencing(new URL(url));
-    relay.silenceNew(true);
+    relay.admit("hang");
     const ledger = createLedger({ baseUrl: relay.url.replace("127.0.0.1", "localhost"), protocol, token });
     try {
       const key = `ts-${randomUUID()}`;
       await lost(ledger, `${protocol} over TLS`, key);
-      relay.silenceNew(false);
+      relay.admit("forward");
       const retried = await ledger.begin(begin(key));
       assert.equal(retried.result.case, "claim", protocol);
       assert.equal(relay.accepted(), 2, `${protocol}: connections`);
@@ -401,16 +458,23 @@ async function droppingSyns(): Promise<{ url: string; close(): void }> {
 
 // silencing forwards the connections it accepts to target; silence makes
 // the ones it holds go silent without closing (what either end sends is
-// read and dropped); the ones it accepts between silenceNew(true) and
-// silenceNew(false) it holds and never answers (a process that accepts and
-// hangs), reaching no target.
-async function silencing(target: URL): Promise<{ url: string; silence(): void; silenceNew(on: boolean): void; accepted(): number; close(): void }> {
-  const held: { silent: boolean; sockets: net.Socket[] }[] = [];
-  let silentNew = false;
+// read and dropped), and cut closes them (a server that went down). What
+// it does with the ones it accepts later is admit's: forward them, hang
+// (hold them and never answer, reaching no target: a process that accepts
+// and hangs) or close them at once (a server that is down).
+async function silencing(target: URL): Promise<{ url: string; silence(): void; cut(): void; admit(mode: "forward" | "hang" | "close"): void; accepted(): number; close(): void }> {
+  let held: { silent: boolean; sockets: net.Socket[] }[] = [];
+  let accepted = 0;
+  let mode: "forward" | "hang" | "close" = "forward";
   const relay = net.createServer((agent) => {
-    if (silentNew) {
+    accepted++;
+    agent.on("error", () => agent.destroy());
+    if (mode === "close") {
+      agent.destroy();
+      return;
+    }
+    if (mode === "hang") {
       held.push({ silent: true, sockets: [agent] });
-      agent.on("error", () => agent.destroy());
       agent.resume();
       return;
     }
@@ -426,14 +490,19 @@ async function silencing(target: URL): Promise<{ url: string; silence(): void; s
     pipe(far, agent);
   });
   await new Promise<void>((r) => relay.listen(0, "127.0.0.1", r));
+  const cut = () => {
+    held.forEach((c) => c.sockets.forEach((s) => s.destroy()));
+    held = [];
+  };
   return {
     url: `${target.protocol}//127.0.0.1:${(relay.address() as AddressInfo).port}`,
     silence: () => held.forEach((c) => (c.silent = true)),
-    silenceNew: (on: boolean) => (silentNew = on),
-    accepted: () => held.length,
+    cut,
+    admit: (m) => (mode = m),
+    accepted: () => accepted,
     close: () => {
       relay.close();
-      held.forEach((c) => c.sockets.forEach((s) => s.destroy()));
+      cut();
     },
   };
 }
