@@ -21,8 +21,9 @@
 // retry), a transient error releases the key (the retry runs afresh), and a
 // panic leaves the lease to run out (the next attempt takes over with a
 // higher token). Complete and Release run under context.WithoutCancel with
-// their own timeout and a few retries, so a caller who hangs up does not
-// strand a claim.
+// their own timeout, tried again for up to 20 s (guard.WithCompletion), so
+// a caller who hangs up, or a ledger that restarts, does not strand a
+// claim.
 //
 // A ledger that cannot be reached at Begin fails the call closed:
 // UNAVAILABLE, retryable, and the handler does not run.
