@@ -88,6 +88,7 @@ func Run(t *testing.T, open func(t *testing.T) DB) {
 		{"ATakeoverWaitsForAnAttemptThatWroteItsFence", takeoverWaits},
 		{"ARunThatFailsAfterItsCommitAnswersTheFence", failsAfterCommit},
 		{"AnUnknownCommitIsSettled", unknownCommit},
+		{"AFenceUnreadableAWhileIsReadAgain", unreadableAWhile},
 		{"AFenceThatCannotBeWrittenFailsTheWrite", cannotBeWritten},
 		{"AnOutcomeThatCannotBeEncodedFailsTheWrite", cannotBeEncoded},
 		{"SweepDeletesExpiredFences", sweep},
@@ -369,6 +370,42 @@ func failsAfterCommit(e *env) {
 	again := e.do("k1", e.commitRun(999))
 	if !again.Replayed || !same(again.Outcome, Outcome(100)) || e.invoices("k1") != 1 {
 		e.t.Fatalf("retry: %+v with %d invoices, want the replay of 100 and 1", again, e.invoices("k1"))
+	}
+}
+
+// failingOver is a fence table whose first Reserve calls fail, as a
+// database's do while it fails over.
+type failingOver struct {
+	fencing.Table
+	failures atomic.Int64 // left to fail
+}
+
+func (f *failingOver) Reserve(ctx context.Context, s fencing.Scope, token uint64) (fencing.Row, error) {
+	if f.failures.Add(-1) >= 0 {
+		return fencing.Row{}, errors.New("fencetest: the database is failing over")
+	}
+	return f.Table.Reserve(ctx, s, token)
+}
+
+// unreadableAWhile: a run that commits and then fails, whose fence cannot
+// be read at first (its database failing over, the likely cause of the
+// failure), is settled by the fence once it can be read: the guard reads
+// it again within the completion's time to try, where it gave up after
+// as many tries as it was given and answered OUTCOME_UNKNOWN.
+func unreadableAWhile(e *env) {
+	fences := &failingOver{Table: e.db.Fences}
+	fences.failures.Store(3)
+	res, err := e.g.Do(context.Background(), Call("k1", guard.Policy{Lease: lease, Fence: fences}), func(ctx context.Context) (guard.Outcome, error) {
+		if _, err := e.commitRun(100)(ctx); err != nil {
+			return guard.Outcome{}, err
+		}
+		return guard.Outcome{}, guard.UnknownOutcome("the reply was lost", nil)
+	})
+	if err != nil || !res.Fenced || !same(res.Outcome, Outcome(100)) {
+		e.t.Fatalf("%+v, %v; want the fenced 100", res, err)
+	}
+	if left := fences.failures.Load(); left >= 0 {
+		e.t.Fatalf("the fence was read without its %d failures", left+1)
 	}
 }
 
