@@ -311,10 +311,13 @@ export class Guard {
       await this.complete(c, call, answer);
       return { outcome: answer, replayed: false, protected: true, fenced: true };
     }
-    let row: FenceRow;
-    try {
+    // Read again for completeWithinMs: the failure that ended the run may
+    // be its database's, failing over.
+    let row: FenceRow | undefined;
+    const err = await this.persist(async () => {
       row = await call.policy.fence!.reserve(fenced.scope, c.token + 1n);
-    } catch (err) {
+    }, () => [true, 0]);
+    if (row === undefined) {
       throw new LedgerError(ErrorCode.UNAVAILABLE, "the service's handler failed, and its fence cannot say whether its write committed: retry with the same key once its lease has run out",
         { retryAfterMs: Math.max(100, c.leaseExpiresAtMs - Date.now()), cause: err });
     }
@@ -348,19 +351,30 @@ export class Guard {
     await send(notKept(le?.code === ErrorCode.OUTCOME_TOO_LARGE ? ErrorCode.OUTCOME_TOO_LARGE : ErrorCode.INTERNAL, size(), this.maxOutcomeBytes));
   }
 
-  // record runs a Complete or Release, retried on retryable answers until
-  // completeWithinMs would pass before the next try; it returns the last
-  // error, if any.
-  private async record(call: () => Promise<unknown>): Promise<unknown> {
+  // record runs a Complete or Release, retried on retryable answers
+  // (persist); it returns the last error, if any.
+  private record(call: () => Promise<unknown>): Promise<unknown> {
+    return this.persist(call, (err) => {
+      const le = ledgerError(err);
+      return [le?.retryable ?? isTransport(err), le?.retryAfterMs ?? 0];
+    });
+  }
+
+  // persist calls call until it succeeds, fails for good (again says
+  // whether an error is worth another try, and the least wait before it),
+  // or completeWithinMs (from the first try's start) would pass before the
+  // next try: tries that fail at once (a ledger that is down) go on, at
+  // most 1 s apart, until it is back. It returns the last error, if any.
+  private async persist(call: () => Promise<unknown>, again: (err: unknown) => [boolean, number]): Promise<unknown> {
     const until = Date.now() + this.completeWithinMs;
     for (let attempt = 1; ; attempt++) {
       try {
         await call();
         return undefined;
       } catch (err) {
-        const le = ledgerError(err);
-        const pause = Math.max(le?.retryAfterMs ?? 0, Math.random() * Math.min(1000, 20 * 2 ** attempt));
-        if (!(le?.retryable ?? isTransport(err)) || until - Date.now() < pause) {
+        const [retry, after] = again(err);
+        const pause = Math.max(after, Math.random() * Math.min(1000, 20 * 2 ** attempt));
+        if (!retry || until - Date.now() < pause) {
           return err;
         }
         await sleep(pause);

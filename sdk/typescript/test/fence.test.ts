@@ -97,6 +97,31 @@ fenced("Guard.do: a run that fails after its commit is answered from its fence",
   assert.equal(await invoices(key), 1);
 });
 
+// A run that commits and then fails, whose fence cannot be read at first
+// (its database failing over, the likely cause of the failure), is
+// answered from its fence once it can be read: the guard reads it again
+// for completeWithinMs, where it tried once and answered UNAVAILABLE.
+fenced("Guard.do: a fence unreadable a while is read again", async () => {
+  class FailingOver extends FenceTable {
+    failures = 3;
+    override async reserve(s: Parameters<FenceTable["reserve"]>[0], token: bigint) {
+      if (this.failures-- > 0) {
+        throw new Error("the database is failing over");
+      }
+      return super.reserve(s, token);
+    }
+  }
+  const key = `fence-${randomUUID()}`;
+  const failing = new FailingOver(pool);
+  const res = await new Guard(ledger).do(call(key, { fence: failing }), async (claim) => {
+    await write(key, claim!.token, 100, outcome(100));
+    throw new OutcomeUnknownError("the reply was lost after the commit");
+  });
+  assert.equal(res.fenced, true);
+  assert.equal(text(res.outcome), "invoice of 100");
+  assert.ok(failing.failures < 0, "the fence was read without its failures");
+});
+
 fenced("Guard.do: a commit that did not land is known, and the retry runs once", async () => {
   const key = `fence-${randomUUID()}`;
   await assert.rejects(new Guard(ledger).do(call(key), async (claim) => {
