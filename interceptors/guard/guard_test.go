@@ -467,26 +467,13 @@ func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
 
 // TestCompleteOutlastsASilentConnection: the ledger's connection goes
 // silent without closing while the run goes on (a ledgerd's node lost):
-// the Complete's tries (four of 5 s) outlast the 15 s in which the ledger
-// client finds the connection lost, so the outcome is stored on a new
-// connection and the retry gets the replay; the run ran once. With three
-// tries the key stayed in progress until its lease ran out.
+// the Complete's tries (for 20 s, 5 s each) outlast the 15 s in which the
+// ledger client finds the connection lost, so the outcome is stored on a
+// new connection and the retry gets the replay; the run ran once. With
+// three tries the key stayed in progress until its lease ran out.
 func TestCompleteOutlastsASilentConnection(t *testing.T) {
 	t.Parallel()
-	relay, g := relayedGuard(t)
-	var runs atomic.Int64
-	res, err := g.Do(t.Context(), call("silent"), func(context.Context) (guard.Outcome, error) {
-		runs.Add(1)
-		relay.Silence()
-		return jsonResult(`{"id":"inv_1"}`), nil
-	})
-	if err != nil || res.Replayed {
-		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
-	}
-	res, err = g.Do(t.Context(), call("silent"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
-	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
-		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
-	}
+	outlasts(t, func(relay *relaytest.Relay) { relay.Silence() })
 }
 
 // TestCompleteOutlastsALedgerRestart: the ledger goes down under the run
@@ -497,19 +484,29 @@ func TestCompleteOutlastsASilentConnection(t *testing.T) {
 // tries were spent in under a second and the key stayed in progress.
 func TestCompleteOutlastsALedgerRestart(t *testing.T) {
 	t.Parallel()
-	relay, g := relayedGuard(t)
-	var runs atomic.Int64
-	res, err := g.Do(t.Context(), call("restart"), func(context.Context) (guard.Outcome, error) {
-		runs.Add(1)
+	outlasts(t, func(relay *relaytest.Relay) {
 		relay.Admit(relaytest.Close)
 		relay.Cut()
 		time.AfterFunc(3*time.Second, func() { relay.Admit(relaytest.Forward) }) // the restart
+	})
+}
+
+// outlasts runs a guarded call whose run calls fault with the relay its
+// ledger is reached through: the run's answer is stored all the same,
+// and the retry replays it without running.
+func outlasts(t *testing.T, fault func(*relaytest.Relay)) {
+	t.Helper()
+	relay, g := relayedGuard(t)
+	var runs atomic.Int64
+	res, err := g.Do(t.Context(), call("k"), func(context.Context) (guard.Outcome, error) {
+		runs.Add(1)
+		fault(relay)
 		return jsonResult(`{"id":"inv_1"}`), nil
 	})
 	if err != nil || res.Replayed {
 		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
 	}
-	res, err = g.Do(t.Context(), call("restart"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
+	res, err = g.Do(t.Context(), call("k"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
 	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
 		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
 	}

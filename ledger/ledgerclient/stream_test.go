@@ -95,6 +95,13 @@ func start(t *testing.T, addr string, opts ...grpc.ServerOption) (*grpc.Server, 
 
 func dial(t *testing.T, addr string, opts ...grpc.DialOption) *ledgerclient.Client {
 	t.Helper()
+	c, _ := dialConn(t, addr, opts...)
+	return c
+}
+
+// dialConn is dial, and the connection under the client.
+func dialConn(t *testing.T, addr string, opts ...grpc.DialOption) (*ledgerclient.Client, *grpc.ClientConn) {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +111,7 @@ func dial(t *testing.T, addr string, opts ...grpc.DialOption) *ledgerclient.Clie
 		_ = c.Close()
 		_ = conn.Close()
 	})
-	return c
+	return c, conn
 }
 
 func begin(key string) *ledgerv1.BeginRequest {

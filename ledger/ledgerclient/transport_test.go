@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -141,20 +140,12 @@ func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
 	_, addr, _ := start(t, "", append(server.TransportOptions(), grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))...)
 	r := relaytest.New(t, addr)
 	r.Admit(relaytest.Hang)
-	conn, err := grpc.NewClient(r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool})))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	t.Cleanup(func() {
-		_ = c.Close()
-		_ = conn.Close()
-	})
+	c, conn := dialConn(t, r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool})))...)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
 	defer cancel()
 	sent := time.Now()
-	_, err = c.Begin(ctx, begin("k"))
+	_, err := c.Begin(ctx, begin("k"))
 	ledgertest.WantStatus(t, err, errcode.Unavailable)
 	if waited := time.Since(sent); waited < 19*time.Second || waited > 30*time.Second {
 		t.Fatalf("the call failed after %s, want about 20 s", waited)
@@ -188,16 +179,10 @@ func TestConnectsSoonAfterAnOutage(t *testing.T) {
 	_, addr, _ := start(t, "", server.TransportOptions()...)
 	r := relaytest.New(t, addr)
 	r.Admit(relaytest.Close)
-	conn, err := grpc.NewClient(r.Addr(), append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := ledgerclient.New(ledgerv1.NewLedgerServiceClient(conn))
-	defer c.Close()
+	c, conn := dialConn(t, r.Addr(), ledgerclient.DialOptions()...)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	_, err = c.Begin(ctx, begin("k"))
+	_, err := c.Begin(ctx, begin("k"))
 	ledgertest.WantStatus(t, err, errcode.Unavailable)
 
 	ctx, cancel = context.WithTimeout(t.Context(), 2*time.Minute)

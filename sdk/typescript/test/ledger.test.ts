@@ -303,29 +303,7 @@ test("createLedger: a connection gone silent is dropped and the retry goes on a 
       relay.close();
     }
   });
-  const guarded = protocols.map(async ([protocol, url]) => {
-    const relay = await silencing(new URL(url));
-    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
-    try {
-      const call = { ...begin(`ts-${randomUUID()}`), policy: {} };
-      let runs = 0;
-      const run = async (id: string) => {
-        runs++;
-        relay.silence();
-        return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
-      };
-      const guard = new Guard(ledger);
-      const first = await guard.do(call, () => run("inv_1"));
-      assert.equal(first.replayed, false, protocol);
-      const retried = await guard.do(call, () => run("other"));
-      assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
-      assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
-      assert.equal(runs, 1, protocol);
-    } finally {
-      ledger.close();
-      relay.close();
-    }
-  });
+  const guarded = protocols.map(([protocol, url]) => outlasted(protocol, url, (relay) => relay.silence()));
   await Promise.all([...quiet, ...silent, ...guarded]);
 });
 
@@ -358,33 +336,40 @@ test("a ledger restart: a call cut off fails UNAVAILABLE, and a guard's outcome 
       relay.close();
     }
   });
-  const guarded = protocols.map(async ([protocol, url]) => {
-    const relay = await silencing(new URL(url));
-    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
-    try {
-      const call = { tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: {} };
-      let runs = 0;
-      const run = async (id: string) => {
-        runs++;
-        relay.admit("close");
-        relay.cut();
-        setTimeout(() => relay.admit("forward"), 3000); // the restart
-        return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
-      };
-      const guard = new Guard(ledger);
-      const first = await guard.do(call, () => run("inv_1"));
-      assert.equal(first.replayed, false, protocol);
-      const retried = await guard.do(call, () => run("other"));
-      assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
-      assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
-      assert.equal(runs, 1, protocol);
-    } finally {
-      ledger.close();
-      relay.close();
-    }
-  });
+  const guarded = protocols.map(([protocol, url]) => outlasted(protocol, url, (relay) => {
+    relay.admit("close");
+    relay.cut();
+    setTimeout(() => relay.admit("forward"), 3000); // the restart
+  }));
   await Promise.all([...cutOff, ...guarded]);
 });
+
+// outlasted runs a guarded call over a ledger reached through a relay,
+// whose run calls fault with the relay: the run's answer is stored all the
+// same, and the retry replays it without running.
+async function outlasted(protocol: "connect" | "grpc", url: string, fault: (relay: Relay) => void): Promise<void> {
+  const relay = await silencing(new URL(url));
+  const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+  try {
+    const call = { tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: {} };
+    let runs = 0;
+    const run = async (id: string) => {
+      runs++;
+      fault(relay);
+      return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
+    };
+    const guard = new Guard(ledger);
+    const first = await guard.do(call, () => run("inv_1"));
+    assert.equal(first.replayed, false, protocol);
+    const retried = await guard.do(call, () => run("other"));
+    assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
+    assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
+    assert.equal(runs, 1, protocol);
+  } finally {
+    ledger.close();
+    relay.close();
+  }
+}
 
 // A connection that is not up in 20 s is given up, and the call waiting on
 // it fails UNAVAILABLE then, not at its deadline: one to an address that
@@ -462,7 +447,8 @@ async function droppingSyns(): Promise<{ url: string; close(): void }> {
 // it does with the ones it accepts later is admit's: forward them, hang
 // (hold them and never answer, reaching no target: a process that accepts
 // and hangs) or close them at once (a server that is down).
-async function silencing(target: URL): Promise<{ url: string; silence(): void; cut(): void; admit(mode: "forward" | "hang" | "close"): void; accepted(): number; close(): void }> {
+type Relay = { url: string; silence(): void; cut(): void; admit(mode: "forward" | "hang" | "close"): void; accepted(): number; close(): void };
+async function silencing(target: URL): Promise<Relay> {
   let held: { silent: boolean; sockets: net.Socket[] }[] = [];
   let accepted = 0;
   let mode: "forward" | "hang" | "close" = "forward";
