@@ -171,7 +171,9 @@ func TestUnansweredHandshakeIsGivenUp(t *testing.T) {
 
 // TestConnectsSoonAfterAnOutage: a client whose ledger was down (every
 // connection closed at once) while it tried 8 times is connected again
-// within 6 s of the ledger's return: its attempts are at most 5 s apart.
+// soon after the ledger's return: its next attempt is at most 5 s on,
+// jittered by up to a fifth (6 s), and the test allows 4 s more for that
+// attempt's connection under load (one took 6.004 s in all under -race).
 // With gRPC's default backoff the 9th came 21–32 s after the 8th (and
 // later ones up to 2 min apart), every call failing meanwhile.
 func TestConnectsSoonAfterAnOutage(t *testing.T) {
@@ -197,8 +199,8 @@ func TestConnectsSoonAfterAnOutage(t *testing.T) {
 			t.Fatalf("the connection stayed %s", st)
 		}
 	}
-	if waited := time.Since(back); waited > 6*time.Second {
-		t.Fatalf("connected %s after the ledger's return, want within 6 s", waited)
+	if waited := time.Since(back); waited > 10*time.Second {
+		t.Fatalf("connected %s after the ledger's return, want within 6 s and a connection's setup", waited)
 	}
 	if res, err := c.Begin(ctx, begin("k")); err != nil || res.GetClaim().GetToken() != 1 {
 		t.Fatalf("the call after the return: %v, %v; want the claim", res, err)
