@@ -345,7 +345,9 @@ export class Guard {
     }
     const err = await send(wire);
     const le = ledgerError(err);
-    if (err === undefined || le?.retryable || le?.code === ErrorCode.LEASE_LOST) {
+    // A ledger still unreachable after the tries leaves the key in progress;
+    // only the ledger's own refusal says the outcome cannot be kept.
+    if (err === undefined || (le?.retryable ?? isTransport(err)) || le?.code === ErrorCode.LEASE_LOST) {
       return;
     }
     await send(notKept(le?.code === ErrorCode.OUTCOME_TOO_LARGE ? ErrorCode.OUTCOME_TOO_LARGE : ErrorCode.INTERNAL, size(), this.maxOutcomeBytes));

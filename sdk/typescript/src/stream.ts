@@ -12,6 +12,8 @@ import {
   type LookupRequestSchema, type LookupResponse, type ReleaseRequestSchema, type ReleaseResponse, type ResolveRequestSchema, type ResolveResponse,
   type StreamRequest, type StreamResponse,
 } from "./gen/idemledger/v1/ledger_pb.js";
+import { ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
+import { LedgerError } from "./errors.js";
 import { sizeBound } from "./size.js";
 import { WireStream, type StreamEndpoint } from "./wire.js";
 
@@ -164,7 +166,10 @@ export class StreamLedger implements LedgerCalls {
   }
 
   private callUnary(kind: Kind, init: object, opts: CallOptions): Promise<unknown> {
-    return (this.unary[kind] as (r: object, o: CallOptions) => Promise<unknown>)(init, { ...opts, timeoutMs: opts.timeoutMs ?? this.defaultTimeoutMs });
+    return (this.unary[kind] as (r: object, o: CallOptions) => Promise<unknown>)(init, { ...opts, timeoutMs: opts.timeoutMs ?? this.defaultTimeoutMs })
+      .catch((err: unknown) => {
+        throw cutOff(err, opts.signal) ?? err;
+      });
   }
 
   // session is the open stream, opened when there is none.
@@ -221,6 +226,24 @@ export class StreamLedger implements LedgerCalls {
     }
     s.wire.closeSend();
   }
+}
+
+// cutOff is the UNAVAILABLE error of a unary call whose connection failed
+// under it (reset, closed, a broken pipe: a ledgerd killed or restarted),
+// which connect-node reports as ABORTED, CANCELED ("stream closed with
+// error code CANCEL") or INTERNAL ("write EPIPE"), where a call on the
+// stream, and gRPC, say UNAVAILABLE: retryable, the call may have run. A
+// cancel of the caller's own and the ledger's answers stay what they are.
+function cutOff(err: unknown, signal: AbortSignal | undefined): ConnectError | undefined {
+  if (signal?.aborted || !(err instanceof ConnectError) || err.cause instanceof LedgerError || err.findDetails(ErrorDetailSchema).length > 0) {
+    return undefined;
+  }
+  let broken = err.code === Code.Aborted || err.code === Code.Canceled;
+  for (let e = err.cause, depth = 0; err.code === Code.Internal && e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    broken ||= typeof code === "string" && /^E[A-Z]+$/.test(code); // a system error: EPIPE, ECONNRESET
+  }
+  return broken ? new ConnectError(`the ledger's connection failed under the call: ${err.rawMessage}`, Code.Unavailable, undefined, undefined, err) : undefined;
 }
 
 // notHTTP2 says err comes of an endpoint that answered HTTP/2's preface in HTTP/1.1.

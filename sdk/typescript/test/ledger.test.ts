@@ -314,8 +314,9 @@ test("createLedger: a connection gone silent is dropped and the retry goes on a 
 // closed, new ones closed at once) and is back 3 s later: each try of the
 // Complete fails at once meanwhile, and the guard goes on trying for its
 // 20 s, so the outcome is stored when the ledger is back and the retry
-// replays it. With four tries whatever their pace, they were spent in
-// under a second and the key stayed in progress. Both protocols, at once.
+// replays it, an outcome over 64 KiB (a unary call) too. With four tries
+// whatever their pace, they were spent in under a second and the key
+// stayed in progress. Both protocols, at once.
 test("a ledger restart: a call cut off fails UNAVAILABLE, and a guard's outcome outlasts it", async () => {
   const protocols = [["connect", process.env.LEDGER_HTTP!], ["grpc", process.env.LEDGER_GRPC!]] as const;
   const cutOff = protocols.map(async ([protocol, url]) => {
@@ -336,18 +337,46 @@ test("a ledger restart: a call cut off fails UNAVAILABLE, and a guard's outcome 
       relay.close();
     }
   });
-  const guarded = protocols.map(([protocol, url]) => outlasted(protocol, url, (relay) => {
+  const restart = (relay: Relay) => {
     relay.admit("close");
     relay.cut();
-    setTimeout(() => relay.admit("forward"), 3000); // the restart
-  }));
-  await Promise.all([...cutOff, ...guarded]);
+    setTimeout(() => relay.admit("forward"), 3000);
+  };
+  // An outcome over 64 KiB goes as a unary call: over HTTP/1.1 (Connect),
+  // or on the stream's HTTP/2 connection (gRPC).
+  const guarded = protocols.flatMap(([protocol, url]) => [outlasted(protocol, url, restart), outlasted(protocol, url, restart, 100 << 10)]);
+  // A ledger down past the guard's time to try leaves the key in progress,
+  // never a stored error in place of the run's answer (the guard took the
+  // failed tries for the ledger's refusal and stored OUTCOME "not kept"
+  // once the ledger was back).
+  const outlived = protocols.map(async ([protocol, url]) => {
+    const relay = await silencing(new URL(url));
+    const ledger = createLedger({ baseUrl: relay.url, protocol, token });
+    try {
+      const call = { tenant: "acme", key: `ts-${randomUUID()}`, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices", policy: { onInProgress: "reject" as const } };
+      const guard = new Guard(ledger, { completeWithinMs: 1000 });
+      let back: Promise<void> | undefined;
+      await guard.do(call, async () => {
+        relay.admit("close");
+        relay.cut();
+        back = new Promise((r) => setTimeout(() => r(relay.admit("forward")), 1500));
+        return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: "inv_1" })) };
+      });
+      await back;
+      const retried = await guard.do(call, async () => assert.fail("ran again")).then(() => assert.fail("answered"), (e: unknown) => e);
+      assert.ok(retried instanceof LedgerError && retried.code === ErrorCode.IN_PROGRESS, `${protocol}: ${String(retried)}`);
+    } finally {
+      ledger.close();
+      relay.close();
+    }
+  });
+  await Promise.all([...cutOff, ...guarded, ...outlived]);
 });
 
 // outlasted runs a guarded call over a ledger reached through a relay,
 // whose run calls fault with the relay: the run's answer is stored all the
 // same, and the retry replays it without running.
-async function outlasted(protocol: "connect" | "grpc", url: string, fault: (relay: Relay) => void): Promise<void> {
+async function outlasted(protocol: "connect" | "grpc", url: string, fault: (relay: Relay) => void, size = 0): Promise<void> {
   const relay = await silencing(new URL(url));
   const ledger = createLedger({ baseUrl: relay.url, protocol, token });
   try {
@@ -356,14 +385,15 @@ async function outlasted(protocol: "connect" | "grpc", url: string, fault: (rela
     const run = async (id: string) => {
       runs++;
       fault(relay);
-      return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id })) };
+      return { response: anyPack(StringValueSchema, create(StringValueSchema, { value: id + ".".repeat(size) })) };
     };
     const guard = new Guard(ledger);
     const first = await guard.do(call, () => run("inv_1"));
     assert.equal(first.replayed, false, protocol);
     const retried = await guard.do(call, () => run("other"));
     assert.equal(retried.replayed, true, `${protocol}: the retry is replayed`);
-    assert.equal(retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value, "inv_1", protocol);
+    const value = retried.outcome.response && anyUnpack(retried.outcome.response, StringValueSchema)?.value;
+    assert.ok(value === "inv_1" + ".".repeat(size), `${protocol}: replayed ${value?.slice(0, 20)} (${value?.length} chars), ${retried.outcome.status?.message ?? ""}`);
     assert.equal(runs, 1, protocol);
   } finally {
     ledger.close();
