@@ -15,7 +15,7 @@ import {
 import { ErrorDetailSchema } from "./gen/idemledger/v1/errors_pb.js";
 import { LedgerError } from "./errors.js";
 import { sizeBound } from "./size.js";
-import { WireStream, type StreamEndpoint } from "./wire.js";
+import { verify, WireStream, type StreamEndpoint } from "./wire.js";
 
 /** The calls a write service makes, each as its unary counterpart answers it. */
 export interface LedgerCalls {
@@ -168,6 +168,9 @@ export class StreamLedger implements LedgerCalls {
   private callUnary(kind: Kind, init: object, opts: CallOptions): Promise<unknown> {
     return (this.unary[kind] as (r: object, o: CallOptions) => Promise<unknown>)(init, { ...opts, timeoutMs: opts.timeoutMs ?? this.defaultTimeoutMs })
       .catch((err: unknown) => {
+        if (this.endpoint.protocol === "grpc" && ConnectError.from(err).code === Code.DeadlineExceeded) {
+          verify(this.endpoint); // no answer in time: the shared connection may be lost
+        }
         throw cutOff(err, opts.signal) ?? err;
       });
   }

@@ -25,6 +25,7 @@ export interface StreamEndpoint {
   sessions: Http2SessionManager;
   protocol: "connect" | "grpc";
   headers: Record<string, string>;
+  verifying?: boolean; // a verify of the connection is under way
 }
 
 const path = `/${LedgerService.typeName}/${LedgerService.method.stream.name}`;
@@ -63,6 +64,38 @@ const connectTimeoutMs = 20_000;
 /** newSessions is the HTTP/2 connection to the ledger at baseUrl that the client's streams and gRPC calls share. */
 export function newSessions(baseUrl: string): Http2SessionManager {
   return new Http2SessionManager(baseUrl, undefined, { createConnection: connectWithin });
+}
+
+/**
+ * verify pings the connection the endpoint's streams and gRPC unary calls
+ * share, and closes it when the ping is not answered within pingTimeoutMs,
+ * so that the next call connects again: for a unary call that got no
+ * answer by its deadline, on a connection that no open stream pings.
+ */
+export function verify(ep: StreamEndpoint): void {
+  if (ep.verifying) {
+    return;
+  }
+  ep.verifying = true;
+  ep.sessions.request("POST", path, { ...protocolHeaders[ep.protocol], ...ep.headers }, {}).then((h2) => {
+    h2.on("error", () => {}); // closed below, or with its session
+    const session = h2.session;
+    const done = () => {
+      clearTimeout(timer);
+      ep.verifying = false;
+      h2.close(constants.NGHTTP2_CANCEL);
+    };
+    const timer = setTimeout(() => {
+      done();
+      session?.destroy(); // as a stream's unanswered ping does
+    }, pingTimeoutMs);
+    timer.unref();
+    try {
+      session?.ping(done);
+    } catch {
+      done(); // the session closed under the ping
+    }
+  }, () => (ep.verifying = false));
 }
 
 // connectWithin makes the session's socket as Node's http2.connect does
