@@ -473,42 +473,54 @@ func TestShutdownEndsAWaitingDuplicate(t *testing.T) {
 // three tries the key stayed in progress until its lease ran out.
 func TestCompleteOutlastsASilentConnection(t *testing.T) {
 	t.Parallel()
-	outlasts(t, func(relay *relaytest.Relay) { relay.Silence() })
+	outlasts(t, func(relay *relaytest.Relay) { relay.Silence() }, 0)
 }
 
 // TestCompleteOutlastsALedgerRestart: the ledger goes down under the run
 // (its connections closed, new ones refused) and is back 3 s later. Each
 // try of the Complete fails at once meanwhile, and the guard goes on
 // trying for its 20 s, so the outcome is stored when the ledger is back
-// and the retry replays it. With four tries whatever their pace, the
-// tries were spent in under a second and the key stayed in progress.
+// and the retry replays it: on the client's Stream, and as a unary call
+// (an outcome over ledgerclient.MaxStreamedBytes). With four tries
+// whatever their pace, the tries were spent in under a second and the key
+// stayed in progress.
 func TestCompleteOutlastsALedgerRestart(t *testing.T) {
 	t.Parallel()
-	outlasts(t, func(relay *relaytest.Relay) {
+	restart := func(relay *relaytest.Relay) {
 		relay.Admit(relaytest.Close)
 		relay.Cut()
-		time.AfterFunc(3*time.Second, func() { relay.Admit(relaytest.Forward) }) // the restart
+		time.AfterFunc(3*time.Second, func() { relay.Admit(relaytest.Forward) })
+	}
+	t.Run("Stream", func(t *testing.T) {
+		t.Parallel()
+		outlasts(t, restart, 0)
+	})
+	t.Run("Unary", func(t *testing.T) {
+		t.Parallel()
+		outlasts(t, restart, ledgerclient.MaxStreamedBytes)
 	})
 }
 
 // outlasts runs a guarded call whose run calls fault with the relay its
-// ledger is reached through: the run's answer is stored all the same,
-// and the retry replays it without running.
-func outlasts(t *testing.T, fault func(*relaytest.Relay)) {
+// ledger is reached through, and answers with an outcome padded by pad
+// bytes: the run's answer is stored all the same, and the retry replays
+// it without running.
+func outlasts(t *testing.T, fault func(*relaytest.Relay), pad int) {
 	t.Helper()
 	relay, g := relayedGuard(t)
+	answer := `{"id":"inv_1","pad":"` + strings.Repeat(".", pad) + `"}`
 	var runs atomic.Int64
 	res, err := g.Do(t.Context(), call("k"), func(context.Context) (guard.Outcome, error) {
 		runs.Add(1)
 		fault(relay)
-		return jsonResult(`{"id":"inv_1"}`), nil
+		return jsonResult(answer), nil
 	})
 	if err != nil || res.Replayed {
-		t.Fatalf("the run = %+v, %v; want its own answer", res, err)
+		t.Fatalf("the run = %v, %v; want its own answer", res.Replayed, err)
 	}
 	res, err = g.Do(t.Context(), call("k"), counted(&runs, jsonResult(`{"id":"other"}`), nil))
-	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != `{"id":"inv_1"}` || runs.Load() != 1 {
-		t.Fatalf("the retry = %+v, %v, %d runs; want the first run's answer, replayed", res, err, runs.Load())
+	if err != nil || !res.Replayed || string(res.Outcome.Response.GetValue()) != answer || runs.Load() != 1 {
+		t.Fatalf("the retry = replayed %v, %d bytes, %v, %d runs; want the first run's answer, replayed", res.Replayed, len(res.Outcome.Response.GetValue()), err, runs.Load())
 	}
 }
 
