@@ -47,14 +47,7 @@ func New(t testing.TB, to string) *Relay {
 	r.wg.Go(r.accept)
 	t.Cleanup(func() {
 		_ = lis.Close()
-		r.mu.Lock()
-		for _, c := range r.conns {
-			_ = c.agent.Close()
-			if c.far != nil {
-				_ = c.far.Close()
-			}
-		}
-		r.mu.Unlock()
+		r.Cut()
 		r.wg.Wait()
 	})
 	return r

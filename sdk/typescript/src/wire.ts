@@ -9,7 +9,7 @@
 // is connect-node's Http2SessionManager's; the headers, the response's
 // checks and its errors are connect's own protocol functions, so a
 // caller sees the errors connect-node's client gives.
-import { constants, type ClientHttp2Stream, type IncomingHttpHeaders, type SecureClientSessionOptions } from "node:http2";
+import { constants, type ClientHttp2Stream, type Http2Session, type IncomingHttpHeaders, type SecureClientSessionOptions } from "node:http2";
 import net from "node:net";
 import type { Duplex } from "node:stream";
 import tls from "node:tls";
@@ -79,23 +79,41 @@ export function verify(ep: StreamEndpoint): void {
   ep.verifying = true;
   ep.sessions.request("POST", path, { ...protocolHeaders[ep.protocol], ...ep.headers }, {}).then((h2) => {
     h2.on("error", () => {}); // closed below, or with its session
-    const session = h2.session;
     const done = () => {
-      clearTimeout(timer);
       ep.verifying = false;
       h2.close(constants.NGHTTP2_CANCEL);
     };
-    const timer = setTimeout(() => {
-      done();
-      session?.destroy(); // as a stream's unanswered ping does
-    }, pingTimeoutMs);
-    timer.unref();
-    try {
-      session?.ping(done);
-    } catch {
-      done(); // the session closed under the ping
+    if (probe(h2.session, done, done) === undefined) {
+      done(); // its session closed already: the next call connects again
     }
   }, () => (ep.verifying = false));
+}
+
+// probe pings session: answered is called when the ping is answered, or
+// fails because the session closed; a ping not answered within
+// pingTimeoutMs calls lost, then closes the session without an error,
+// which its manager hears as a close: the next call connects again. It
+// returns the timer, which a caller may clear, or undefined, calling
+// nothing, for a session already closed.
+function probe(session: Http2Session | undefined, answered: (ok: boolean) => void, lost: () => void): ReturnType<typeof setTimeout> | undefined {
+  if (!session || session.closed || session.destroyed) {
+    return undefined;
+  }
+  const timer = setTimeout(() => {
+    lost();
+    session.destroy();
+  }, pingTimeoutMs);
+  timer.unref();
+  const settle = (ok: boolean) => {
+    clearTimeout(timer);
+    answered(ok);
+  };
+  try {
+    session.ping((err) => settle(err === null));
+  } catch {
+    settle(false); // the session closed under the ping
+  }
+  return timer;
 }
 
 // connectWithin makes the session's socket as Node's http2.connect does
@@ -225,29 +243,18 @@ export class WireStream {
     this.liveness.unref?.();
   }
 
+  // ping probes the stream's connection: an answer starts the watch again;
+  // a session that closed under the ping ends the stream on its own.
   private ping(): void {
-    const session = this.h2?.session;
-    if (this.done || !session || session.closed || session.destroyed) {
+    if (this.done) {
       return;
     }
-    this.liveness = setTimeout(() => {
-      this.finish(new ConnectError(`the ledger's connection did not answer a ping within ${pingTimeoutMs} ms: it is lost`, Code.Unavailable));
-      // Closed without an error, which the connection's manager hears as a
-      // close: the next stream connects again.
-      session.destroy();
-    }, pingTimeoutMs);
-    this.liveness.unref?.();
-    try {
-      session.ping((err) => {
-        if (err === null && !this.done) {
-          clearTimeout(this.liveness);
-          this.heard();
-          this.watch(pingAfterMs);
-        }
-      });
-    } catch {
-      // The session closed under the ping: the stream hears of it on its own.
-    }
+    this.liveness = probe(this.h2?.session, (ok) => {
+      if (ok && !this.done) {
+        this.heard();
+        this.watch(pingAfterMs);
+      }
+    }, () => this.finish(new ConnectError(`the ledger's connection did not answer a ping within ${pingTimeoutMs} ms: it is lost`, Code.Unavailable)));
   }
 
   private response(headers: IncomingHttpHeaders): void {
@@ -395,7 +402,6 @@ function webHeaders(h: IncomingHttpHeaders): Headers {
   return out;
 }
 
-// resetError is what an HTTP/2 reset says, as gRPC maps its codes; undefined for none.
 // closeError is the error of a stream that closed before it ended. One
 // that its connection's close aborted (Node cancels the streams of a
 // connection that closes) was cut off: UNAVAILABLE, as gRPC has a broken
@@ -407,6 +413,7 @@ function closeError(h2: ClientHttp2Stream): ConnectError {
   return resetError(h2.rstCode) ?? new ConnectError("the ledger's stream closed before it ended", Code.Unavailable);
 }
 
+// resetError is what an HTTP/2 reset says, as gRPC maps its codes; undefined for none.
 function resetError(rstCode: number): ConnectError | undefined {
   const msg = `the ledger's stream was reset (HTTP/2 code ${rstCode})`;
   switch (rstCode) {
