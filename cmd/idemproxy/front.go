@@ -57,7 +57,6 @@ type front struct {
 	log     *slog.Logger
 
 	guard *mcpguard.Guard
-	sep   http.Handler // SEP-3182's parameter into _meta, then serveGuarded
 	proxy *httputil.ReverseProxy
 
 	mu      sync.Mutex
@@ -88,7 +87,6 @@ func newFront(upstream string, transport http.RoundTripper, limit int64, tools m
 		}
 	}
 	f.guard = g
-	f.sep = mcpguard.Handler(http.HandlerFunc(f.serveGuarded))
 	f.proxy = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(u)
@@ -142,12 +140,8 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var fw forwarded
 	switch e.Method {
 	case "tools/call":
-		var p struct {
-			Name string `json:"name"`
-		}
-		_ = json.Unmarshal(e.Params, &p)
-		if f.guarded[p.Name] && e.isCall() {
-			f.sep.ServeHTTP(w, r)
+		if name := toolName(e.Params); f.guarded[name] && e.isCall() {
+			f.serveGuarded(w, r, e, name)
 			return
 		}
 		done := f.m.passthrough()
@@ -252,6 +246,7 @@ func (f *front) relay(res *http.Response) error {
 type running struct {
 	header  http.Header
 	id      json.RawMessage
+	tool    string
 	session string
 	client  *eventWriter // what the upstream sends meanwhile, to the client
 	// refused is the upstream's HTTP answer when it refused the call
@@ -262,20 +257,12 @@ type running struct {
 
 type runningKey struct{}
 
-// serveGuarded answers a tools/call of a guarded tool through the guard.
-func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
-	var msg struct {
-		ID     json.RawMessage `json:"id"`
-		Params json.RawMessage `json:"params"`
-	}
-	body, _ := io.ReadAll(r.Body)
-	if err := json.Unmarshal(body, &msg); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil,
-			"error": map[string]any{"code": jsonrpc.CodeParseError, "message": "the tools/call is not JSON-RPC: " + err.Error()}})
-		return
-	}
-	rc := &running{header: r.Header.Clone(), id: msg.ID, session: r.Header.Get("Mcp-Session-Id"), client: &eventWriter{w: w}}
-	key := rc.session + "\x00" + string(msg.ID)
+// serveGuarded answers e, a tools/call of the guarded tool, through the
+// guard. The message is read once, by ServeHTTP: the guard reads SEP-3182's
+// parameter from its params.
+func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request, e envelope, tool string) {
+	rc := &running{header: r.Header.Clone(), id: e.ID, tool: tool, session: r.Header.Get("Mcp-Session-Id"), client: &eventWriter{w: w}}
+	key := rc.session + "\x00" + string(e.ID)
 	f.mu.Lock()
 	f.running[key] = struct{}{}
 	f.mu.Unlock()
@@ -285,8 +272,8 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 	}()
 	ctx := context.WithValue(r.Context(), runningKey{}, rc)
-	res, err := f.m.observe(toolName(msg.Params), func() (json.RawMessage, error) {
-		return f.guard.ServeJSON(ctx, msg.Params, r.Header, f.call)
+	res, err := f.m.observe(tool, func() (json.RawMessage, error) {
+		return f.guard.ServeJSON(ctx, e.Params, r.Header, f.call)
 	})
 	if rc.refused != nil && !rc.client.started() {
 		for k, v := range rc.refused.Header {
@@ -296,22 +283,33 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(rc.body)
 		return
 	}
-	answer := map[string]any{"jsonrpc": "2.0", "id": msg.ID}
+	if err == nil {
+		rc.client.answer(response(e.ID, "result", res))
+		return
+	}
 	var werr *jsonrpc.Error
-	switch {
-	case errors.As(err, &werr):
-		answer["error"] = werr
-	case err != nil:
-		answer["error"] = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
-	default:
-		answer["result"] = res
+	if !errors.As(err, &werr) {
+		werr = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
 	}
-	b, err := json.Marshal(answer)
+	b, err := json.Marshal(werr)
 	if err != nil {
-		b, _ = json.Marshal(map[string]any{"jsonrpc": "2.0", "id": msg.ID,
-			"error": map[string]any{"code": jsonrpc.CodeInternalError, "message": err.Error()}})
+		b, _ = json.Marshal(&jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()})
 	}
-	rc.client.answer(b)
+	rc.client.answer(response(e.ID, "error", b))
+}
+
+// response is the JSON-RPC response to id whose member (result or error)
+// is v. Both are JSON as decoded or encoded here, so they are written as
+// they are, not scanned again.
+func response(id json.RawMessage, member string, v json.RawMessage) []byte {
+	out := make([]byte, 0, len(id)+len(v)+32)
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, id...)
+	out = append(out, `,"`...)
+	out = append(out, member...)
+	out = append(out, `":`...)
+	out = append(out, v...)
+	return append(out, '}')
 }
 
 // toolName is the name a tools/call's params give.
@@ -341,11 +339,7 @@ func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessa
 	if rc == nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idemproxy: a guarded call without its request"}
 	}
-	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": rc.id, "method": "tools/call", "params": f.stripKey(params)})
-	if err != nil {
-		return nil, err
-	}
-	res, err := f.post(ctx, rc.header, body)
+	res, err := f.post(ctx, rc.header, request(rc.id, f.stripKey(rc.tool, params)))
 	var op *net.OpError
 	switch {
 	case errors.As(err, &op) && op.Op == "dial":
@@ -380,6 +374,25 @@ func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessa
 		return nil, guard.UnknownOutcome("the upstream MCP server answered neither a result nor an error", nil)
 	}
 	return e.Result, nil
+}
+
+// mayHold reports whether JSON msg may hold the name s: whether s is in
+// it, or an escape that may spell one of its characters (\uXXXX, or \/).
+// The other escapes, as in a text that quotes JSON, spell a quote, a
+// backslash or a control character, which no name here has.
+func mayHold(msg []byte, s string) bool {
+	return bytes.Contains(msg, []byte(s)) || bytes.Contains(msg, []byte(`\u`)) || bytes.Contains(msg, []byte(`\/`))
+}
+
+// request is the tools/call of id with params, both JSON as decoded or
+// encoded here, written as they are.
+func request(id, params json.RawMessage) []byte {
+	out := make([]byte, 0, len(id)+len(params)+64)
+	out = append(out, `{"jsonrpc":"2.0","id":`...)
+	out = append(out, id...)
+	out = append(out, `,"method":"tools/call","params":`...)
+	out = append(out, params...)
+	return append(out, '}')
 }
 
 // errUpstreamDown is the error of a call the proxy could not send.
@@ -636,12 +649,13 @@ func editResult(msg []byte, edit func(map[string]any)) []byte {
 	return b
 }
 
-// stripKey is params with a guarded tool's key argument removed, so that
-// an upstream whose schema does not declare it is not sent it. Every
-// other member goes as it came.
-func (f *front) stripKey(params json.RawMessage) json.RawMessage {
-	arg, ok := f.keys[toolName(params)]
-	if !ok {
+// stripKey is params of a call of tool with its key argument removed, so
+// that an upstream whose schema does not declare it is not sent it. Every
+// other member goes as it came. Params that cannot hold the argument
+// (its name is not in them, nor any escape) are not decoded.
+func (f *front) stripKey(tool string, params json.RawMessage) json.RawMessage {
+	arg, ok := f.keys[tool]
+	if !ok || !mayHold(params, arg) {
 		return params
 	}
 	var p map[string]json.RawMessage

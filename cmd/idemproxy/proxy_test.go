@@ -692,6 +692,20 @@ func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
 		t.Fatalf("%d writes, want 1", len(w))
 	}
 
+	// The argument's name spelled with an escape is the same argument:
+	// the key is read, and removed before the strict upstream.
+	escaped := connect(t, endpoint, escapeKeyName{http.DefaultTransport})
+	params.Arguments.(map[string]any)[mcpguard.DefaultKeyArgument] = "arg-key-escaped"
+	for i := range 2 {
+		res, err := escaped.CallTool(t.Context(), params)
+		if err != nil || res.IsError || (i == 1) != (res.Meta[mcpguard.ReplayedMeta] == true) {
+			t.Fatalf("call %d with the escaped key argument: %v %+v", i, err, res)
+		}
+	}
+	if w := up.writes(); len(w) != 2 {
+		t.Fatalf("%d writes, want 2", len(w))
+	}
+
 	// An upstream that declares the key itself gets it.
 	var seen atomic.Value
 	own := mcp.NewServer(&mcp.Implementation{Name: "own-key", Version: "v1"}, nil)
@@ -725,6 +739,25 @@ func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
 	if seen.Load() != "own-1" {
 		t.Fatalf("the upstream that declares the key got %v", seen.Load())
 	}
+}
+
+// escapeKeyName spells the default key argument's name with a JSON escape
+// in every message it posts.
+type escapeKeyName struct{ base http.RoundTripper }
+
+func (e escapeKeyName) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil {
+		return e.base.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	body = bytes.ReplaceAll(body, []byte(`"`+mcpguard.DefaultKeyArgument+`"`), []byte(`"idempotency\u005fkey"`))
+	req = req.Clone(req.Context())
+	req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	req.Header.Del("Content-Length")
+	return e.base.RoundTrip(req)
 }
 
 // TestProxyReadsSEP3182: the proxy advertises tools.idempotency, and an

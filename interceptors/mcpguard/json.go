@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -40,17 +43,28 @@ const protocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
 // (resultType "input_required") and one the tool's classifier calls
 // transient, and answers every ledger or guard error as a tool result. A
 // result that creates a task is stored as it came: a retry gets the same
-// task. It is safe for concurrent use.
+// task. SEP-3182's idempotencyKey parameter is read here, from the params
+// as they came: ServeJSON needs no Handler. It is safe for concurrent use.
 func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header http.Header,
 	run func(ctx context.Context, params json.RawMessage) (json.RawMessage, error),
 ) (json.RawMessage, error) {
-	var p mcp.CallToolParamsRaw
-	if err := json.Unmarshal(params, &p); err != nil {
+	var sep struct {
+		mcp.CallToolParamsRaw
+		IdempotencyKey any `json:"idempotencyKey"`
+	}
+	if err := json.Unmarshal(params, &sep); err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params are not an object: " + err.Error()}
 	}
+	p := sep.CallToolParamsRaw
 	t, ok := g.opts.tools[p.Name]
 	if !ok {
 		return run(ctx, params)
+	}
+	if sep.IdempotencyKey != nil {
+		if p.Meta == nil {
+			p.Meta = mcp.Meta{}
+		}
+		p.Meta[paramKeyMeta] = sep.IdempotencyKey
 	}
 	modern := isModern(p.Meta)
 	req := &mcp.CallToolRequest{Params: &p, Extra: &mcp.RequestExtra{Header: header}}
@@ -163,10 +177,7 @@ func markReplayed(res json.RawMessage) (json.RawMessage, error) {
 // withClaimJSON is params with the claim in _meta[ClaimMeta]; params
 // itself when they are not an object (the server refuses them).
 func withClaimJSON(params json.RawMessage, c guard.Claim) json.RawMessage {
-	claim, err := json.Marshal(map[string]any{"token": c.Token, "attempt": c.Attempt})
-	if err != nil {
-		return params
-	}
+	claim := fmt.Appendf(nil, `{"attempt":%d,"token":%d}`, c.Attempt, c.Token)
 	out, err := editObject(params, func(m map[string]json.RawMessage) error {
 		return editMeta(m, func(meta map[string]json.RawMessage) { meta[ClaimMeta] = claim })
 	})
@@ -177,8 +188,8 @@ func withClaimJSON(params json.RawMessage, c guard.Claim) json.RawMessage {
 }
 
 // editObject decodes a JSON object's members, lets edit change them and
-// encodes them again. Members keep their values byte for byte; their
-// order is the encoder's.
+// encodes them again. Members keep their values byte for byte; they are
+// written in the order of their names.
 func editObject(b json.RawMessage, edit func(map[string]json.RawMessage) error) (json.RawMessage, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -190,7 +201,37 @@ func editObject(b json.RawMessage, edit func(map[string]json.RawMessage) error) 
 	if err := edit(m); err != nil {
 		return nil, err
 	}
-	return json.Marshal(m)
+	return encodeObject(m)
+}
+
+// encodeObject is m as a JSON object, its members in the order of their
+// names, each value as it is (null when empty): json.Marshal would scan
+// every value again to compact it, where each came from json.Unmarshal or
+// json.Marshal and is valid already.
+func encodeObject(m map[string]json.RawMessage) (json.RawMessage, error) {
+	n := 2
+	for k, v := range m {
+		n += len(k) + len(v) + 4
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '{')
+	for i, k := range slices.Sorted(maps.Keys(m)) {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		name, err := json.Marshal(k)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, name...)
+		out = append(out, ':')
+		if v := m[k]; len(v) > 0 {
+			out = append(out, v...)
+		} else {
+			out = append(out, "null"...)
+		}
+	}
+	return append(out, '}'), nil
 }
 
 // editMeta lets edit change the _meta object of m, made when absent.
@@ -202,7 +243,7 @@ func editMeta(m map[string]json.RawMessage, edit func(map[string]json.RawMessage
 		}
 	}
 	edit(meta)
-	b, err := json.Marshal(meta)
+	b, err := encodeObject(meta)
 	if err != nil {
 		return err
 	}

@@ -18,7 +18,8 @@ import (
 // The Go SDK decodes the params it knows and drops the rest, so the key is
 // read where the message is still JSON: Handler for Streamable HTTP,
 // Transport for the other transports. Both move it into the call's _meta
-// under paramKeyMeta, where the middleware finds it.
+// under paramKeyMeta, where the middleware finds it. ServeJSON, given the
+// params as JSON, reads it there.
 
 // IdempotencyCapability is the experimental server capability that says
 // the server reads SEP-3182's idempotencyKey parameter: a server guarded
@@ -133,13 +134,13 @@ func editParams(raw json.RawMessage, edit func(params, meta map[string]json.RawM
 	}
 	delete(params, "_meta")
 	if len(meta) > 0 {
-		b, err := json.Marshal(meta)
+		b, err := encodeObject(meta)
 		if err != nil {
 			return nil, false
 		}
 		params["_meta"] = b
 	}
-	out, err := json.Marshal(params)
+	out, err := encodeObject(params)
 	return out, err == nil
 }
 
