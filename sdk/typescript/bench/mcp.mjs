@@ -11,7 +11,8 @@
 //     stdio, the client running `idemproxy --stdio` (which runs the server
 //     as its stdio child) against the client running the server itself;
 //     and, for the breakdown, the unguarded echo through the proxy against
-//     echo sent straight (pass-through), over each;
+//     echo sent straight (pass-through), over each; over HTTP, with the
+//     CPU idemproxy's process used a call at --clients;
 //   - guard-cpu: McpGuard's tool called in this process, with no MCP
 //     transport, --clients calls at once: the CPU a guarded call costs
 //     its server beyond the MCP call itself.
@@ -29,7 +30,7 @@
 // `make bench-mcp` builds both binaries and runs it.
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -68,11 +69,11 @@ process.on('exit', () => {
 process.on('SIGINT', () => process.exit(130));
 
 // start runs a process and resolves with the first line of its output
-// for which ready returns a value.
+// for which ready returns a value; the promise's pid is the process's.
 function start(cmd, args, env, ready) {
   const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
-  return new Promise((resolve, reject) => {
+  const started = new Promise((resolve, reject) => {
     let done = false;
     const lines = [];
     const read = (stream) => createInterface({ input: stream }).on('line', (line) => {
@@ -88,6 +89,15 @@ function start(cmd, args, env, ready) {
     read(child.stderr);
     child.on('exit', (code) => done || reject(new Error(`${cmd} exited (${code}) before it was ready:\n${lines.slice(-20).join('\n')}`)));
   });
+  started.pid = child.pid;
+  return started;
+}
+
+// cpuOf is the CPU process pid has used, in µs (/proc/PID/stat's utime and
+// stime, in clock ticks of 10 ms).
+function cpuOf(pid) {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /, '').split(' ');
+  return (Number(fields[11]) + Number(fields[12])) * 10_000;
 }
 
 const logged = (msg, field) => (line) => {
@@ -127,7 +137,8 @@ const [v2Guarded, v1Guarded, v2Plain] = await Promise.all([
   start(process.execPath, [server, '--sdk', 'v1'], guardEnv, port),
   start(process.execPath, [server, '--sdk', 'v2'], {}, port),
 ]);
-const httpProxy = await proxy('http', [`url: ${v2Plain}`]);
+const startingProxy = proxy('http', [`url: ${v2Plain}`]);
+const httpProxy = await startingProxy;
 const stdioConfig = proxyConfig('stdio', [`command: [${JSON.stringify(process.execPath)}, ${JSON.stringify(server)}, --sdk, v2, --stdio]`]);
 
 // A side is one kind of call: how to connect a client, and which tool.
@@ -135,7 +146,8 @@ const http = (url) => () => new StreamableHTTPClientTransport(new URL(url));
 const stdio = () => new StdioClientTransport({ command: process.execPath, args: [server, '--sdk', 'v2', '--stdio'] });
 const stdioProxy = () => new StdioClientTransport({ command: opt.idemproxy, args: ['--config', stdioConfig, '--stdio', '--log-level', 'warn'],
   env: { ...process.env, ...procs(opt['proxy-procs']) } });
-const side = (transport, tool, era) => ({ transport, tool, era });
+// pid names a process whose CPU a call the side reports (idemproxy's).
+const side = (transport, tool, era, pid) => ({ transport, tool, era, pid });
 
 const pairs = [];
 for (const era of ['2026-07-28', '2025']) {
@@ -143,8 +155,8 @@ for (const era of ['2026-07-28', '2025']) {
   if (era === '2025') {
     pairs.push({ name: `guard v1 ${era}`, target: 'guard', era, base: side(http(v1Guarded), 'echo', era), test: side(http(v1Guarded), 'create_invoice', era) });
   }
-  pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era) });
-  pairs.push({ name: `proxy pass-through ${era}`, target: 'info', era, base: side(http(v2Plain), 'echo', era), test: side(http(httpProxy), 'echo', era) });
+  pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era, startingProxy.pid) });
+  pairs.push({ name: `proxy pass-through ${era}`, target: 'info', era, base: side(http(v2Plain), 'echo', era), test: side(http(httpProxy), 'echo', era, startingProxy.pid) });
   pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(stdioProxy, 'create_invoice', era) });
   pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(stdioProxy, 'echo', era) });
 }
@@ -199,9 +211,11 @@ async function latency(p) {
 // turns; calls a second over every round.
 async function throughput(p) {
   const total = { base: 0, test: 0 };
+  let cpu = 0; // of p.test.pid, over the test side's turns
   const sides = { base: await Promise.all(Array.from({ length: clients }, () => connect(p.base))), test: await Promise.all(Array.from({ length: clients }, () => connect(p.test))) };
   for (let r = 0; r < rounds; r++) {
     for (const k of ['base', 'test']) {
+      const pid = p[k].pid, cpu0 = pid && cpuOf(pid);
       const until = performance.now() + seconds * 1000;
       const counts = await Promise.all(sides[k].map(async (c) => {
         let n = 0;
@@ -212,10 +226,11 @@ async function throughput(p) {
         return n;
       }));
       total[k] += counts.reduce((a, b) => a + b, 0);
+      if (pid) cpu += cpuOf(pid) - cpu0;
     }
   }
   await Promise.all([...sides.base, ...sides.test].map((c) => c.close()));
-  return { base: total.base / (rounds * seconds), test: total.test / (rounds * seconds) };
+  return { base: total.base / (rounds * seconds), test: total.test / (rounds * seconds), cpu: p.test.pid ? cpu / total.test : undefined };
 }
 
 const rows = [];
@@ -226,12 +241,13 @@ for (const p of pairs) {
   const row = {
     name: p.name, target: p.target, era: p.era,
     p50_base_ms: lat.base, p50_test_ms: lat.test, p50_ratio: lat.test / lat.base,
-    cps_base: tput.base, cps_test: tput.test, cps_ratio: tput.test / tput.base,
+    cps_base: tput.base, cps_test: tput.test, cps_ratio: tput.test / tput.base, proxy_cpu_us_per_call: tput.cpu,
   };
   rows.push(row);
   const verdict = (ok) => p.target === 'info' ? '' : ok ? ' met' : ' NOT met';
   console.log(`${row.name.padEnd(30)} p50 ${row.p50_base_ms.toFixed(2)} → ${row.p50_test_ms.toFixed(2)} ms  ${row.p50_ratio.toFixed(2)}×${verdict(row.p50_ratio <= 1.3)} (≤ 1.3)` +
-    `   ${clients} clients ${row.cps_base.toFixed(0)} → ${row.cps_test.toFixed(0)} calls/s  ${row.cps_ratio.toFixed(2)}×${verdict(row.cps_ratio >= 0.7)} (≥ 0.7)`);
+    `   ${clients} clients ${row.cps_base.toFixed(0)} → ${row.cps_test.toFixed(0)} calls/s  ${row.cps_ratio.toFixed(2)}×${verdict(row.cps_ratio >= 0.7)} (≥ 0.7)` +
+    (tput.cpu === undefined ? '' : `, idemproxy ${tput.cpu.toFixed(0)} µs of CPU a call`));
 }
 
 // guardCPU is what the guard itself costs its server: McpGuard's tool
