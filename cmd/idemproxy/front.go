@@ -300,8 +300,11 @@ func (f *front) serveGuarded(w http.ResponseWriter, r *http.Request, e envelope,
 
 // response is the JSON-RPC response to id whose member (result or error)
 // is v. Both are JSON as decoded or encoded here, so they are written as
-// they are, not scanned again.
+// they are, not scanned again; an empty v is null.
 func response(id json.RawMessage, member string, v json.RawMessage) []byte {
+	if len(v) == 0 {
+		v = json.RawMessage("null")
+	}
 	out := make([]byte, 0, len(id)+len(v)+32)
 	out = append(out, `{"jsonrpc":"2.0","id":`...)
 	out = append(out, id...)
