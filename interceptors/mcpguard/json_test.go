@@ -1,0 +1,62 @@
+package mcpguard
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	"github.com/idemledger/idemledger/interceptors/guard"
+)
+
+// FuzzClaimInMeta: the claim written into a call's params leaves every
+// other member as it was, whatever the params' names and values, and the
+// result is JSON that a server reads the claim from.
+func FuzzClaimInMeta(f *testing.F) {
+	for _, seed := range []string{
+		`{"name":"create_invoice","arguments":{"customer":"c"}}`,
+		`{"name":"t","_meta":{"io.idemledger/idempotency-key":"k","progressToken":7},"arguments":{"a":[1,2.50,{"b":null}]}}`,
+		`{"name":"t","_meta":null}`,
+		`{"n\u00e4me":"\u2028","\"quoted\"":"<&>","_meta":{"io.idemledger/claim":{"token":1}}}`,
+		"{ \"name\" : \"spaced\" , \"arguments\" : { \"x\" : [ 1 , 2 ] } }",
+		`{"name":"t","_meta":[]}`,
+		`[]`, `null`, `"params"`,
+	} {
+		f.Add(seed, uint64(3), uint32(2))
+	}
+	f.Fuzz(func(t *testing.T, params string, token uint64, attempt uint32) {
+		// A claim's token and attempt count from 1; a server reads them as
+		// JSON numbers, exact to 2^53.
+		token, attempt = token%(1<<53)+1, max(attempt, 1)
+		var before map[string]any
+		if json.Unmarshal([]byte(params), &before) != nil || before == nil {
+			t.Skip() // not an object: withClaimJSON returns it as it came
+		}
+		out := withClaimJSON(json.RawMessage(params), guard.Claim{Token: token, Attempt: attempt})
+		var after map[string]any
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("withClaimJSON(%s) = %s, not JSON: %v", params, out, err)
+		}
+		if meta, ok := before["_meta"]; ok && meta != nil {
+			if _, isObject := meta.(map[string]any); !isObject {
+				if string(out) != params {
+					t.Fatalf("params whose _meta is no object changed: %s → %s", params, out)
+				}
+				return
+			}
+		}
+		meta, _ := after["_meta"].(map[string]any)
+		gotToken, gotAttempt, ok := ClaimFromMeta(meta)
+		if !ok || gotToken != token || gotAttempt != attempt {
+			t.Fatalf("the claim read from %s: %d, %d, %v; want %d, %d", out, gotToken, gotAttempt, ok, token, attempt)
+		}
+		delete(meta, ClaimMeta)
+		if m, _ := before["_meta"].(map[string]any); m != nil {
+			delete(m, ClaimMeta)
+		} else {
+			before["_meta"] = map[string]any{}
+		}
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("withClaimJSON changed more than the claim:\n%s\n%s", params, out)
+		}
+	})
+}
