@@ -137,7 +137,11 @@ func serveGuard(t *testing.T, g *guard.Guard, svc *invoices, opts ...grpcguard.O
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test ends once every run has: a run outlives its caller, and
+	// may still be storing its outcome (trying a Complete again whose
+	// answer was lost) when the caller's retry already replays it.
 	conn := servertest.NewServer(t, func(gs *grpc.Server) { testpb.RegisterInvoiceServiceServer(gs, svc) },
+		grpc.WaitForHandlers(true),
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandler(func(any) error {
 			return status.Error(codes.Internal, "internal error")
 		})), icpt)).Dial(t)
