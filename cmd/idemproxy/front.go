@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -95,8 +96,11 @@ func newFront(upstream string, transport http.RoundTripper, limit int64, tools m
 			// proxy is the client, of no browser's origin.
 			r.Out.Header.Del("Origin")
 		},
-		Transport:      transport,
-		FlushInterval:  -1,
+		Transport: transport,
+		// A stream (text/event-stream, or an answer of unknown length) is
+		// flushed as each write comes; a JSON answer, which relay reads
+		// whole, goes out at once with its length.
+		FlushInterval:  0,
 		ModifyResponse: f.relay,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -221,7 +225,8 @@ func isLoopback(hostport string) bool {
 }
 
 // relay bounds (and for initialize and tools/list rewrites) an answer the
-// proxy forwards as it is.
+// proxy forwards as it is. A JSON answer is one message: it is read whole
+// here and sent with its length; a stream is relayed as it comes.
 func (f *front) relay(res *http.Response) error {
 	fw, _ := res.Request.Context().Value(forwardedKey{}).(forwarded)
 	if res.StatusCode != http.StatusOK {
@@ -233,6 +238,14 @@ func (f *front) relay(res *http.Response) error {
 		body.events = newEventReader(res.Body, f.limit)
 	case "application/json":
 		body.json = res.Body
+		msg, err := io.ReadAll(body)
+		_ = res.Body.Close()
+		if err != nil {
+			return fmt.Errorf("reading the upstream's answer: %w", err)
+		}
+		res.Body, res.ContentLength = io.NopCloser(bytes.NewReader(msg)), int64(len(msg))
+		res.Header.Set("Content-Length", strconv.Itoa(len(msg)))
+		return nil
 	default:
 		return nil
 	}

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
@@ -109,6 +111,38 @@ func TestProxyBoundsWhatItRelays(t *testing.T) {
 				}
 			} else if n := up.reports.Load(); n != 2 {
 				t.Fatalf("big_report ran %d times; want 2 (the large one once, the small one)", n)
+			}
+		})
+	}
+}
+
+// TestProxyBoundsAPassedThroughAnswer: a tool the proxy does not guard
+// is relayed as it is, up to the bound: a result over it is replaced by
+// the bound's error for the call, whether the upstream answers JSON (read
+// whole and sent with its length) or events, and a small one after it
+// passes whole.
+func TestProxyBoundsAPassedThroughAnswer(t *testing.T) {
+	for name, opts := range map[string]*mcp.StreamableHTTPOptions{"JSON": {JSONResponse: true}, "Events": nil} {
+		t.Run(name, func(t *testing.T) {
+			up := &goUpstream{}
+			cfg := config(ledgerAddr(t), byURL(up.serveWith(t, opts)), policyConfig{})
+			cfg.MCP.MaxResultBytes = 1 << 20
+			endpoint, _ := proxy(t, cfg)
+			cs := connect(t, endpoint, nil)
+			_, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "big_report", Arguments: map[string]any{"bytes": 2 << 20}})
+			var werr *jsonrpc.Error
+			if !errors.As(err, &werr) || werr.Code != codeTooLarge {
+				t.Fatalf("a 2 MiB result of a tool passed through a 1 MiB bound: %v; want the bound's error", err)
+			}
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "big_report", Arguments: map[string]any{"bytes": 100 << 10}})
+			if err != nil || res.IsError {
+				t.Fatalf("a 100 KiB result after it: %v %v", err, res)
+			}
+			if got := len(res.Content[0].(*mcp.TextContent).Text); got != 100<<10 {
+				t.Fatalf("the 100 KiB result came through with %d bytes", got)
+			}
+			if n := up.reports.Load(); n != 2 {
+				t.Fatalf("big_report ran %d times; want 2", n)
 			}
 		})
 	}
