@@ -247,7 +247,7 @@ func (b *bridge) post(w http.ResponseWriter, r *http.Request, s *bridgeSession) 
 		return
 	}
 	id := bytes.TrimSpace(e.ID)
-	wt := &waiter{id: id, upID: id, method: e.Method, token: progressToken(e.Params), msgs: make(chan []byte, 16), end: make(chan struct{})}
+	wt := &waiter{id: id, upID: id, method: e.Method, token: e.progressToken(), msgs: make(chan []byte, 16), end: make(chan struct{})}
 	if !s.wait(wt) {
 		http.Error(w, "no such session: initialize again", http.StatusNotFound)
 		return
@@ -297,7 +297,7 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	s, err := b.sharedSession(r.Context())
 	if err == nil {
-		if v, _ := envelopeVersion(e.Params); !b.supports(v) {
+		if v, _ := e.version(); !b.supports(v) {
 			b.mu.Lock()
 			supported := slices.Clone(b.versions)
 			b.mu.Unlock()
@@ -319,7 +319,7 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	wt := &waiter{id: bytes.TrimSpace(e.ID), upID: b.newID(), method: e.Method, msgs: make(chan []byte, 16), end: make(chan struct{})}
 	params, ok := e.Params, true
-	if tok := progressToken(e.Params); tok != "" {
+	if tok := e.progressToken(); tok != "" {
 		wt.token = string(b.newID())
 		wt.clientToken = json.RawMessage(tok)
 		params, ok = setProgressToken(e.Params, json.RawMessage(wt.token))
@@ -618,7 +618,7 @@ func (b *bridge) toolBindings(e envelope) []paramHeader {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.bindings[toolName(e.Params)]
+	return b.bindings[e.view.name]
 }
 
 // reinitialize initializes a session's new child as its client initialized
@@ -690,7 +690,7 @@ func (s *bridgeSession) call(ctx context.Context, p *proc, method string, params
 				continue // a notification or a request of the child's, while it starts: nobody to answer it
 			}
 			if e.Error != nil {
-				return nil, &rpcError{Code: e.Error.Code, Message: e.Error.Message, Data: e.Error.Data}, nil
+				return nil, e.Error, nil
 			}
 			return e.Result, nil, nil
 		case <-ctx.Done():
@@ -1020,20 +1020,6 @@ func (b *bridge) closeAll() {
 	for _, s := range all {
 		s.close()
 	}
-}
-
-// progressToken is the progress token a request's params set, as a map
-// key; "" when none.
-func progressToken(params json.RawMessage) string {
-	var p struct {
-		Meta struct {
-			Token json.RawMessage `json:"progressToken"`
-		} `json:"_meta"`
-	}
-	if json.Unmarshal(params, &p) != nil {
-		return ""
-	}
-	return string(bytes.TrimSpace(p.Meta.Token))
 }
 
 // progressTokenOf is the token a progress notification names.

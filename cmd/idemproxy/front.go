@@ -144,7 +144,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var fw forwarded
 	switch e.Method {
 	case "tools/call":
-		if name := toolName(e.Params); f.guarded[name] && e.isCall() {
+		if name := e.view.name; f.guarded[name] && e.isCall() {
 			f.serveGuarded(w, r, e, name)
 			return
 		}
@@ -185,7 +185,7 @@ func (f *front) batchedGuardedCall(body []byte) (string, bool) {
 	}
 	for _, msg := range batch {
 		if e, _ := readEnvelope(msg); e.Method == "tools/call" {
-			if name := toolName(e.Params); f.guarded[name] {
+			if name := e.view.name; f.guarded[name] {
 				return name, true
 			}
 		}
@@ -326,15 +326,6 @@ func response(id json.RawMessage, member string, v json.RawMessage) []byte {
 	out = append(out, `":`...)
 	out = append(out, v...)
 	return append(out, '}')
-}
-
-// toolName is the name a tools/call's params give.
-func toolName(params json.RawMessage) string {
-	var p struct {
-		Name string `json:"name"`
-	}
-	_ = json.Unmarshal(params, &p)
-	return p.Name
 }
 
 // isRunning reports whether the call id of session is a guarded call in

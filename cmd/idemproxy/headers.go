@@ -84,24 +84,8 @@ func modernMessage(h http.Header, e envelope) bool {
 	if v := h.Get("MCP-Protocol-Version"); v != "" {
 		return v >= modernRevision
 	}
-	_, ok := envelopeVersion(e.Params)
+	_, ok := e.version()
 	return ok
-}
-
-// envelopeVersion is the protocol version in params' _meta envelope.
-func envelopeVersion(params json.RawMessage) (string, bool) {
-	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	if json.Unmarshal(params, &p) != nil {
-		return "", false
-	}
-	raw, ok := p.Meta[metaProtocolVersion]
-	var v string
-	if !ok || json.Unmarshal(raw, &v) != nil {
-		return "", false
-	}
-	return v, true
 }
 
 // checkEnvelope reports what the per-request _meta envelope of a request of
@@ -109,18 +93,16 @@ func envelopeVersion(params json.RawMessage) (string, bool) {
 // must not reach a stdio child, which would take it for a client of the
 // 2025 revisions falling back after its probe.
 func checkEnvelope(e envelope) string {
-	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	if json.Unmarshal(e.Params, &p) != nil || p.Meta == nil {
+	meta := e.view.meta
+	if meta == nil {
 		return "the request is missing the per-request envelope (_meta)"
 	}
 	var version string
-	if json.Unmarshal(p.Meta[metaProtocolVersion], &version) != nil || version == "" {
+	if json.Unmarshal(meta[metaProtocolVersion], &version) != nil || version == "" {
 		return "the envelope's " + metaProtocolVersion + " is missing"
 	}
 	var caps map[string]json.RawMessage
-	if json.Unmarshal(p.Meta[metaClientCapabilities], &caps) != nil || caps == nil {
+	if json.Unmarshal(meta[metaClientCapabilities], &caps) != nil || caps == nil {
 		return "the envelope's " + metaClientCapabilities + " is missing"
 	}
 	return ""
@@ -135,7 +117,7 @@ func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
 	if version == "" {
 		return "the MCP-Protocol-Version header is missing"
 	}
-	if body, ok := envelopeVersion(e.Params); ok && body != version {
+	if body, ok := e.version(); ok && body != version {
 		return fmt.Sprintf("the MCP-Protocol-Version header says %q, the body's _meta %q", version, body)
 	}
 	method := strings.TrimSpace(h.Get("Mcp-Method"))
@@ -159,12 +141,9 @@ func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
 	if e.Method != "tools/call" || len(bindings) == 0 {
 		return ""
 	}
-	var p struct {
-		Arguments map[string]json.RawMessage `json:"arguments"`
-	}
-	_ = json.Unmarshal(e.Params, &p)
+	args := e.arguments()
 	for _, b := range bindings {
-		if why := checkParam(h, b, p.Arguments); why != "" {
+		if why := checkParam(h, b, args); why != "" {
 			return why
 		}
 	}
@@ -238,18 +217,21 @@ func paramText(arg json.RawMessage) string {
 // bodyName is the name a request's Mcp-Name header must carry: a tool's or
 // a prompt's name, or a resource's URI.
 func bodyName(e envelope) (string, bool) {
-	var p struct {
-		Name string `json:"name"`
-		URI  string `json:"uri"`
-	}
-	_ = json.Unmarshal(e.Params, &p)
 	switch e.Method {
 	case "tools/call", "prompts/get":
-		return p.Name, true
+		return e.view.name, true
 	case "resources/read":
-		return p.URI, true
+		return e.view.uri, true
 	}
 	return "", false
+}
+
+// arguments are a tool call's arguments by name; nil when they are not
+// an object.
+func (e envelope) arguments() map[string]json.RawMessage {
+	var args map[string]json.RawMessage
+	_ = json.Unmarshal(e.view.arguments, &args)
+	return args
 }
 
 // argument is the value at path in a call's arguments; absent for JSON null.

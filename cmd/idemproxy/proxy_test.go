@@ -439,6 +439,61 @@ func TestProxyInFrontOfATypeScriptServer(t *testing.T) {
 	}
 }
 
+// TestProxyReadsTheToolsNameAsItsServerDoes: a tools/call of the guarded
+// create_invoice whose params also carry "NAME" (which Go's encoding/json
+// would read into a struct's Name, and JSON.parse and the SDKs do not)
+// is guarded as the call of the tool the server runs: in front of a
+// TypeScript server over Streamable HTTP and over stdio, the write runs
+// once and its retry is the replay.
+func TestProxyReadsTheToolsNameAsItsServerDoes(t *testing.T) {
+	for _, stdio := range []bool{false, true} {
+		t.Run(map[bool]string{false: "StreamableHTTP", true: "Stdio"}[stdio], func(t *testing.T) {
+			endpoint, _ := proxy(t, config(ledgerAddr(t), tsServer(t, stdio), policyConfig{}))
+			cs := connect(t, endpoint, shadowName{http.DefaultTransport})
+			// Read as encoding/json reads a struct, the call is a ping that
+			// the server answers as a tool call: a bound, so that such a
+			// reading fails here rather than hangs.
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			first := create(ctx, t, cs, "shadowed")
+			retry := create(ctx, t, cs, "shadowed")
+			if first.IsError || bare(t, first) != bare(t, retry) || retry.Meta[mcpguard.ReplayedMeta] != true {
+				t.Fatalf("a write, then its retry: %s then %s (replayed %v)", bare(t, first), bare(t, retry), retry.Meta[mcpguard.ReplayedMeta])
+			}
+			res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "count_writes", Arguments: map[string]any{}})
+			if err != nil || len(res.Content) != 1 {
+				t.Fatalf("count_writes: %v, %v", res, err)
+			}
+			var count struct{ Rows int }
+			if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &count); err != nil || count.Rows != 1 {
+				t.Fatalf("the TypeScript server wrote %d rows for one intent (%v)", count.Rows, err)
+			}
+		})
+	}
+}
+
+// shadowName adds a member "NAME" naming another tool beside the name of
+// every create_invoice it posts.
+type shadowName struct{ base http.RoundTripper }
+
+func (s shadowName) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil {
+		return s.base.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	if bytes.Contains(body, []byte(`"name":"create_invoice"`)) {
+		body = bytes.Replace(body, []byte(`"name":"create_invoice"`), []byte(`"name":"create_invoice","NAME":"count_writes"`), 1)
+		body = bytes.Replace(body, []byte(`"method":"tools/call"`), []byte(`"method":"tools/call","METHOD":"ping","PARAMS":{}`), 1)
+	}
+	req = req.Clone(req.Context())
+	req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	req.Header.Del("Content-Length")
+	return s.base.RoundTrip(req)
+}
+
 func TestRefusesBadConfiguration(t *testing.T) {
 	dir := t.TempDir()
 	for name, text := range map[string]string{

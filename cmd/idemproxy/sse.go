@@ -127,27 +127,77 @@ func eventBytes(fields []string, data []byte) []byte {
 }
 
 // envelope is what the proxy reads of a JSON-RPC message: a request or a
-// notification has a method; a response has an id and no method.
+// notification has a method; a response has an id and no method. A
+// request's or a notification's params are read once, with the envelope
+// (view): what the proxy's checks and headers need of them.
+//
+// Members are matched by their exact names, the last of a name counting,
+// as JSON.parse and the MCP SDKs read them. encoding/json matches a
+// struct's fields case-insensitively: read that way, a call could name one
+// method or tool to the proxy ("METHOD", "NAME") and another to its
+// server, which would run a guarded tool unguarded.
 type envelope struct {
-	ID     json.RawMessage `json:"id,omitempty"`
-	Method string          `json:"method,omitempty"`
-	Params json.RawMessage `json:"params,omitempty"`
-	Result json.RawMessage `json:"result,omitempty"`
-	Error  *struct {
-		Code    int64           `json:"code"`
-		Message string          `json:"message"`
-		Data    json.RawMessage `json:"data,omitempty"`
-	} `json:"error,omitempty"`
+	ID     json.RawMessage
+	Method string
+	Params json.RawMessage
+	Result json.RawMessage
+	Error  *rpcError
+	view   paramsView
+}
+
+// paramsView is what the proxy reads of a message's params: its _meta
+// (nil when absent or not an object), the name or URI it names (a string,
+// else ""), and its arguments as they are. It is read-only: envelopes
+// share it.
+type paramsView struct {
+	meta      map[string]json.RawMessage
+	name, uri string
+	arguments json.RawMessage
 }
 
 // readEnvelope reads msg's envelope; ok is false when msg is not a JSON
 // object.
 func readEnvelope(msg []byte) (envelope, bool) {
-	var e envelope
-	if json.Unmarshal(msg, &e) != nil {
-		return e, false
+	var members map[string]json.RawMessage
+	if json.Unmarshal(msg, &members) != nil || members == nil {
+		return envelope{}, false
+	}
+	e := envelope{ID: members["id"], Params: members["params"], Result: members["result"]}
+	_ = json.Unmarshal(members["method"], &e.Method)
+	_ = json.Unmarshal(members["error"], &e.Error)
+	if e.Method != "" && len(e.Params) > 0 {
+		e.view = readParams(e.Params)
 	}
 	return e, true
+}
+
+// readParams reads a message's params for its view.
+func readParams(params json.RawMessage) paramsView {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(params, &members) != nil {
+		return paramsView{}
+	}
+	v := paramsView{arguments: members["arguments"]}
+	_ = json.Unmarshal(members["_meta"], &v.meta)
+	_ = json.Unmarshal(members["name"], &v.name)
+	_ = json.Unmarshal(members["uri"], &v.uri)
+	return v
+}
+
+// version is the protocol version in the params' _meta envelope.
+func (e envelope) version() (string, bool) {
+	raw, ok := e.view.meta[metaProtocolVersion]
+	var v string
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return "", false
+	}
+	return v, true
+}
+
+// progressToken is the progress token a request's _meta sets, as a map
+// key; "" when none.
+func (e envelope) progressToken() string {
+	return string(bytes.TrimSpace(e.view.meta["progressToken"]))
 }
 
 // errorMessage is a JSON-RPC error response to id.

@@ -491,7 +491,7 @@ func (a *stdioAdapter) headers(ctx context.Context, h http.Header, e envelope) (
 		h.Set("Mcp-Session-Id", session)
 	}
 	modern := false
-	if v, ok := envelopeVersion(e.Params); ok {
+	if v, ok := e.version(); ok {
 		version, modern = v, v >= modernRevision
 	}
 	if version != "" {
@@ -509,12 +509,13 @@ func (a *stdioAdapter) headers(ctx context.Context, h http.Header, e envelope) (
 	if e.Method != "tools/call" {
 		return session
 	}
-	var p struct {
-		Arguments map[string]json.RawMessage `json:"arguments"`
+	bindings := a.bindingsOf(ctx, name, e)
+	if len(bindings) == 0 {
+		return session
 	}
-	_ = json.Unmarshal(e.Params, &p)
-	for _, b := range a.bindingsOf(ctx, name, e) {
-		if arg, ok := argument(p.Arguments, b.path); ok {
+	args := e.arguments()
+	for _, b := range bindings {
+		if arg, ok := argument(args, b.path); ok {
 			h.Set("Mcp-Param-"+b.name, paramText(arg))
 		}
 	}
@@ -531,13 +532,9 @@ func (a *stdioAdapter) bindingsOf(ctx context.Context, tool string, e envelope) 
 	if known {
 		return b
 	}
-	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	_ = json.Unmarshal(e.Params, &p)
 	envelope := map[string]json.RawMessage{}
 	for _, k := range []string{metaProtocolVersion, metaClientCapabilities, metaClientInfo} {
-		if v, ok := p.Meta[k]; ok {
+		if v, ok := e.view.meta[k]; ok {
 			envelope[k] = v
 		}
 	}

@@ -48,23 +48,19 @@ const protocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
 func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header http.Header,
 	run func(ctx context.Context, params json.RawMessage) (json.RawMessage, error),
 ) (json.RawMessage, error) {
-	var sep struct {
-		mcp.CallToolParamsRaw
-		IdempotencyKey any `json:"idempotencyKey"`
+	p, key, err := readCallParams(params)
+	if err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params: " + err.Error()}
 	}
-	if err := json.Unmarshal(params, &sep); err != nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params are not an object: " + err.Error()}
-	}
-	p := sep.CallToolParamsRaw
 	t, ok := g.opts.tools[p.Name]
 	if !ok {
 		return run(ctx, params)
 	}
-	if sep.IdempotencyKey != nil {
+	if key != nil {
 		if p.Meta == nil {
 			p.Meta = mcp.Meta{}
 		}
-		p.Meta[paramKeyMeta] = sep.IdempotencyKey
+		p.Meta[paramKeyMeta] = key
 	}
 	modern := isModern(p.Meta)
 	req := &mcp.CallToolRequest{Params: &p, Extra: &mcp.RequestExtra{Header: header}}
@@ -88,6 +84,36 @@ func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header ht
 		return live, liveErr // unprotected, or released: nothing stored
 	}
 	return fromJSONOutcome(t, res.Outcome, res.Replayed, modern)
+}
+
+// readCallParams reads a tools/call's params, and SEP-3182's
+// idempotencyKey among them, by their members' exact names, the last of a
+// name counting, as the Go SDK (which turns encoding/json's
+// case-insensitive match off) and JSON.parse read them: matched
+// case-insensitively, a call with both "name" and "NAME" would name one
+// tool to the guard and another to the server, which would run a
+// protected tool unguarded, and "ARGUMENTS" would give the guard other
+// arguments to fingerprint than the tool runs with.
+func readCallParams(params json.RawMessage) (p mcp.CallToolParamsRaw, key any, err error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(params, &members); err != nil {
+		return p, nil, fmt.Errorf("not an object: %w", err)
+	}
+	for name, into := range callParamsMembers(&p, &key) {
+		if raw, ok := members[name]; ok {
+			if err := json.Unmarshal(raw, into); err != nil {
+				return p, nil, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	return p, key, nil
+}
+
+// callParamsMembers are where readCallParams reads each member of a
+// tools/call's params.
+func callParamsMembers(p *mcp.CallToolParamsRaw, key *any) map[string]any {
+	return map[string]any{"_meta": &p.Meta, "name": &p.Name, "arguments": &p.Arguments,
+		"inputResponses": &p.InputResponses, "requestState": &p.RequestState, "idempotencyKey": key}
 }
 
 // isModern reports whether a request's _meta carries the per-request

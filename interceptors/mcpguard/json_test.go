@@ -3,7 +3,10 @@ package mcpguard
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/interceptors/guard"
 )
@@ -59,4 +62,18 @@ func FuzzClaimInMeta(f *testing.F) {
 			t.Fatalf("withClaimJSON changed more than the claim:\n%s\n%s", params, out)
 		}
 	})
+}
+
+// TestReadCallParamsReadsEveryMember: every member of the SDK's
+// CallToolParamsRaw is read, so a field the SDK adds is not left unread.
+func TestReadCallParamsReadsEveryMember(t *testing.T) {
+	var p mcp.CallToolParamsRaw
+	var key any
+	members := callParamsMembers(&p, &key)
+	for f := range reflect.TypeFor[mcp.CallToolParamsRaw]().Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if _, ok := members[name]; !ok {
+			t.Errorf("readCallParams does not read the member %q (%s)", name, f.Name)
+		}
+	}
 }

@@ -622,3 +622,37 @@ func TestKeySourceIsRecorded(t *testing.T) {
 		}
 	}
 }
+
+// TestServeJSONReadsMembersByTheirExactNames: ServeJSON reads a call's
+// name, arguments and _meta by their exact names, as the server runs it:
+// a "NAME" beside "name" does not take a protected call out of the guard,
+// and "ARGUMENTS" beside "arguments" is not what is fingerprinted.
+func TestServeJSONReadsMembersByTheirExactNames(t *testing.T) {
+	g := newGuard(t, ledgerClient(t))
+	var runs atomic.Int32
+	run := func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return json.RawMessage(fmt.Sprintf(`{"content":[{"type":"text","text":"run %d"}]}`, runs.Add(1))), nil
+	}
+	serve := func(params string) *mcp.CallToolResult {
+		t.Helper()
+		out, err := g.ServeJSON(t.Context(), json.RawMessage(params), nil, run)
+		if err != nil {
+			t.Fatalf("ServeJSON(%s): %v", params, err)
+		}
+		var r mcp.CallToolResult
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("ServeJSON(%s) = %s: %v", params, out, err)
+		}
+		return &r
+	}
+	const meta = `"_meta":{"` + mcpguard.KeyMeta + `":"exact"}`
+	shadowed := `{"name":"create_invoice","NAME":"unprotected","arguments":{"amount":1},"ARGUMENTS":{"amount":2},` + meta + `}`
+	first, retry := serve(shadowed), serve(shadowed)
+	if n := runs.Load(); n != 1 || replayed(first) || !replayed(retry) || withoutReplayed(t, first) != withoutReplayed(t, retry) {
+		t.Fatalf("a call and its retry ran %d times: %s then %s; want one run, then its replay", n, withoutReplayed(t, first), withoutReplayed(t, retry))
+	}
+	wantError(t, serve(`{"name":"create_invoice","arguments":{"amount":2},`+meta+`}`), errcode.KeyReused)
+	if _, err := g.ServeJSON(t.Context(), json.RawMessage(`{"name":7}`), nil, run); err == nil {
+		t.Fatal(`ServeJSON({"name":7}): no error; want invalid params`)
+	}
+}
