@@ -206,7 +206,7 @@ func (b *bridge) post(w http.ResponseWriter, r *http.Request, s *bridgeSession) 
 		http.Error(w, "the message is too large", http.StatusRequestEntityTooLarge)
 		return
 	}
-	e, ok := readEnvelope(body)
+	e, ok := envelopeOf(r.Context(), body)
 	if !ok {
 		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": nil,
 			"error": map[string]any{"code": -32700, "message": "not one JSON-RPC message"}})

@@ -140,7 +140,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"code": jsonrpc.CodeInvalidRequest, "message": fmt.Sprintf("idemproxy guards the tool %s: send its tools/call alone, not in a JSON-RPC batch", name)}})
 		return
 	}
-	e, _ := readEnvelope(body)
+	e, ok := envelopeOf(r.Context(), body)
 	var fw forwarded
 	switch e.Method {
 	case "tools/call":
@@ -166,7 +166,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e.isCall() {
 		fw.id = e.ID
 	}
-	f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), forwardedKey{}, fw)))
+	ctx := context.WithValue(r.Context(), forwardedKey{}, fw)
+	if ok {
+		ctx = withEnvelope(ctx, body, e) // read once, when the upstream is the stdio bridge
+	}
+	f.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // batchedGuardedCall reports the guarded tool that a JSON-RPC batch (an

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -104,3 +105,29 @@ func (w *pipeResponse) Write(b []byte) (int, error) {
 
 // Flush does nothing: each Write reaches the reader before it returns.
 func (w *pipeResponse) Flush() {}
+
+// A message that crosses an in-process hop is read once: the side that
+// read it puts its envelope on the request's context, with the bytes it
+// was read from (withEnvelope), and the handler takes it when the body it
+// reads is those bytes (envelopeOf). A message that came over a
+// connection, or was rewritten on the way, is read where it arrives.
+type envelopeKey struct{}
+
+type readMessage struct {
+	msg []byte
+	e   envelope
+}
+
+// withEnvelope is ctx carrying e, the envelope read from msg.
+func withEnvelope(ctx context.Context, msg []byte, e envelope) context.Context {
+	return context.WithValue(ctx, envelopeKey{}, readMessage{msg: msg, e: e})
+}
+
+// envelopeOf is msg's envelope: the one ctx carries for these bytes, or
+// else read from them (ok is false when msg is not a JSON object).
+func envelopeOf(ctx context.Context, msg []byte) (e envelope, ok bool) {
+	if m, found := ctx.Value(envelopeKey{}).(readMessage); found && bytes.Equal(m.msg, msg) {
+		return m.e, true
+	}
+	return readEnvelope(msg)
+}

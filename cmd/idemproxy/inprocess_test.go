@@ -56,3 +56,21 @@ func TestHandlerTransport(t *testing.T) {
 		t.Fatalf("a handler that panicked: %d, %v; want a 500 cut off", res.StatusCode, err)
 	}
 }
+
+// TestEnvelopeOfTheBytesItWasReadFrom: an envelope carried across an
+// in-process hop is taken for the bytes it was read from alone; a body
+// rewritten on the way is read again.
+func TestEnvelopeOfTheBytesItWasReadFrom(t *testing.T) {
+	msg := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"}}`)
+	e, _ := readEnvelope(msg)
+	ctx := withEnvelope(t.Context(), msg, e)
+	if got, ok := envelopeOf(ctx, []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"b"}}`)); !ok || got.view.name != "b" {
+		t.Fatalf("a rewritten body: the tool %q (%v); want b", got.view.name, ok)
+	}
+	if _, ok := envelopeOf(ctx, []byte(`[]`)); ok {
+		t.Fatal("a batch read as the carried envelope")
+	}
+	if got, ok := envelopeOf(ctx, append([]byte(nil), msg...)); !ok || got.view.name != "a" {
+		t.Fatalf("the same bytes: the tool %q (%v); want a", got.view.name, ok)
+	}
+}

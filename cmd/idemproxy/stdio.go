@@ -169,29 +169,30 @@ func (a *stdioAdapter) take(ctx context.Context, line []byte) {
 		a.write(errorMessage(nil, jsonrpc.CodeParseError, "the message is not a JSON-RPC message"))
 		return
 	}
+	read := withEnvelope(ctx, line, e) // the endpoint, in process, does not read it again
 	if e.Method == "initialize" {
 		a.mu.Lock()
 		a.init = line
 		a.mu.Unlock()
-		a.exchange(ctx, line, e)
+		a.exchange(read, line, e)
 		return
 	}
 	switch {
 	case e.isCall():
-		ctx, done := a.track(ctx, e.ID)
+		read, done := a.track(read, e.ID)
 		a.calls.Go(func() {
 			defer done()
-			a.exchange(ctx, line, e)
+			a.exchange(read, line, e)
 		})
 	case e.Method == "notifications/cancelled":
 		// The notification goes first: the front knows a guarded call
 		// by it, whose run goes on without its caller.
 		a.calls.Go(func() {
-			a.exchange(ctx, line, e)
+			a.exchange(read, line, e)
 			a.cancel(e.Params)
 		})
 	default:
-		a.calls.Go(func() { a.exchange(ctx, line, e) })
+		a.calls.Go(func() { a.exchange(read, line, e) })
 	}
 	if e.Method == "notifications/initialized" {
 		a.mu.Lock()
