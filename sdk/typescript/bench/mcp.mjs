@@ -11,8 +11,9 @@
 //     stdio, the client running `idemproxy --stdio` (which runs the server
 //     as its stdio child) against the client running the server itself;
 //     and, for the breakdown, the unguarded echo through the proxy against
-//     echo sent straight (pass-through), over each; over HTTP, with the
-//     CPU idemproxy's process used a call at --clients;
+//     echo sent straight (pass-through), over each; with the CPU
+//     idemproxy used a call at --clients (its one process over HTTP, the
+//     clients' --clients processes over stdio);
 //   - guard-cpu: McpGuard's tool called in this process, with no MCP
 //     transport, --clients calls at once: the CPU a guarded call costs
 //     its server beyond the MCP call itself.
@@ -146,7 +147,9 @@ const http = (url) => () => new StreamableHTTPClientTransport(new URL(url));
 const stdio = () => new StdioClientTransport({ command: process.execPath, args: [server, '--sdk', 'v2', '--stdio'] });
 const stdioProxy = () => new StdioClientTransport({ command: opt.idemproxy, args: ['--config', stdioConfig, '--stdio', '--log-level', 'warn'],
   env: { ...process.env, ...procs(opt['proxy-procs']) } });
-// pid names a process whose CPU a call the side reports (idemproxy's).
+// pid names a process whose CPU a call the side reports (idemproxy's), or
+// is 'transport': each client's own, the process its transport runs
+// (`idemproxy --stdio`).
 const side = (transport, tool, era, pid) => ({ transport, tool, era, pid });
 
 const pairs = [];
@@ -157,8 +160,8 @@ for (const era of ['2026-07-28', '2025']) {
   }
   pairs.push({ name: `proxy http ${era}`, target: 'proxy', era, base: side(http(v2Plain), 'create_invoice', era), test: side(http(httpProxy), 'create_invoice', era, startingProxy.pid) });
   pairs.push({ name: `proxy pass-through ${era}`, target: 'info', era, base: side(http(v2Plain), 'echo', era), test: side(http(httpProxy), 'echo', era, startingProxy.pid) });
-  pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(stdioProxy, 'create_invoice', era) });
-  pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(stdioProxy, 'echo', era) });
+  pairs.push({ name: `proxy stdio ${era}`, target: 'proxy', era, base: side(stdio, 'create_invoice', era), test: side(stdioProxy, 'create_invoice', era, 'transport') });
+  pairs.push({ name: `proxy stdio pass-through ${era}`, target: 'info', era, base: side(stdio, 'echo', era), test: side(stdioProxy, 'echo', era, 'transport') });
 }
 
 // connect is a v2 client on era: pinned to 2026-07-28, or the 2025 handshake.
@@ -178,7 +181,8 @@ async function connect(s) {
   await call(); // the connection is up and the path warm
   // A 2025 session over HTTP ends with a DELETE (the v2 client's close()
   // sends none).
-  return { call, close: async () => { await transport.terminateSession?.(); await client.close(); } };
+  return { call, pid: s.pid === 'transport' ? transport.pid : undefined,
+    close: async () => { await transport.terminateSession?.(); await client.close(); } };
 }
 
 const median = (a) => {
@@ -211,11 +215,12 @@ async function latency(p) {
 // turns; calls a second over every round.
 async function throughput(p) {
   const total = { base: 0, test: 0 };
-  let cpu = 0; // of p.test.pid, over the test side's turns
+  let cpu = 0; // of the test side's processes, over its turns
   const sides = { base: await Promise.all(Array.from({ length: clients }, () => connect(p.base))), test: await Promise.all(Array.from({ length: clients }, () => connect(p.test))) };
   for (let r = 0; r < rounds; r++) {
     for (const k of ['base', 'test']) {
-      const pid = p[k].pid, cpu0 = pid && cpuOf(pid);
+      const pids = p[k].pid === 'transport' ? sides[k].map((c) => c.pid) : p[k].pid ? [p[k].pid] : [];
+      const cpuOfAll = () => pids.reduce((sum, pid) => sum + cpuOf(pid), 0), cpu0 = cpuOfAll();
       const until = performance.now() + seconds * 1000;
       const counts = await Promise.all(sides[k].map(async (c) => {
         let n = 0;
@@ -226,7 +231,7 @@ async function throughput(p) {
         return n;
       }));
       total[k] += counts.reduce((a, b) => a + b, 0);
-      if (pid) cpu += cpuOf(pid) - cpu0;
+      cpu += cpuOfAll() - cpu0;
     }
   }
   await Promise.all([...sides.base, ...sides.test].map((c) => c.close()));
