@@ -67,6 +67,7 @@ func FuzzClaimInMeta(f *testing.F) {
 // TestReadCallParamsReadsEveryMember: every member of the SDK's
 // CallToolParamsRaw is read, so a field the SDK adds is not left unread.
 func TestReadCallParamsReadsEveryMember(t *testing.T) {
+	t.Parallel()
 	var p mcp.CallToolParamsRaw
 	var key any
 	members := callParamsMembers(&p, &key)

@@ -628,6 +628,7 @@ func TestKeySourceIsRecorded(t *testing.T) {
 // a "NAME" beside "name" does not take a protected call out of the guard,
 // and "ARGUMENTS" beside "arguments" is not what is fingerprinted.
 func TestServeJSONReadsMembersByTheirExactNames(t *testing.T) {
+	t.Parallel()
 	g := newGuard(t, ledgerClient(t))
 	var runs atomic.Int32
 	run := func(context.Context, json.RawMessage) (json.RawMessage, error) {
