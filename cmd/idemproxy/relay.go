@@ -50,11 +50,7 @@ func tooLargeResult(limit int64, params json.RawMessage) (json.RawMessage, error
 // isModern reports whether a request's params carry the per-request
 // envelope of 2026-07-28 and later.
 func isModern(params json.RawMessage) bool {
-	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
-	}
-	_ = json.Unmarshal(params, &p)
-	_, ok := p.Meta[metaProtocolVersion]
+	_, ok := readParams(params).meta[metaProtocolVersion]
 	return ok
 }
 

@@ -188,10 +188,13 @@ func toolText(t *testing.T, a rpcAnswer) (text string, isError, replayed bool) {
 // child's checks pass, even for a tool the host called before it listed
 // the tools (an Mcp-Param-* header of a non-ASCII value, in base64); the
 // guard runs a write once, replays it, refuses the key with another
-// payload; what is not a message, or is over 4 MiB, gets a JSON-RPC error
-// and the session goes on.
+// payload; a guarded result over the bound is OUTCOME_TOO_LARGE, a result
+// of this revision (resultType complete); what is not a message, or is
+// over 4 MiB, gets a JSON-RPC error and the session goes on.
 func TestStdioHostOnTheModernRevision(t *testing.T) {
 	cfg := config(ledgerAddr(t), stdioUpstream(t), policyConfig{})
+	cfg.MCP.Tools["big_report"] = toolConfig{}
+	cfg.MCP.MaxResultBytes = 1 << 20
 	h := stdioProxy(t, cfg)
 
 	d := h.call("server/discover", map[string]any{"_meta": modernMeta(nil)})
@@ -219,6 +222,14 @@ func TestStdioHostOnTheModernRevision(t *testing.T) {
 	changed := invoice(200)
 	if info, ok := errorInfo(changed.Result); !ok || info.Code != "KEY_REUSED" {
 		t.Fatalf("the key with another amount: %s", changed.Result)
+	}
+	big := h.call("tools/call", map[string]any{"name": "big_report", "arguments": map[string]any{"bytes": 2 << 20},
+		"_meta": modernMeta(map[string]any{mcpguard.KeyMeta: "stdio-modern-big"})})
+	var shape struct {
+		ResultType string `json:"resultType"`
+	}
+	if info, ok := errorInfo(big.Result); !ok || info.Code != "OUTCOME_TOO_LARGE" || json.Unmarshal(big.Result, &shape) != nil || shape.ResultType != "complete" {
+		t.Fatalf("a 2 MiB result over a 1 MiB bound: %s; want OUTCOME_TOO_LARGE, resultType complete", big.Result)
 	}
 
 	h.send("this is not JSON")
