@@ -449,7 +449,7 @@ func TestProxyReadsTheToolsNameAsItsServerDoes(t *testing.T) {
 	for _, stdio := range []bool{false, true} {
 		t.Run(map[bool]string{false: "StreamableHTTP", true: "Stdio"}[stdio], func(t *testing.T) {
 			endpoint, _ := proxy(t, config(ledgerAddr(t), tsServer(t, stdio), policyConfig{}))
-			cs := connect(t, endpoint, shadowName{http.DefaultTransport})
+			cs := connect(t, endpoint, rewritePosts{http.DefaultTransport, shadowName})
 			// Read as encoding/json reads a struct, the call is a ping that
 			// the server answers as a tool call: a bound, so that such a
 			// reading fails here rather than hangs.
@@ -472,26 +472,14 @@ func TestProxyReadsTheToolsNameAsItsServerDoes(t *testing.T) {
 	}
 }
 
-// shadowName adds a member "NAME" naming another tool beside the name of
-// every create_invoice it posts.
-type shadowName struct{ base http.RoundTripper }
-
-func (s shadowName) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.Body == nil {
-		return s.base.RoundTrip(req)
+// shadowName adds members that name another tool and method beside the
+// name and method of every create_invoice it posts.
+func shadowName(body []byte) []byte {
+	if !bytes.Contains(body, []byte(`"name":"create_invoice"`)) {
+		return body
 	}
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, err
-	}
-	if bytes.Contains(body, []byte(`"name":"create_invoice"`)) {
-		body = bytes.Replace(body, []byte(`"name":"create_invoice"`), []byte(`"name":"create_invoice","NAME":"count_writes"`), 1)
-		body = bytes.Replace(body, []byte(`"method":"tools/call"`), []byte(`"method":"tools/call","METHOD":"ping","PARAMS":{}`), 1)
-	}
-	req = req.Clone(req.Context())
-	req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	req.Header.Del("Content-Length")
-	return s.base.RoundTrip(req)
+	body = bytes.Replace(body, []byte(`"name":"create_invoice"`), []byte(`"name":"create_invoice","NAME":"count_writes"`), 1)
+	return bytes.Replace(body, []byte(`"method":"tools/call"`), []byte(`"method":"tools/call","METHOD":"ping","PARAMS":{}`), 1)
 }
 
 func TestRefusesBadConfiguration(t *testing.T) {
@@ -749,7 +737,7 @@ func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
 
 	// The argument's name spelled with an escape is the same argument:
 	// the key is read, and removed before the strict upstream.
-	escaped := connect(t, endpoint, escapeKeyName{http.DefaultTransport})
+	escaped := connect(t, endpoint, rewritePosts{http.DefaultTransport, escapeKeyName})
 	params.Arguments.(map[string]any)[mcpguard.DefaultKeyArgument] = "arg-key-escaped"
 	for i := range 2 {
 		res, err := escaped.CallTool(t.Context(), params)
@@ -796,23 +784,30 @@ func TestProxyAdvertisesAndStripsTheKey(t *testing.T) {
 	}
 }
 
-// escapeKeyName spells the default key argument's name with a JSON escape
-// in every message it posts.
-type escapeKeyName struct{ base http.RoundTripper }
+// escapeKeyName spells the default key argument's name with a JSON escape.
+func escapeKeyName(body []byte) []byte {
+	return bytes.ReplaceAll(body, []byte(`"`+mcpguard.DefaultKeyArgument+`"`), []byte(`"idempotency\u005fkey"`))
+}
 
-func (e escapeKeyName) RoundTrip(req *http.Request) (*http.Response, error) {
+// rewritePosts rewrites the body of every message a client posts.
+type rewritePosts struct {
+	base    http.RoundTripper
+	rewrite func([]byte) []byte
+}
+
+func (r rewritePosts) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Body == nil {
-		return e.base.RoundTrip(req)
+		return r.base.RoundTrip(req)
 	}
 	body, err := io.ReadAll(req.Body)
 	if err != nil {
 		return nil, err
 	}
-	body = bytes.ReplaceAll(body, []byte(`"`+mcpguard.DefaultKeyArgument+`"`), []byte(`"idempotency\u005fkey"`))
+	body = r.rewrite(body)
 	req = req.Clone(req.Context())
 	req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	req.Header.Del("Content-Length")
-	return e.base.RoundTrip(req)
+	return r.base.RoundTrip(req)
 }
 
 // TestProxyReadsSEP3182: the proxy advertises tools.idempotency, and an
