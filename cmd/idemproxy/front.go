@@ -155,10 +155,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "tools/list":
 		fw.rewrite = f.advertiseKeys
 	case "notifications/cancelled":
-		var p struct {
-			RequestID json.RawMessage `json:"requestId"`
-		}
-		if json.Unmarshal(e.Params, &p) == nil && f.isRunning(r.Header.Get("Mcp-Session-Id"), p.RequestID) {
+		if f.isRunning(r.Header.Get("Mcp-Session-Id"), e.view.requestID) {
 			w.WriteHeader(http.StatusAccepted) // the run outlives its caller
 			return
 		}

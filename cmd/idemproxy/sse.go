@@ -147,12 +147,13 @@ type envelope struct {
 
 // paramsView is what the proxy reads of a message's params: its _meta
 // (nil when absent or not an object), the name or URI it names (a string,
-// else ""), and its arguments as they are. It is read-only: envelopes
-// share it.
+// else ""), its arguments as they are, and the request a cancellation
+// names. It is read-only: envelopes share it.
 type paramsView struct {
 	meta      map[string]json.RawMessage
 	name, uri string
 	arguments json.RawMessage
+	requestID json.RawMessage
 }
 
 // readEnvelope reads msg's envelope; ok is false when msg is not a JSON
@@ -177,7 +178,7 @@ func readParams(params json.RawMessage) paramsView {
 	if json.Unmarshal(params, &members) != nil {
 		return paramsView{}
 	}
-	v := paramsView{arguments: members["arguments"]}
+	v := paramsView{arguments: members["arguments"], requestID: members["requestId"]}
 	_ = json.Unmarshal(members["_meta"], &v.meta)
 	_ = json.Unmarshal(members["name"], &v.name)
 	_ = json.Unmarshal(members["uri"], &v.uri)

@@ -189,7 +189,7 @@ func (a *stdioAdapter) take(ctx context.Context, line []byte) {
 		// by it, whose run goes on without its caller.
 		a.calls.Go(func() {
 			a.exchange(read, line, e)
-			a.cancel(e.Params)
+			a.cancel(e)
 		})
 	default:
 		a.calls.Go(func() { a.exchange(read, line, e) })
@@ -222,15 +222,13 @@ func (a *stdioAdapter) track(ctx context.Context, id json.RawMessage) (context.C
 // names, as a client of Streamable HTTP that cancels closes its stream:
 // the upstream stops waiting on it, and the host, which gave up, is sent
 // nothing more for it.
-func (a *stdioAdapter) cancel(params json.RawMessage) {
-	var p struct {
-		RequestID json.RawMessage `json:"requestId"`
-	}
-	if json.Unmarshal(params, &p) != nil || len(p.RequestID) == 0 {
+func (a *stdioAdapter) cancel(e envelope) {
+	id := e.view.requestID
+	if len(id) == 0 {
 		return
 	}
 	a.mu.Lock()
-	cancel := a.inflight[compactID(p.RequestID)]
+	cancel := a.inflight[compactID(id)]
 	a.mu.Unlock()
 	if cancel != nil {
 		cancel()
