@@ -297,7 +297,7 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	s, err := b.sharedSession(r.Context())
 	if err == nil {
-		if v, _ := e.version(); !b.supports(v) {
+		if v, _ := e.view.version(); !b.supports(v) {
 			b.mu.Lock()
 			supported := slices.Clone(b.versions)
 			b.mu.Unlock()

@@ -84,7 +84,7 @@ func modernMessage(h http.Header, e envelope) bool {
 	if v := h.Get("MCP-Protocol-Version"); v != "" {
 		return v >= modernRevision
 	}
-	_, ok := e.version()
+	_, ok := e.view.version()
 	return ok
 }
 
@@ -117,7 +117,7 @@ func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
 	if version == "" {
 		return "the MCP-Protocol-Version header is missing"
 	}
-	if body, ok := e.version(); ok && body != version {
+	if body, ok := e.view.version(); ok && body != version {
 		return fmt.Sprintf("the MCP-Protocol-Version header says %q, the body's _meta %q", version, body)
 	}
 	method := strings.TrimSpace(h.Get("Mcp-Method"))

@@ -50,7 +50,7 @@ func tooLargeResult(limit int64, params json.RawMessage) (json.RawMessage, error
 // isModern reports whether a request's params carry the per-request
 // envelope of 2026-07-28 and later.
 func isModern(params json.RawMessage) bool {
-	_, ok := readParams(params).meta[metaProtocolVersion]
+	_, ok := readParams(params).version()
 	return ok
 }
 

@@ -186,13 +186,13 @@ func readParams(params json.RawMessage) paramsView {
 }
 
 // version is the protocol version in the params' _meta envelope.
-func (e envelope) version() (string, bool) {
-	raw, ok := e.view.meta[metaProtocolVersion]
-	var v string
-	if !ok || json.Unmarshal(raw, &v) != nil {
+func (v paramsView) version() (string, bool) {
+	raw, ok := v.meta[metaProtocolVersion]
+	var version string
+	if !ok || json.Unmarshal(raw, &version) != nil {
 		return "", false
 	}
-	return v, true
+	return version, true
 }
 
 // progressToken is the progress token a request's _meta sets, as a map

@@ -490,7 +490,7 @@ func (a *stdioAdapter) headers(ctx context.Context, h http.Header, e envelope) (
 		h.Set("Mcp-Session-Id", session)
 	}
 	modern := false
-	if v, ok := e.version(); ok {
+	if v, ok := e.view.version(); ok {
 		version, modern = v, v >= modernRevision
 	}
 	if version != "" {

@@ -99,10 +99,10 @@ func readCallParams(params json.RawMessage) (p mcp.CallToolParamsRaw, key any, e
 	if err := json.Unmarshal(params, &members); err != nil {
 		return p, nil, fmt.Errorf("not an object: %w", err)
 	}
-	for name, into := range callParamsMembers(&p, &key) {
-		if raw, ok := members[name]; ok {
-			if err := json.Unmarshal(raw, into); err != nil {
-				return p, nil, fmt.Errorf("%s: %w", name, err)
+	for _, m := range callParamsMembers(&p, &key) {
+		if raw, ok := members[m.name]; ok {
+			if err := json.Unmarshal(raw, m.into); err != nil {
+				return p, nil, fmt.Errorf("%s: %w", m.name, err)
 			}
 		}
 	}
@@ -110,10 +110,17 @@ func readCallParams(params json.RawMessage) (p mcp.CallToolParamsRaw, key any, e
 }
 
 // callParamsMembers are where readCallParams reads each member of a
-// tools/call's params.
-func callParamsMembers(p *mcp.CallToolParamsRaw, key *any) map[string]any {
-	return map[string]any{"_meta": &p.Meta, "name": &p.Name, "arguments": &p.Arguments,
-		"inputResponses": &p.InputResponses, "requestState": &p.RequestState, "idempotencyKey": key}
+// tools/call's params, in a fixed order, so that of two bad members the
+// same one is named every time.
+func callParamsMembers(p *mcp.CallToolParamsRaw, key *any) []struct {
+	name string
+	into any
+} {
+	return []struct {
+		name string
+		into any
+	}{{"name", &p.Name}, {"arguments", &p.Arguments}, {"_meta", &p.Meta},
+		{"inputResponses", &p.InputResponses}, {"requestState", &p.RequestState}, {"idempotencyKey", key}}
 }
 
 // isModern reports whether a request's _meta carries the per-request
