@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -250,5 +254,78 @@ func TestProxyRefusesALargeMessage(t *testing.T) {
 			t.Fatalf("%s after the large message: %v", url, err)
 		}
 		_ = cs.Close()
+	}
+}
+
+// TestBridgeGivesEachCallItsOwnProgress: two clients of 2026-07-28 call
+// a tool of the shared stdio child at once, each under the same progress
+// token. The child sees a token of the bridge's own for each, so each
+// client gets the progress of its own call, under its own token, and not
+// the other's.
+func TestBridgeGivesEachCallItsOwnProgress(t *testing.T) {
+	endpoint, _ := proxy(t, config(ledgerAddr(t), stdioUpstream(t), policyConfig{}))
+	type heard struct {
+		progress []string // token:message of each progress notification
+		result   string
+	}
+	call := func(who string) heard {
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+			"name": "meet", "arguments": map[string]any{"who": who}, "_meta": modernMeta(map[string]any{"progressToken": "p"})}})
+		// Bounded: a proxy that keeps the second call from the child
+		// while the first waits for it fails here instead of hanging.
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
+		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+			"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "meet"} {
+			req.Header.Set(k, v)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return heard{}
+		}
+		defer res.Body.Close()
+		var h heard
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var msg struct {
+				Method string `json:"method"`
+				Params struct {
+					Token   json.RawMessage `json:"progressToken"`
+					Message string          `json:"message"`
+				} `json:"params"`
+				Result *struct {
+					Content []struct {
+						Text string `json:"text"`
+					} `json:"content"`
+				} `json:"result"`
+			}
+			if err := json.Unmarshal([]byte(data), &msg); err != nil {
+				t.Errorf("%s heard %q: %v", who, data, err)
+				continue
+			}
+			switch {
+			case msg.Method == "notifications/progress":
+				h.progress = append(h.progress, string(msg.Params.Token)+":"+msg.Params.Message)
+			case msg.Result != nil && len(msg.Result.Content) == 1:
+				h.result = msg.Result.Content[0].Text
+			}
+		}
+		return h
+	}
+	var a, b heard
+	var wg sync.WaitGroup
+	wg.Go(func() { a = call("a") })
+	wg.Go(func() { b = call("b") })
+	wg.Wait()
+	for who, h := range map[string]heard{"a": a, "b": b} {
+		if h.result != who || !slices.Equal(h.progress, []string{`"p":` + who}) {
+			t.Errorf("client %s heard progress %q and the result %q; want its own progress under its own token, and %q", who, h.progress, h.result, who)
+		}
 	}
 }

@@ -107,6 +107,8 @@ type goUpstream struct {
 	// reports counts the runs of big_report.
 	reports atomic.Int64
 	hangUp  atomic.Bool // the next create_invoice writes, then its connection is cut
+	// cancels counts the notifications/cancelled it was sent over HTTP.
+	cancels atomic.Int64
 	// hold, when set, runs first in every create_invoice, with the claim's
 	// attempt: a test holds the write there; false writes nothing.
 	hold func(ctx context.Context, attempt uint32) bool
@@ -173,6 +175,9 @@ func (u *goUpstream) serveWith(t testing.TB, opts *mcp.StreamableHTTPOptions) st
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte(`"notifications/cancelled"`)) {
+			u.cancels.Add(1)
+		}
 		if !strings.Contains(string(body), `"create_invoice"`) || !u.hangUp.CompareAndSwap(true, false) {
 			h.ServeHTTP(w, r)
 			return
@@ -611,9 +616,10 @@ func contextWithCancel() (context.Context, context.CancelFunc) {
 }
 
 // TestProxyRunOutlivesTheAgent: an agent that gives up on a call while
-// the upstream writes does not cut the upstream call: it finishes, its
-// result is stored, and the re-sent call gets the replay; the upstream
-// wrote once.
+// the upstream writes does not cut the upstream call: the cancellation
+// its client sends is not forwarded, the call finishes, its result is
+// stored, and the re-sent call gets the replay; the upstream wrote once.
+// A cancellation of a request that is not a guarded run is forwarded.
 func TestProxyRunOutlivesTheAgent(t *testing.T) {
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	up := &goUpstream{hold: func(_ context.Context, attempt uint32) bool {
@@ -624,17 +630,60 @@ func TestProxyRunOutlivesTheAgent(t *testing.T) {
 		return true
 	}}
 	endpoint, _ := proxy(t, config(ledgerAddr(t), byURL(up.serve(t)), policyConfig{}))
-	cs := connect(t, endpoint, http.DefaultTransport)
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // before the proxy drains, when the test fails early
+	// The client's notifications/cancelled, once the proxy has answered
+	// it, and the session it was sent in.
+	cancelled, session := make(chan struct{}, 1), make(chan string, 1)
+	cs := connect(t, endpoint, roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		var body []byte
+		if r.Body != nil { // a GET has none
+			var err error
+			if body, err = io.ReadAll(r.Body); err != nil {
+				return nil, err
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		res, err := http.DefaultTransport.RoundTrip(r)
+		if err == nil && bytes.Contains(body, []byte(`"notifications/cancelled"`)) {
+			session <- r.Header.Get("Mcp-Session-Id")
+			cancelled <- struct{}{}
+		}
+		return res, err
+	}))
 	ctx, giveUp := context.WithCancel(t.Context())
 	go func() { <-started; giveUp() }()
 	params := &mcp.CallToolParams{Name: "create_invoice", Arguments: map[string]any{"customer": "cus_1", "currency": "EUR", "amount_cents": 4200}, Meta: mcp.Meta{mcpguard.KeyMeta: "k"}}
 	if _, err := cs.CallTool(ctx, params); err == nil {
 		t.Fatal("the call its agent gave up on was answered")
 	}
-	close(release)
+	select {
+	case <-cancelled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client sent no notifications/cancelled for the call it gave up on")
+	}
+	if n := up.cancels.Load(); n != 0 {
+		t.Fatalf("the upstream was sent %d cancellations of the guarded run; want none", n)
+	}
+	let()
 	res := create(t.Context(), t, cs, "k")
 	if res.IsError || res.Meta[mcpguard.ReplayedMeta] != true || len(up.writes()) != 1 {
 		t.Fatalf("the re-sent call = %s, writes %v; want the first write's result, replayed", bare(t, res), up.writes())
+	}
+
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, endpoint,
+		strings.NewReader(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":99}}`))
+	for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+		"MCP-Protocol-Version": "2025-11-25", "Mcp-Session-Id": <-session} {
+		req.Header.Set(k, v)
+	}
+	other, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = other.Body.Close()
+	if n := up.cancels.Load(); other.StatusCode != http.StatusAccepted || n != 1 {
+		t.Fatalf("a cancellation of no guarded run: HTTP %d, the upstream sent %d; want 202, and it forwarded", other.StatusCode, n)
 	}
 }
 

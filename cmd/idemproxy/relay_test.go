@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -18,10 +19,11 @@ import (
 )
 
 // TestMain serves goUpstream over stdio when the proxy under test starts
-// this binary as its stdio upstream. There it has two tools more:
+// this binary as its stdio upstream. There it has three tools more:
 // crash_once, whose first attempt of a claim ends the process mid-call,
-// as a SIGKILL would, and whose attempts after it answer; and hang, which
-// never answers. With IDEMPROXY_TEST_AS_MAIN it is idemproxy itself
+// as a SIGKILL would, and whose attempts after it answer; hang, which
+// never answers; and meet, which answers once a second call of it runs.
+// With IDEMPROXY_TEST_AS_MAIN it is idemproxy itself
 // (TestBenchMCPRuns, BenchmarkStdioHost, the host's idemproxy --stdio).
 func TestMain(m *testing.M) {
 	if os.Getenv("IDEMPROXY_TEST_AS_MAIN") != "" {
@@ -40,6 +42,25 @@ func TestMain(m *testing.M) {
 		mcp.AddTool(s, &mcp.Tool{Name: "hang"}, func(ctx context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1})
 			select {}
+		})
+		// meet waits until a second call of it runs, then reports
+		// progress under its caller's token, with its argument who as the
+		// message, and answers who: two calls whose progress is in flight
+		// together.
+		type meeting struct {
+			Who string `json:"who"`
+		}
+		arrived, met := 0, make(chan struct{})
+		var meetMu sync.Mutex
+		mcp.AddTool(s, &mcp.Tool{Name: "meet"}, func(ctx context.Context, req *mcp.CallToolRequest, a meeting) (*mcp.CallToolResult, any, error) {
+			meetMu.Lock()
+			if arrived++; arrived == 2 {
+				close(met)
+			}
+			meetMu.Unlock()
+			<-met
+			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: 1, Message: a.Who})
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: a.Who}}}, nil, nil
 		})
 		_ = s.Run(context.Background(), &mcp.StdioTransport{})
 		os.Exit(0)
