@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -189,6 +193,95 @@ func TestProxyRelaysWhileGuarding(t *testing.T) {
 			}
 			if p, logs, asked := snapshot(); p != "p1:0,p1:50,p1:100" || logs != 3 || asked != 1 {
 				t.Fatalf("progress %q, %d log messages, asked %d times; want the first run's only, 3 messages, asked once", p, logs, asked)
+			}
+		})
+	}
+}
+
+// TestBridgeChecksParamHeadersAsTheSDKDoes: the bridge, as the HTTP face
+// of a stdio child of 2026-07-28, checks a call's Mcp-Param-* headers
+// against its arguments as the TypeScript SDK's v2 server checks them over
+// HTTP: the same calls are refused (400, HeaderMismatch) and the same are
+// let through, sent to everything-v2.mjs directly and through idemproxy in
+// front of it over stdio.
+func TestBridgeChecksParamHeadersAsTheSDKDoes(t *testing.T) {
+	node, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/server")
+	direct := everything(t, node, dir, "everything-v2.mjs")
+	through, _ := proxy(t, config(ledgerAddr(t), byCommand(node, filepath.Join(dir, "everything-v2.mjs"), "--stdio"), policyConfig{}))
+	// post sends a call of 2026-07-28 and returns its HTTP status and
+	// JSON-RPC error code (0 for none).
+	post := func(endpoint, method string, params map[string]any, headers map[string]string) (int, int64) {
+		t.Helper()
+		params["_meta"] = modernMeta(nil)
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, endpoint, bytes.NewReader(body))
+		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+			"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method} {
+			req.Header.Set(k, v)
+		}
+		if name, ok := params["name"].(string); ok {
+			req.Header.Set("Mcp-Name", name)
+		}
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if _, data, ok := bytes.Cut(b, []byte("data: ")); ok {
+			b = data
+		}
+		var msg struct {
+			Error *struct {
+				Code int64 `json:"code"`
+			} `json:"error"`
+		}
+		_ = json.NewDecoder(bytes.NewReader(b)).Decode(&msg)
+		if msg.Error == nil {
+			return res.StatusCode, 0
+		}
+		return res.StatusCode, msg.Error.Code
+	}
+	// The bridge learns the tools' bindings from tools/list, as a client
+	// reads them before it calls.
+	for _, endpoint := range []string{direct, through} {
+		if status, code := post(endpoint, "tools/list", map[string]any{}, nil); status != http.StatusOK || code != 0 {
+			t.Fatalf("tools/list at %s: HTTP %d, error %d", endpoint, status, code)
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		args    string
+		headers map[string]string
+	}{
+		{"Agrees", `{"region":"eu","count":3,"flag":true}`, map[string]string{"Mcp-Param-Region": "eu", "Mcp-Param-Count": "3", "Mcp-Param-Flag": "true"}},
+		{"IntegerAsDecimal", `{"count":3}`, map[string]string{"Mcp-Param-Count": "3.0"}},
+		{"IntegerAsExponent", `{"count":3}`, map[string]string{"Mcp-Param-Count": "3e0"}},
+		{"Fraction", `{"count":3.5}`, map[string]string{"Mcp-Param-Count": "3.5"}},
+		{"OtherInteger", `{"count":3}`, map[string]string{"Mcp-Param-Count": "4"}},
+		{"IntegerMissing", `{"count":3}`, nil},
+		{"UnsafeIntegerWithoutHeader", `{"count":1152921504606846976}`, nil},
+		{"AbsentArgumentWithHeader", `{}`, map[string]string{"Mcp-Param-Count": "3"}},
+		{"NullArgumentWithHeader", `{"count":null}`, map[string]string{"Mcp-Param-Count": "3"}},
+		{"BooleanAsNumber", `{"flag":true}`, map[string]string{"Mcp-Param-Flag": "1"}},
+		{"Base64", `{"region":"Zürich"}`, map[string]string{"Mcp-Param-Region": "=?base64?WsO8cmljaA==?="}},
+		{"Base64Unpadded", `{"region":"Hello"}`, map[string]string{"Mcp-Param-Region": "=?base64?SGVsbG8?="}},
+		{"BlankInside", `{"region":"a b"}`, map[string]string{"Mcp-Param-Region": "a b"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			call := func(endpoint string) (int, int64) {
+				var args map[string]any
+				if err := json.Unmarshal([]byte(c.args), &args); err != nil {
+					t.Fatal(err)
+				}
+				return post(endpoint, "tools/call", map[string]any{"name": "test_x_mcp_header", "arguments": args}, c.headers)
+			}
+			wantStatus, wantCode := call(direct)
+			if gotStatus, gotCode := call(through); gotStatus != wantStatus || gotCode != wantCode {
+				t.Errorf("through the proxy: HTTP %d, error %d; the SDK's server: HTTP %d, error %d", gotStatus, gotCode, wantStatus, wantCode)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,20 +152,21 @@ func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
 }
 
 // checkParam reports how the header of one x-mcp-header binding disagrees
-// with the argument it mirrors, "" when it agrees.
+// with the argument it mirrors, "" when it agrees. As the SDKs' servers
+// check it: an argument that is null or absent, or has no header form
+// (mirrored), expects no header, and one sent is not read.
 func checkParam(h http.Header, b paramHeader, args map[string]json.RawMessage) string {
+	arg, given := argument(args, b.path)
+	if !given || !mirrored(arg) {
+		return ""
+	}
 	name := "Mcp-Param-" + b.name
 	header, present := headerValue(h, name)
-	arg, given := argument(args, b.path)
 	switch {
-	case header == "\x00":
-		return fmt.Sprintf("the %s header is not valid base64", name)
-	case !given && present:
-		return fmt.Sprintf("the %s header is set, but the argument %s is absent", name, strings.Join(b.path, "."))
-	case !given:
-		return ""
 	case !present:
 		return fmt.Sprintf("the argument %s is set, but the %s header is missing", strings.Join(b.path, "."), name)
+	case header == "\x00":
+		return fmt.Sprintf("the %s header is not valid base64", name)
 	case !sameValue(header, arg):
 		return fmt.Sprintf("the %s header says %q, which is not the argument's value", name, header)
 	}
@@ -253,9 +255,34 @@ func argument(args map[string]json.RawMessage, path []string) (json.RawMessage, 
 	return nil, false
 }
 
+// maxSafeInteger is the largest integer a JSON number holds exactly in
+// the SDKs' languages (2^53 − 1).
+const maxSafeInteger = 1<<53 - 1
+
+// mirrored reports whether the JSON argument arg has a header form: a
+// string, a boolean, or a number that is not an integer past
+// ±maxSafeInteger. A client mirrors no other value, nor does the
+// TypeScript SDK's server expect one.
+func mirrored(arg json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(arg, &v) != nil {
+		return false
+	}
+	switch v := v.(type) {
+	case string, bool:
+		return true
+	case float64:
+		return v != math.Trunc(v) || math.Abs(v) <= maxSafeInteger
+	}
+	return false
+}
+
+// decimal is a number as a header spells it to be compared as one.
+var decimal = regexp.MustCompile(`^-?[0-9]+(\.[0-9]+)?$`)
+
 // sameValue reports whether a header's (decoded) value mirrors the JSON
-// argument arg: a string as it is, a boolean as true or false, an integer
-// compared as a number (42.0 is 42).
+// argument arg: a string as it is, a boolean as true or false, a number
+// spelled in decimal and compared as a number (42.0 is 42).
 func sameValue(header string, arg json.RawMessage) bool {
 	var v any
 	if json.Unmarshal(arg, &v) != nil {
@@ -268,7 +295,7 @@ func sameValue(header string, arg json.RawMessage) bool {
 		return header == strconv.FormatBool(v)
 	case float64:
 		n, err := strconv.ParseFloat(header, 64)
-		return err == nil && v == math.Trunc(v) && n == v
+		return err == nil && decimal.MatchString(header) && n == v
 	}
 	return false
 }

@@ -183,6 +183,8 @@ function newServer() {
     type: 'object', properties: {
       region: { type: 'string', description: 'mirrored into Mcp-Param-Region', 'x-mcp-header': 'Region' },
       level: { type: 'integer', description: 'non-mirrored argument' },
+      count: { type: 'integer', description: 'mirrored into Mcp-Param-Count', 'x-mcp-header': 'Count' },
+      flag: { type: 'boolean', description: 'mirrored into Mcp-Param-Flag', 'x-mcp-header': 'Flag' },
     },
   }) }, async (args) => text(`region=${args.region ?? '<none>'}`));
   tool('test_missing_capability', { description: 'Needs the sampling client capability', inputSchema: none }, async (_args, ctx) =>
