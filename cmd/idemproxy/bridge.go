@@ -133,6 +133,9 @@ type bridgeSession struct {
 	// notifications/initialized.
 	init        json.RawMessage
 	initialized bool
+	// listed is closed once the shared child's tools/list has been read
+	// for the tools' header bindings (learnTools).
+	listed chan struct{}
 
 	mu       sync.Mutex
 	closed   bool
@@ -290,7 +293,7 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 			return
 		}
 	}
-	if why := checkHeaders(r.Header, e, b.toolBindings(e)); why != "" {
+	if why := checkHeaders(r.Header, e); why != "" {
 		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": e.ID,
 			"error": map[string]any{"code": codeHeaderMismatch, "message": "Header mismatch: " + why}})
 		return
@@ -315,6 +318,20 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 		return
 	case err != nil:
 		b.refuse(w, r, err)
+		return
+	}
+	if e.Method == "tools/call" {
+		// A call's Mcp-Param-* headers are checked against its tool's
+		// bindings, which a new child's tools/list gives.
+		select {
+		case <-s.toolsListed():
+		case <-r.Context().Done():
+			return
+		}
+	}
+	if why := checkParams(r.Header, e, b.toolBindings(e)); why != "" {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"jsonrpc": "2.0", "id": e.ID,
+			"error": map[string]any{"code": codeHeaderMismatch, "message": "Header mismatch: " + why}})
 		return
 	}
 	wt := &waiter{id: bytes.TrimSpace(e.ID), upID: b.newID(), method: e.Method, msgs: make(chan []byte, 16), end: make(chan struct{})}
@@ -560,8 +577,25 @@ func (s *bridgeSession) probe(ctx context.Context, p *proc) error {
 		go s.close()
 		return errLegacyUpstream
 	}
-	go s.learnTools(context.WithoutCancel(ctx), p)
+	listed := make(chan struct{})
+	s.listed = listed
+	go func() {
+		defer close(listed)
+		s.learnTools(context.WithoutCancel(ctx), p)
+	}()
 	return nil
+}
+
+// toolsListed is closed once the shared child's tools are listed.
+func (s *bridgeSession) toolsListed() <-chan struct{} {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.listed == nil {
+		listed := make(chan struct{})
+		close(listed)
+		return listed
+	}
+	return s.listed
 }
 
 // learnTools reads every page of the child's tools/list for the tools'

@@ -109,11 +109,10 @@ func checkEnvelope(e envelope) string {
 	return ""
 }
 
-// checkHeaders reports how the headers of a request of the 2026-07-28
-// revision disagree with its body e, "" when they agree. bindings is the
-// x-mcp-header bindings of the tool a tools/call names, as far as the
-// bridge knows them.
-func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
+// checkHeaders reports how the standard headers of a request of the
+// 2026-07-28 revision (MCP-Protocol-Version, Mcp-Method, Mcp-Name)
+// disagree with its body e, "" when they agree.
+func checkHeaders(h http.Header, e envelope) string {
 	version := strings.TrimSpace(h.Get("MCP-Protocol-Version"))
 	if version == "" {
 		return "the MCP-Protocol-Version header is missing"
@@ -139,6 +138,13 @@ func checkHeaders(h http.Header, e envelope, bindings []paramHeader) string {
 	case header != named:
 		return fmt.Sprintf("the Mcp-Name header names %q, the body %q", header, named)
 	}
+	return ""
+}
+
+// checkParams reports how the Mcp-Param-* headers of a tools/call e
+// disagree with its arguments, "" when they agree. bindings is the
+// x-mcp-header bindings of the tool it names.
+func checkParams(h http.Header, e envelope, bindings []paramHeader) string {
 	if e.Method != "tools/call" || len(bindings) == 0 {
 		return ""
 	}
