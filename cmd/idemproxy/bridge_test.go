@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -269,18 +268,12 @@ func TestBridgeGivesEachCallItsOwnProgress(t *testing.T) {
 		result   string
 	}
 	call := func(who string) heard {
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
-			"name": "meet", "arguments": map[string]any{"who": who}, "_meta": modernMeta(map[string]any{"progressToken": "p"})}})
 		// Bounded: a proxy that keeps the second call from the child
 		// while the first waits for it fails here instead of hanging.
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
-		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-			"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "meet"} {
-			req.Header.Set(k, v)
-		}
-		res, err := http.DefaultClient.Do(req)
+		res, err := postModern(ctx, endpoint, "tools/call", "meet", map[string]any{
+			"name": "meet", "arguments": map[string]any{"who": who}, "_meta": modernMeta(map[string]any{"progressToken": "p"})}, nil)
 		if err != nil {
 			t.Error(err)
 			return heard{}

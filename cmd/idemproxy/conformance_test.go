@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -213,33 +212,19 @@ func TestBridgeChecksParamHeadersAsTheSDKDoes(t *testing.T) {
 	post := func(endpoint, method string, params map[string]any, headers map[string]string) (int, int64) {
 		t.Helper()
 		params["_meta"] = modernMeta(nil)
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, endpoint, bytes.NewReader(body))
-		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-			"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method} {
-			req.Header.Set(k, v)
-		}
-		if name, ok := params["name"].(string); ok {
-			req.Header.Set("Mcp-Name", name)
-		}
-		for k, v := range headers {
-			req.Header.Set(k, v)
-		}
-		res, err := http.DefaultClient.Do(req)
+		name, _ := params["name"].(string)
+		res, err := postModern(t.Context(), endpoint, method, name, params, headers)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer res.Body.Close()
 		b, _ := io.ReadAll(res.Body)
-		if _, data, ok := bytes.Cut(b, []byte("data: ")); ok {
-			b = data
-		}
 		var msg struct {
 			Error *struct {
 				Code int64 `json:"code"`
 			} `json:"error"`
 		}
-		_ = json.NewDecoder(bytes.NewReader(b)).Decode(&msg)
+		_ = json.NewDecoder(bytes.NewReader(firstMessage(b))).Decode(&msg)
 		if msg.Error == nil {
 			return res.StatusCode, 0
 		}

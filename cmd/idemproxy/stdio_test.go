@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -160,6 +161,39 @@ func modernMeta(more map[string]any) map[string]any {
 		m[k] = v
 	}
 	return m
+}
+
+// postModern posts a request of 2026-07-28 to endpoint with the headers
+// the revision binds to its body (Mcp-Name is name, unless ""), and more.
+func postModern(ctx context.Context, endpoint, method, name string, params map[string]any, more map[string]string) (*http.Response, error) {
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", method)
+	if name != "" {
+		req.Header.Set("Mcp-Name", name)
+	}
+	for k, v := range more {
+		req.Header.Set(k, v)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// firstMessage is the message an answer's body carries: the body, or the
+// data of its first event on.
+func firstMessage(body []byte) []byte {
+	if _, data, ok := bytes.Cut(body, []byte("data: ")); ok {
+		return data
+	}
+	return body
 }
 
 // toolText is a tool result's text, whether it is an error, and whether

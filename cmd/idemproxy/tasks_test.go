@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -129,21 +128,13 @@ func TestProxyTasksExtension(t *testing.T) {
 		}
 		meta["io.modelcontextprotocol/protocolVersion"] = "2026-07-28"
 		meta["io.modelcontextprotocol/clientCapabilities"] = map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}
-		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, endpoint, bytes.NewReader(body))
-		for k, v := range map[string]string{"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-			"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method, "Mcp-Name": name} {
-			req.Header.Set(k, v)
-		}
-		res, err := http.DefaultClient.Do(req)
+		res, err := postModern(t.Context(), endpoint, method, name, params, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer res.Body.Close()
 		b, _ := io.ReadAll(res.Body)
-		if _, data, ok := bytes.Cut(b, []byte("data: ")); ok {
-			b = data
-		}
+		b = firstMessage(b)
 		var msg struct {
 			Result map[string]any `json:"result"`
 		}
