@@ -212,12 +212,19 @@ func headerText(s string) string {
 	return base64Open + base64.StdEncoding.EncodeToString([]byte(s)) + base64Close
 }
 
-// paramText is the header value of an argument: a string as it is, any
-// other value as its JSON.
+// paramText is the header value of an argument: a string as it is, a
+// number in decimal without an exponent (3e0 is 3, which a server compares
+// as a number; its JSON spelling it may not), any other value as its JSON.
 func paramText(arg json.RawMessage) string {
-	var s string
-	if json.Unmarshal(arg, &s) == nil {
-		return headerText(s)
+	var v any
+	if json.Unmarshal(arg, &v) != nil {
+		return headerText(string(arg))
+	}
+	switch v := v.(type) {
+	case string:
+		return headerText(v)
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
 	}
 	return headerText(string(arg))
 }

@@ -150,10 +150,11 @@ func (u *goUpstream) server() *mcp.Server {
 		u.reports.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("r", a.Bytes)}}}, nil, nil
 	})
-	// regional mirrors its argument region into the header Mcp-Param-Region
-	// (x-mcp-header): a request of 2026-07-28 must carry it.
+	// regional mirrors its arguments region and level into the headers
+	// Mcp-Param-Region and Mcp-Param-Level (x-mcp-header): a request of
+	// 2026-07-28 must carry them.
 	s.AddTool(&mcp.Tool{Name: "regional", InputSchema: map[string]any{"type": "object", "properties": map[string]any{
-		"region": map[string]any{"type": "string", "x-mcp-header": "Region"}, "level": map[string]any{"type": "integer"},
+		"region": map[string]any{"type": "string", "x-mcp-header": "Region"}, "level": map[string]any{"type": "integer", "x-mcp-header": "Level"},
 	}}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "region=" + string(req.Params.Arguments)}}}, nil
 	})

@@ -239,6 +239,13 @@ func TestStdioHostOnTheModernRevision(t *testing.T) {
 	if text, isErr, _ := toolText(t, region); isErr || !strings.Contains(text, "Zürich") {
 		t.Fatalf("a tool with a header binding, before tools/list: %q", text)
 	}
+	// A number the host spells with an exponent: its header is the
+	// decimal a server compares as a number.
+	h.send(`{"jsonrpc":"2.0","id":"exp","method":"tools/call","params":{"name":"regional","arguments":{"region":"eu","level":3e0},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`)
+	if text, isErr, _ := toolText(t, h.answer(json.RawMessage(`"exp"`))); isErr || !strings.Contains(text, "3e0") {
+		t.Fatalf("a bound integer spelled 3e0: %q", text)
+	}
 	list := h.call("tools/list", map[string]any{"_meta": modernMeta(nil)})
 	if !strings.Contains(string(list.Result), mcpguard.DefaultKeyArgument) {
 		t.Fatalf("tools/list does not advertise the key argument: %s", list.Result)
