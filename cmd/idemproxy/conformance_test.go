@@ -267,3 +267,18 @@ func TestBridgeChecksParamHeadersAsTheSDKDoes(t *testing.T) {
 		})
 	}
 }
+
+// TestStdioHostWritesANumberAsTheSDKReadsIt: a host over stdio that
+// spells a bound integer with an exponent (3e0), in front of the
+// TypeScript SDK's v2 server over Streamable HTTP: idemproxy writes its
+// Mcp-Param-* header in decimal, which that server compares as the number
+// it is, and the call runs.
+func TestStdioHostWritesANumberAsTheSDKReadsIt(t *testing.T) {
+	node, dir := nodetest.Node(t, "../../examples/mcp-ts", "@modelcontextprotocol/server")
+	h := stdioProxy(t, config(ledgerAddr(t), byURL(everything(t, node, dir, "everything-v2.mjs")), policyConfig{}))
+	h.send(`{"jsonrpc":"2.0","id":"exp","method":"tools/call","params":{"name":"test_x_mcp_header","arguments":{"region":"eu","count":3e0},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`)
+	if text, isErr, _ := toolText(t, h.answer(json.RawMessage(`"exp"`))); isErr || text != "region=eu" {
+		t.Fatalf("a bound integer spelled 3e0: %q", text)
+	}
+}
