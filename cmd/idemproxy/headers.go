@@ -98,8 +98,7 @@ func checkEnvelope(e envelope) string {
 	if meta == nil {
 		return "the request is missing the per-request envelope (_meta)"
 	}
-	var version string
-	if json.Unmarshal(meta[metaProtocolVersion], &version) != nil || version == "" {
+	if version, _ := e.view.version(); version == "" {
 		return "the envelope's " + metaProtocolVersion + " is missing"
 	}
 	var caps map[string]json.RawMessage
@@ -163,7 +162,8 @@ func checkParams(h http.Header, e envelope, bindings []paramHeader) string {
 // (mirrored), expects no header, and one sent is not read.
 func checkParam(h http.Header, b paramHeader, args map[string]json.RawMessage) string {
 	arg, given := argument(args, b.path)
-	if !given || !mirrored(arg) {
+	var v any
+	if !given || json.Unmarshal(arg, &v) != nil || !mirrored(v) {
 		return ""
 	}
 	name := "Mcp-Param-" + b.name
@@ -173,7 +173,7 @@ func checkParam(h http.Header, b paramHeader, args map[string]json.RawMessage) s
 		return fmt.Sprintf("the argument %s is set, but the %s header is missing", strings.Join(b.path, "."), name)
 	case header == "\x00":
 		return fmt.Sprintf("the %s header is not valid base64", name)
-	case !sameValue(header, arg):
+	case !sameValue(header, v):
 		return fmt.Sprintf("the %s header says %q, which is not the argument's value", name, header)
 	}
 	return ""
@@ -272,15 +272,11 @@ func argument(args map[string]json.RawMessage, path []string) (json.RawMessage, 
 // the SDKs' languages (2^53 − 1).
 const maxSafeInteger = 1<<53 - 1
 
-// mirrored reports whether the JSON argument arg has a header form: a
-// string, a boolean, or a number that is not an integer past
+// mirrored reports whether an argument's decoded value v has a header
+// form: a string, a boolean, or a number that is not an integer past
 // ±maxSafeInteger. A client mirrors no other value, nor does the
 // TypeScript SDK's server expect one.
-func mirrored(arg json.RawMessage) bool {
-	var v any
-	if json.Unmarshal(arg, &v) != nil {
-		return false
-	}
+func mirrored(v any) bool {
 	switch v := v.(type) {
 	case string, bool:
 		return true
@@ -293,14 +289,10 @@ func mirrored(arg json.RawMessage) bool {
 // decimal is a number as a header spells it to be compared as one.
 var decimal = regexp.MustCompile(`^-?[0-9]+(\.[0-9]+)?$`)
 
-// sameValue reports whether a header's (decoded) value mirrors the JSON
-// argument arg: a string as it is, a boolean as true or false, a number
-// spelled in decimal and compared as a number (42.0 is 42).
-func sameValue(header string, arg json.RawMessage) bool {
-	var v any
-	if json.Unmarshal(arg, &v) != nil {
-		return false
-	}
+// sameValue reports whether a header's (decoded) value mirrors an
+// argument's decoded value v: a string as it is, a boolean as true or
+// false, a number spelled in decimal and compared as a number (42.0 is 42).
+func sameValue(header string, v any) bool {
 	switch v := v.(type) {
 	case string:
 		return header == v
