@@ -36,6 +36,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -168,6 +169,14 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	f.apply(&cfg)
+	if f.stdio && os.Getenv("GOMAXPROCS") == "" {
+		// Over stdio the proxy serves one host, a call or a few at a
+		// time: on one P a hand-off between its goroutines is a switch on
+		// the thread running, not a wake-up of another, which on a host
+		// running many servers is a fifth to a quarter of its CPU a call
+		// (docs/performance.md). GOMAXPROCS, when set, decides.
+		runtime.GOMAXPROCS(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {
@@ -250,7 +259,7 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 	if f.stdio {
 		return serveAdminWith(admin, lis.admin, func() error {
 			log.InfoContext(ctx, "idemproxy serving stdio", "admin", adminAddr(lis.admin),
-				"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg))
+				"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg), "procs", runtime.GOMAXPROCS(0))
 			return serveStdio(ctx, handler, lis.in, lis.out, cmp.Or(cfg.MCP.MaxResultBytes, defaultMaxResultBytes), f.drainTimeout, log)
 		})
 	}
@@ -271,7 +280,7 @@ func run(ctx context.Context, f flags, cfg fileConfig, lis *listeners, log *slog
 		endpoint += "/mcp"
 	}
 	log.InfoContext(ctx, "idemproxy listening", "mode", mode, "endpoint", endpoint, "admin", adminAddr(lis.admin),
-		"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg))
+		"ledger", cfg.Ledger.Address, "upstream", upstreamName(cfg), "procs", runtime.GOMAXPROCS(0))
 	select {
 	case <-ctx.Done():
 	case err := <-errc:

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -380,6 +382,69 @@ func TestStdioFlags(t *testing.T) {
 		var stderr strings.Builder
 		if code := cli([]string{"--config", path, "--stdio"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--stdio") {
 			t.Errorf("%s over stdio: exit %d, %q; want 2, saying why", name, code, stderr.String())
+		}
+	}
+}
+
+// TestStdioHostRunsOnOneProcessor: idemproxy --stdio, as a host runs it,
+// serves on one P, and on as many as GOMAXPROCS says when it is set; its
+// admin endpoint's go_sched_gomaxprocs_threads tells which.
+func TestStdioHostRunsOnOneProcessor(t *testing.T) {
+	t.Parallel()
+	server := []string{"env", "-u", "IDEMPROXY_TEST_AS_MAIN", os.Args[0], "-test.run=^$"}
+	file := stdioConfigFile(t, config(ledgerAddr(t), byCommand(server...), policyConfig{}))
+	var environ []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOMAXPROCS=") {
+			environ = append(environ, kv)
+		}
+	}
+	for _, c := range []struct{ env, want string }{{"", "1"}, {"GOMAXPROCS=2", "2"}} {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "--config", file, "--stdio", "--admin-listen", "127.0.0.1:0", "--log-format", "json") //nolint:gosec // the test's own binary
+		cmd.Env = append(slices.Clone(environ), "IDEMPROXY_TEST_AS_MAIN=1", "IDEMPROXY_TEST_STDIO_UPSTREAM=1")
+		if c.env != "" {
+			cmd.Env = append(cmd.Env, c.env)
+		}
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var admin string
+		for lines := bufio.NewScanner(stderr); admin == "" && lines.Scan(); {
+			var line struct{ Msg, Admin string }
+			if json.Unmarshal(lines.Bytes(), &line) == nil && line.Msg == "idemproxy serving stdio" {
+				admin = line.Admin
+			}
+		}
+		if admin == "" {
+			t.Fatalf("%q: idemproxy --stdio never said it serves, or where its admin endpoint is", c.env)
+		}
+		go func() { _, _ = io.Copy(io.Discard, stderr) }()
+		res, err := http.Get("http://" + admin + "/metrics") //nolint:noctx // the admin endpoint of the test's process
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		procs := ""
+		for line := range strings.Lines(string(metrics)) {
+			if v, ok := strings.CutPrefix(line, "go_sched_gomaxprocs_threads "); ok {
+				procs = strings.TrimSpace(v)
+			}
+		}
+		if procs != c.want {
+			t.Errorf("environment %q: go_sched_gomaxprocs_threads %q, want %s", c.env, procs, c.want)
+		}
+		_ = stdin.Close() // the host leaves: the proxy ends
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("environment %q: idemproxy --stdio ended with %v after its host left", c.env, err)
 		}
 	}
 }
