@@ -347,7 +347,9 @@ func (f *front) call(ctx context.Context, params json.RawMessage) (json.RawMessa
 	if rc == nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "idemproxy: a guarded call without its request"}
 	}
-	res, err := f.post(ctx, rc.header, request(rc.id, f.stripKey(rc.tool, params)))
+	params = f.stripKey(rc.tool, params)
+	body := request(rc.id, params)
+	res, err := f.post(withCall(ctx, body, rc.id, params), rc.header, body)
 	var op *net.OpError
 	switch {
 	case errors.As(err, &op) && op.Op == "dial":

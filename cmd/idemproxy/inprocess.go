@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -109,25 +110,40 @@ func (w *pipeResponse) Flush() {}
 // A message that crosses an in-process hop is read once: the side that
 // read it puts its envelope on the request's context, with the bytes it
 // was read from (withEnvelope), and the handler takes it when the body it
-// reads is those bytes (envelopeOf). A message that came over a
-// connection, or was rewritten on the way, is read where it arrives.
+// reads is those bytes (envelopeOf). A guarded call's request, which the
+// front writes around the params the guard gave it, carries the envelope
+// of those params (withCall). A message that came over a connection is
+// read where it arrives.
 type envelopeKey struct{}
 
 type readMessage struct {
-	msg []byte
-	e   envelope
+	msg      []byte
+	envelope func() envelope // msg's, made when a handler takes it
 }
 
 // withEnvelope is ctx carrying e, the envelope read from msg.
 func withEnvelope(ctx context.Context, msg []byte, e envelope) context.Context {
-	return context.WithValue(ctx, envelopeKey{}, readMessage{msg: msg, e: e})
+	return context.WithValue(ctx, envelopeKey{}, readMessage{msg: msg, envelope: func() envelope { return e }})
+}
+
+// withCall is ctx carrying the envelope of request(id, params), made from
+// id and params, not read from the request: only the params are read, and
+// only when the handler is in process.
+func withCall(ctx context.Context, msg []byte, id, params json.RawMessage) context.Context {
+	return context.WithValue(ctx, envelopeKey{}, readMessage{msg: msg, envelope: func() envelope {
+		e := envelope{ID: id, Method: "tools/call", Params: bytes.TrimSpace(params)}
+		if len(e.Params) > 0 {
+			e.view = readParams(e.Params)
+		}
+		return e
+	}})
 }
 
 // envelopeOf is msg's envelope: the one ctx carries for these bytes, or
 // else read from them (ok is false when msg is not a JSON object).
 func envelopeOf(ctx context.Context, msg []byte) (e envelope, ok bool) {
 	if m, found := ctx.Value(envelopeKey{}).(readMessage); found && bytes.Equal(m.msg, msg) {
-		return m.e, true
+		return m.envelope(), true
 	}
 	return readEnvelope(msg)
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -72,5 +74,30 @@ func TestEnvelopeOfTheBytesItWasReadFrom(t *testing.T) {
 	}
 	if got, ok := envelopeOf(ctx, append([]byte(nil), msg...)); !ok || got.view.name != "a" {
 		t.Fatalf("the same bytes: the tool %q (%v); want a", got.view.name, ok)
+	}
+}
+
+// TestCallCarriesItsRequestsEnvelope: the envelope a guarded call's
+// request carries to the stdio bridge is the one the bridge would read
+// from the request's bytes, whatever the params hold.
+func TestCallCarriesItsRequestsEnvelope(t *testing.T) {
+	for _, params := range []string{
+		`{"name":"create_invoice","arguments":{"amount_cents":1},"_meta":{"progressToken":"p","io.idemledger/claim":{"token":"7"}}}`,
+		`{"name":"a","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"},"arguments":{"level":3e0,"who":null}}`,
+		` {"name":"spaced" , "arguments" : {} } `,
+		`{}`,
+		`{"name":"a","name":"b"}`,
+	} {
+		for _, id := range []string{`1`, `"idemproxy-9"`} {
+			body := request(json.RawMessage(id), json.RawMessage(params))
+			want, ok := readEnvelope(body)
+			if !ok {
+				t.Fatalf("%s: not read", body)
+			}
+			got, ok := envelopeOf(withCall(t.Context(), body, json.RawMessage(id), json.RawMessage(params)), body)
+			if !ok || !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: carried %+v, read %+v", body, got, want)
+			}
+		}
 	}
 }
