@@ -3,6 +3,7 @@ module github.com/idemledger/idemledger/cmd/idemproxy
 go 1.26.0
 
 require (
+	github.com/go-json-experiment/json v1.27.2
 	github.com/idemledger/idemledger v0.0.0-00010101000000-000000000000
 	github.com/idemledger/idemledger/interceptors/mcpguard v0.0.0-00010101000000-000000000000
 	github.com/modelcontextprotocol/go-sdk v1.8.0
