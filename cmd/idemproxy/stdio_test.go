@@ -409,13 +409,16 @@ func TestStdioHostRunsOnOneProcessor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stderr, err := cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
+		stderr, logs := io.Pipe() // read as it comes, and ended when the process is
+		cmd.Stderr = logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		ended := make(chan error, 1)
+		go func() {
+			ended <- cmd.Wait()
+			_ = logs.Close()
+		}()
 		var admin string
 		for lines := bufio.NewScanner(stderr); admin == "" && lines.Scan(); {
 			var line struct{ Msg, Admin string }
@@ -443,7 +446,7 @@ func TestStdioHostRunsOnOneProcessor(t *testing.T) {
 			t.Errorf("environment %q: go_sched_gomaxprocs_threads %q, want %s", c.env, procs, c.want)
 		}
 		_ = stdin.Close() // the host leaves: the proxy ends
-		if err := cmd.Wait(); err != nil {
+		if err := <-ended; err != nil {
 			t.Errorf("environment %q: idemproxy --stdio ended with %v after its host left", c.env, err)
 		}
 	}
