@@ -217,9 +217,7 @@ func headerText(s string) string {
 // as a number; its JSON spelling it may not), any other value as its JSON.
 func paramText(arg json.RawMessage) string {
 	var v any
-	if json.Unmarshal(arg, &v) != nil {
-		return headerText(string(arg))
-	}
+	_ = json.Unmarshal(arg, &v) // not JSON: nil, written as it is
 	switch v := v.(type) {
 	case string:
 		return headerText(v)

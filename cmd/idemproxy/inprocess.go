@@ -131,11 +131,7 @@ func withEnvelope(ctx context.Context, msg []byte, e envelope) context.Context {
 // only when the handler is in process.
 func withCall(ctx context.Context, msg []byte, id, params json.RawMessage) context.Context {
 	return context.WithValue(ctx, envelopeKey{}, readMessage{msg: msg, envelope: func() envelope {
-		e := envelope{ID: id, Method: "tools/call", Params: bytes.TrimSpace(params)}
-		if len(e.Params) > 0 {
-			e.view = readParams(e.Params)
-		}
-		return e
+		return envelope{ID: id, Method: "tools/call", Params: bytes.TrimSpace(params)}.viewed()
 	}})
 }
 

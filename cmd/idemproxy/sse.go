@@ -175,10 +175,16 @@ func readEnvelope(msg []byte) (envelope, bool) {
 	e := envelope{ID: rawOf(m.ID), Params: rawOf(m.Params), Result: rawOf(m.Result)}
 	_ = jsonv2.Unmarshal(m.Method, &e.Method, readOptions)
 	_ = json.Unmarshal(m.Error, &e.Error)
+	return e.viewed(), true
+}
+
+// viewed is e with its params' view, read when e is a request or a
+// notification with params.
+func (e envelope) viewed() envelope {
 	if e.Method != "" && len(e.Params) > 0 {
 		e.view = readParams(e.Params)
 	}
-	return e, true
+	return e
 }
 
 // readParams reads a message's params for its view.
