@@ -81,3 +81,19 @@ func TestReadCallParamsReadsEveryMember(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkClaimedParams: what ServeJSON does with a guarded call's params
+// as JSON: read them, and write the claim into their _meta.
+func BenchmarkClaimedParams(b *testing.B) {
+	params := json.RawMessage(`{"name":"create_invoice","arguments":{"customer":"cus_123","amount":1200,"currency":"eur","lines":[{"sku":"a","qty":1},{"sku":"b","qty":2}]},` +
+		`"_meta":{"io.idemledger/idempotency-key":"0b6f3a52-3f8e-4a7e-9d55-2f0c8f0e6c11","progressToken":7,` +
+		`"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}`)
+	claim := guard.Claim{Token: 1 << 40, Attempt: 1}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := readCallParams(params); err != nil {
+			b.Fatal(err)
+		}
+		_ = withClaimJSON(params, claim)
+	}
+}
