@@ -48,7 +48,7 @@ const protocolVersionMeta = "io.modelcontextprotocol/protocolVersion"
 func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header http.Header,
 	run func(ctx context.Context, params json.RawMessage) (json.RawMessage, error),
 ) (json.RawMessage, error) {
-	p, key, err := readCallParams(params)
+	p, key, members, err := readCallParams(params)
 	if err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "the tools/call params: " + err.Error()}
 	}
@@ -74,7 +74,7 @@ func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header ht
 			if claim == nil {
 				return run(ctx, params)
 			}
-			return run(ctx, withClaimJSON(params, *claim))
+			return run(ctx, withClaimJSON(params, members, p.Meta, *claim))
 		},
 		func(live json.RawMessage, err error) (guard.Outcome, error) { return jsonOutcome(t, live, err) })
 	switch {
@@ -93,20 +93,26 @@ func (g *Guard) ServeJSON(ctx context.Context, params json.RawMessage, header ht
 // case-insensitively, a call with both "name" and "NAME" would name one
 // tool to the guard and another to the server, which would run a
 // protected tool unguarded, and "ARGUMENTS" would give the guard other
-// arguments to fingerprint than the tool runs with.
-func readCallParams(params json.RawMessage) (p mcp.CallToolParamsRaw, key any, err error) {
-	var members map[string]json.RawMessage
+// arguments to fingerprint than the tool runs with. members are the
+// params' members as they came, for withClaimJSON.
+func readCallParams(params json.RawMessage) (p mcp.CallToolParamsRaw, key any, members map[string]json.RawMessage, err error) {
 	if err := json.Unmarshal(params, &members); err != nil {
-		return p, nil, fmt.Errorf("not an object: %w", err)
+		return p, nil, nil, fmt.Errorf("not an object: %w", err)
 	}
 	for _, m := range callParamsMembers(&p, &key) {
-		if raw, ok := members[m.name]; ok {
-			if err := json.Unmarshal(raw, m.into); err != nil {
-				return p, nil, fmt.Errorf("%s: %w", m.name, err)
-			}
+		raw, ok := members[m.name]
+		if !ok {
+			continue
+		}
+		if into, isRaw := m.into.(*json.RawMessage); isRaw {
+			*into = raw // valid JSON already, as Unmarshal would copy it
+			continue
+		}
+		if err := json.Unmarshal(raw, m.into); err != nil {
+			return p, nil, nil, fmt.Errorf("%s: %w", m.name, err)
 		}
 	}
-	return p, key, nil
+	return p, key, members, nil
 }
 
 // callParamsMembers are where readCallParams reads each member of a
@@ -207,13 +213,25 @@ func markReplayed(res json.RawMessage) (json.RawMessage, error) {
 	})
 }
 
-// withClaimJSON is params with the claim in _meta[ClaimMeta]; params
-// itself when they are not an object (the server refuses them).
-func withClaimJSON(params json.RawMessage, c guard.Claim) json.RawMessage {
+// withClaimJSON is params with the claim in _meta[ClaimMeta], from their
+// members and _meta as readCallParams read them; params as they came when
+// they are null (the server refuses them). The claim is written before
+// the _meta's other members, which keep their bytes; a claim the caller
+// sent is replaced.
+func withClaimJSON(params json.RawMessage, members map[string]json.RawMessage, meta mcp.Meta, c guard.Claim) json.RawMessage {
+	if members == nil {
+		return params
+	}
+	members = maps.Clone(members)
 	claim := fmt.Appendf(nil, `{"attempt":%d,"token":%d}`, c.Attempt, c.Token)
-	out, err := editObject(params, func(m map[string]json.RawMessage) error {
-		return editMeta(m, func(meta map[string]json.RawMessage) { meta[ClaimMeta] = claim })
-	})
+	if _, sent := meta[ClaimMeta]; sent {
+		if editMeta(members, func(meta map[string]json.RawMessage) { meta[ClaimMeta] = claim }) != nil {
+			return params
+		}
+	} else {
+		members["_meta"] = prependMember(members["_meta"], ClaimMeta, claim)
+	}
+	out, err := encodeObject(members)
 	if err != nil {
 		return params
 	}
@@ -252,11 +270,10 @@ func encodeObject(m map[string]json.RawMessage) (json.RawMessage, error) {
 		if i > 0 {
 			out = append(out, ',')
 		}
-		name, err := json.Marshal(k)
-		if err != nil {
+		var err error
+		if out, err = appendName(out, k); err != nil {
 			return nil, err
 		}
-		out = append(out, name...)
 		out = append(out, ':')
 		if v := m[k]; len(v) > 0 {
 			out = append(out, v...)
@@ -265,6 +282,38 @@ func encodeObject(m map[string]json.RawMessage) (json.RawMessage, error) {
 		}
 	}
 	return append(out, '}'), nil
+}
+
+// prependMember is the JSON object obj (empty when absent or null) with
+// the member name: value before its own, which keep their bytes. obj does
+// not have a member of that name.
+func prependMember(obj json.RawMessage, name string, value []byte) json.RawMessage {
+	out := make([]byte, 0, len(obj)+len(name)+len(value)+4)
+	out, _ = appendName(append(out, '{'), name) // a name of ours: needs no escape
+	out = append(append(out, ':'), value...)
+	if len(obj) == 0 || string(obj) == "null" {
+		return append(out, '}')
+	}
+	rest := bytes.TrimLeft(obj[1:], " \t\r\n")
+	if rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, rest...)
+}
+
+// appendName appends the name k as json.Marshal writes it: between quotes
+// as it is when none of its bytes needs an escape (the names servers
+// send), through json.Marshal otherwise.
+func appendName(out []byte, k string) ([]byte, error) {
+	for i := range len(k) {
+		if c := k[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			name, err := json.Marshal(k)
+			return append(out, name...), err
+		}
+	}
+	out = append(out, '"')
+	out = append(out, k...)
+	return append(out, '"'), nil
 }
 
 // editMeta lets edit change the _meta object of m, made when absent.
