@@ -138,9 +138,35 @@ func isModern(meta mcp.Meta) bool {
 
 // resultShape is what the guard reads of a result's JSON.
 type resultShape struct {
-	ResultType    string          `json:"resultType"`
-	IsError       bool            `json:"isError"`
-	InputRequests json.RawMessage `json:"inputRequests"`
+	ResultType    string
+	IsError       bool
+	InputRequests json.RawMessage
+}
+
+// readResultShape reads a result's JSON by its members' exact names, as
+// the client does: matched case-insensitively, a "RESULTTYPE" beside a
+// result the client takes as complete would release its claim, and the
+// retry would run the tool again.
+func readResultShape(res json.RawMessage) (shape resultShape, err error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(res, &members); err != nil {
+		return shape, err
+	}
+	if members == nil {
+		return shape, errors.New("null")
+	}
+	if raw, ok := members["resultType"]; ok {
+		if err := json.Unmarshal(raw, &shape.ResultType); err != nil {
+			return shape, err
+		}
+	}
+	if raw, ok := members["isError"]; ok {
+		if err := json.Unmarshal(raw, &shape.IsError); err != nil {
+			return shape, err
+		}
+	}
+	shape.InputRequests = members["inputRequests"]
+	return shape, nil
 }
 
 // resultTypeInputRequired is the resultType of a round that asks for more
@@ -152,8 +178,8 @@ func jsonOutcome(t Tool, res json.RawMessage, err error) (guard.Outcome, error) 
 	if err != nil {
 		return outcome(t, nil, err)
 	}
-	var shape resultShape
-	if err := json.Unmarshal(res, &shape); err != nil {
+	shape, err := readResultShape(res)
+	if err != nil {
 		return guard.Outcome{}, errors.Join(guard.ErrOutcomeUnknown, errors.New("mcpguard: the result is not a JSON object"))
 	}
 	out := guard.Outcome{Response: &anypb.Any{TypeUrl: resultTypeURL, Value: bytes.TrimSpace(res)}}

@@ -657,3 +657,37 @@ func TestServeJSONReadsMembersByTheirExactNames(t *testing.T) {
 		t.Fatal(`ServeJSON({"name":7}): no error; want invalid params`)
 	}
 }
+
+// TestServeJSONReadsAResultByItsExactNames: ServeJSON reads a result's
+// resultType and inputRequests by their exact names, as the client does.
+// A result whose "RESULTTYPE" asks for input is complete to the client:
+// stored, and its retry replayed, not run again. One whose resultType
+// asks for input is released: its retry runs.
+func TestServeJSONReadsAResultByItsExactNames(t *testing.T) {
+	t.Parallel()
+	g := newGuard(t, ledgerClient(t))
+	for _, tc := range []struct {
+		name, shape string
+		stored      bool
+	}{
+		{"other-case", `"RESULTTYPE":"input_required","INPUTREQUESTS":{"q":{"method":"elicitation/create"}}`, true},
+		{"exact", `"resultType":"input_required","inputRequests":{"q":{"method":"elicitation/create"}}`, false},
+	} {
+		var runs atomic.Int32
+		run := func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return json.RawMessage(fmt.Sprintf(`{"content":[{"type":"text","text":"run %d"}],%s}`, runs.Add(1), tc.shape)), nil
+		}
+		params := json.RawMessage(`{"name":"create_invoice","arguments":{"amount":1},"_meta":{"` + mcpguard.KeyMeta + `":"` + tc.name + `"}}`)
+		var answers []string
+		for range 2 {
+			out, err := g.ServeJSON(t.Context(), params, nil, run)
+			if err != nil {
+				t.Fatalf("%s: ServeJSON: %v", tc.name, err)
+			}
+			answers = append(answers, string(out))
+		}
+		if want := map[bool]int32{true: 1, false: 2}[tc.stored]; runs.Load() != want {
+			t.Errorf("%s: a call and its retry ran %d times (%s); want %d", tc.name, runs.Load(), answers, want)
+		}
+	}
+}
