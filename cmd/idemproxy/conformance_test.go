@@ -251,6 +251,7 @@ func TestBridgeChecksParamHeadersAsTheSDKDoes(t *testing.T) {
 		{"Base64", `{"region":"Zürich"}`, map[string]string{"Mcp-Param-Region": "=?base64?WsO8cmljaA==?="}},
 		{"Base64Unpadded", `{"region":"Hello"}`, map[string]string{"Mcp-Param-Region": "=?base64?SGVsbG8?="}},
 		{"BlankInside", `{"region":"a b"}`, map[string]string{"Mcp-Param-Region": "a b"}},
+		{"AnnotationInOtherCase", `{"zone":"z1"}`, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			call := func(endpoint string) (int, int64) {

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // From 2026-07-28 on, Streamable HTTP mirrors parts of a request's body into
@@ -50,10 +52,12 @@ type paramHeader struct {
 	name string
 }
 
-// paramHeaders are the x-mcp-header bindings of a tool's input schema.
+// paramHeaders are the x-mcp-header bindings of a tool's input schema,
+// its members read by their exact names, as the SDKs read them: an
+// "X-MCP-HEADER" binds nothing a client mirrors.
 func paramHeaders(inputSchema json.RawMessage) []paramHeader {
 	var root schemaNode
-	if json.Unmarshal(inputSchema, &root) != nil {
+	if !readObject(inputSchema, &root) {
 		return nil
 	}
 	return root.bindings(nil, nil)
@@ -62,7 +66,7 @@ func paramHeaders(inputSchema json.RawMessage) []paramHeader {
 // schemaNode is what a binding reads of a JSON Schema: its properties, and
 // its own header name.
 type schemaNode struct {
-	Header     json.RawMessage       `json:"x-mcp-header"`
+	Header     jsontext.Value        `json:"x-mcp-header"`
 	Properties map[string]schemaNode `json:"properties"`
 }
 

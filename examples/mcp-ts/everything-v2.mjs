@@ -185,6 +185,7 @@ function newServer() {
       level: { type: 'integer', description: 'non-mirrored argument' },
       count: { type: 'integer', description: 'mirrored into Mcp-Param-Count', 'x-mcp-header': 'Count' },
       flag: { type: 'boolean', description: 'mirrored into Mcp-Param-Flag', 'x-mcp-header': 'Flag' },
+      zone: { type: 'string', description: 'not mirrored: x-mcp-header is matched by its exact name', 'X-MCP-HEADER': 'Zone' },
     },
   }) }, async (args) => text(`region=${args.region ?? '<none>'}`));
   tool('test_missing_capability', { description: 'Needs the sampling client capability', inputSchema: none }, async (_args, ctx) =>
