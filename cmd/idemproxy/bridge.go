@@ -626,14 +626,8 @@ func (s *bridgeSession) learnTools(ctx context.Context, p *proc) {
 // learn takes the tools' bindings from a tools/list result, and returns
 // its next cursor.
 func (b *bridge) learn(result json.RawMessage) string {
-	var list struct {
-		Tools []struct {
-			Name        string          `json:"name"`
-			InputSchema json.RawMessage `json:"inputSchema"`
-		} `json:"tools"`
-		Next string `json:"nextCursor"`
-	}
-	if json.Unmarshal(result, &list) != nil {
+	var list toolList
+	if !readObject(result, &list) {
 		return ""
 	}
 	b.mu.Lock()

@@ -55,12 +55,22 @@ type paramHeader struct {
 // paramHeaders are the x-mcp-header bindings of a tool's input schema,
 // its members read by their exact names, as the SDKs read them: an
 // "X-MCP-HEADER" binds nothing a client mirrors.
-func paramHeaders(inputSchema json.RawMessage) []paramHeader {
+func paramHeaders(inputSchema []byte) []paramHeader {
 	var root schemaNode
 	if !readObject(inputSchema, &root) {
 		return nil
 	}
 	return root.bindings(nil, nil)
+}
+
+// toolList is what the proxy reads of a tools/list result, by exact names
+// (readObject): each tool's name and input schema, and the next cursor.
+type toolList struct {
+	Tools []struct {
+		Name        string         `json:"name"`
+		InputSchema jsontext.Value `json:"inputSchema"`
+	} `json:"tools"`
+	Next string `json:"nextCursor"`
 }
 
 // schemaNode is what a binding reads of a JSON Schema: its properties, and

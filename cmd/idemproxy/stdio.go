@@ -459,15 +459,9 @@ func (a *stdioAdapter) answer(e envelope, msg []byte) {
 // lists; it returns the answer's next cursor.
 func (a *stdioAdapter) learn(msg []byte) string {
 	var r struct {
-		Result struct {
-			Tools []struct {
-				Name        string          `json:"name"`
-				InputSchema json.RawMessage `json:"inputSchema"`
-			} `json:"tools"`
-			NextCursor string `json:"nextCursor"`
-		} `json:"result"`
+		Result toolList `json:"result"`
 	}
-	if json.Unmarshal(msg, &r) != nil {
+	if !readObject(msg, &r) {
 		return ""
 	}
 	a.mu.Lock()
@@ -475,7 +469,7 @@ func (a *stdioAdapter) learn(msg []byte) string {
 	for _, t := range r.Result.Tools {
 		a.bindings[t.Name] = paramHeaders(t.InputSchema)
 	}
-	return r.Result.NextCursor
+	return r.Result.Next
 }
 
 // headers are what a client of Streamable HTTP sends with e; session is
