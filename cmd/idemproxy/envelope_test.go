@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,20 @@ func TestToolsAreListedByTheirExactNames(t *testing.T) {
 	a := &stdioAdapter{bindings: map[string][]paramHeader{}}
 	if next := a.learn([]byte(`{"jsonrpc":"2.0","id":1,"result":` + result + `,"RESULT":{"tools":[]}}`)); next != "n" || !reflect.DeepEqual(a.bindings, want) {
 		t.Errorf("the adapter learned %v, next %q; want %v, next \"n\"", a.bindings, next, want)
+	}
+}
+
+// TestBindingsBesideABooleanSchema: a property whose schema is true or
+// false (JSON Schema's boolean schemas, which the Go and Python SDKs
+// serve) binds nothing, and its siblings keep their bindings: the stdio
+// adapter mirrors their headers, and the bridge checks them.
+func TestBindingsBesideABooleanSchema(t *testing.T) {
+	t.Parallel()
+	got := paramHeaders([]byte(`{"type":"object","properties":{"note":true,"never":false,` +
+		`"region":{"type":"string","x-mcp-header":"Region"},"address":{"type":"object","properties":{"any":true,"city":{"type":"string","x-mcp-header":"City"}}}}}`))
+	slices.SortFunc(got, func(a, b paramHeader) int { return strings.Compare(a.name, b.name) })
+	want := []paramHeader{{path: []string{"address", "city"}, name: "City"}, {path: []string{"region"}, name: "Region"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("paramHeaders = %v, want %v", got, want)
 	}
 }

@@ -76,12 +76,23 @@ type toolList struct {
 // schemaNode is what a binding reads of a JSON Schema: its properties, and
 // its own header name.
 type schemaNode struct {
-	Header     jsontext.Value        `json:"x-mcp-header"`
-	Properties map[string]schemaNode `json:"properties"`
+	Header     jsontext.Value `json:"x-mcp-header"`
+	Properties jsontext.Value `json:"properties"`
 }
 
+// bindings appends the bindings of n's properties, at path, to out. A
+// property's schema that is not an object (true, false) binds nothing and
+// leaves its siblings' bindings as they are.
 func (n schemaNode) bindings(path []string, out []paramHeader) []paramHeader {
-	for name, prop := range n.Properties {
+	var props map[string]jsontext.Value
+	if !readObject(n.Properties, &props) {
+		return out
+	}
+	for name, raw := range props {
+		var prop schemaNode
+		if !readObject(raw, &prop) {
+			continue
+		}
 		p := slices.Concat(path, []string{name})
 		var header string
 		if json.Unmarshal(prop.Header, &header) == nil && header != "" {
