@@ -128,9 +128,10 @@ func TestToolsAreListedByTheirExactNames(t *testing.T) {
 }
 
 // TestBindingsBesideABooleanSchema: a property whose schema is true or
-// false (JSON Schema's boolean schemas, which the Go and Python SDKs
-// serve) binds nothing, and its siblings keep their bindings: the stdio
-// adapter mirrors their headers, and the bridge checks them.
+// false (JSON Schema's boolean schemas; the Go SDK writes an empty
+// property schema, an any field's, as true) binds nothing, and its
+// siblings keep their bindings: the stdio adapter mirrors their headers,
+// and the bridge checks them.
 func TestBindingsBesideABooleanSchema(t *testing.T) {
 	t.Parallel()
 	got := paramHeaders([]byte(`{"type":"object","properties":{"note":true,"never":false,` +
