@@ -362,6 +362,7 @@ func (w *world) underFaults(ctx context.Context) ([]string, [][][]byte) {
 	for _, p := range w.proxies {
 		p.SetLatency(0)
 		p.SetCutResponses(0)
+		p.Disarm()
 	}
 	return keys, answers
 }
@@ -411,7 +412,12 @@ func (w *world) startFaults(ctx context.Context) *sync.WaitGroup {
 	}
 	mean := w.cfg.FaultEvery
 	every(mean, func() {
-		spell(mean/3, func() { w.svcProxy.SetCutResponses(0.05) }, func() { w.svcProxy.SetCutResponses(0) })
+		// Each spell cuts one answer for certain, the first to a request
+		// after it began, and then one chunk in twenty while it lasts.
+		spell(mean/3, func() {
+			w.svcProxy.CutAfter(lineItem)
+			w.svcProxy.SetCutResponses(0.05)
+		}, func() { w.svcProxy.SetCutResponses(0) })
 	})
 	every(mean, func() {
 		p := w.proxies[w.rng.intn(len(w.proxies))]
@@ -486,6 +492,10 @@ func (w *world) verdict(ctx context.Context, keys []string, answers, final [][][
 	rep.CutResponses = w.svcProxy.Cuts.Load()
 }
 
+// lineItem is what every intent's invoice is for: its request holds it,
+// which arms a certain cut (Proxy.CutAfter).
+const lineItem = "seats"
+
 // runIntent is one intent: a key, sent until answered (idemclient retries,
 // and the agent resumes after the retries give up) or until the deadline,
 // and sent again now and then after an answer, as a duplicate delivery. It
@@ -495,7 +505,7 @@ func runIntent(ctx context.Context, client invoicev1.InvoiceServiceClient, key s
 	defer cancel()
 	req := &invoicev1.CreateInvoiceRequest{
 		RequestId: key, Tenant: fmt.Sprintf("tenant-%d", i%7), CustomerId: fmt.Sprintf("cus_%d", i), Currency: "EUR",
-		LineItems: []*invoicev1.LineItem{{Description: "seats", Quantity: int64(1 + i%9), UnitAmountMicros: 9_990_000}},
+		LineItems: []*invoicev1.LineItem{{Description: lineItem, Quantity: int64(1 + i%9), UnitAmountMicros: 9_990_000}},
 	}
 	var answers [][]byte
 	for ictx.Err() == nil {

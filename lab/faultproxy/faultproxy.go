@@ -100,6 +100,10 @@ func (p *Proxy) CutAfter(pattern string) {
 	p.cutAfter.Store(&b)
 }
 
+// Disarm takes back a CutAfter that no request has matched yet; a cut
+// already matched still happens at its answer.
+func (p *Proxy) Disarm() { p.cutAfter.Store(nil) }
+
 // SetBlackhole holds every chunk, in each direction and on every
 // connection, while on, as a network path that drops every packet does
 // (TCP retransmits them when the path returns): nothing passes and no

@@ -103,6 +103,45 @@ func TestCutResponses(t *testing.T) {
 	}
 }
 
+// TestCutAfter: a request holding the pattern reaches the server and its
+// answer is cut; the requests before it pass, and a disarmed pattern cuts
+// nothing.
+func TestCutAfter(t *testing.T) {
+	addr, served := echo(t)
+	p := proxy(t, addr)
+	p.CutAfter("CHARGE")
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := roundTrip(c, "refund\n"); err != nil || got != "refund\n" {
+		t.Fatalf("round trip before the pattern = %q, %v", got, err)
+	}
+	<-served
+	_, err = roundTrip(c, "a charge\n")
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the pattern = %v, want a reset", err)
+	}
+	if got := <-served; got != "a charge\n" || p.Cuts.Load() != 1 {
+		t.Fatalf("server saw %q, %d cuts", got, p.Cuts.Load())
+	}
+
+	p.CutAfter("charge")
+	p.Disarm()
+	d, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got, err := roundTrip(d, "charge\n"); err != nil || got != "charge\n" {
+		t.Fatalf("round trip after Disarm = %q, %v", got, err)
+	}
+	if n := p.Cuts.Load(); n != 1 {
+		t.Fatalf("%d cuts after Disarm, want 1", n)
+	}
+}
+
 func TestResetAllAndLatency(t *testing.T) {
 	addr, _ := echo(t)
 	p := proxy(t, addr)
