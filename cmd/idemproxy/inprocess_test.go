@@ -5,9 +5,11 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestHandlerTransport: an answer streams as the handler writes it; the
@@ -16,7 +18,7 @@ import (
 // server does, and the process goes on.
 func TestHandlerTransport(t *testing.T) {
 	wrote, left := make(chan struct{}), make(chan struct{})
-	client := &http.Client{Transport: handlerTransport{http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	client := &http.Client{Transport: newHandlerTransport(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/stream":
 			_, _ = io.WriteString(w, "first")
@@ -29,7 +31,7 @@ func TestHandlerTransport(t *testing.T) {
 		case "/panic":
 			panic("a bug")
 		}
-	})}}
+	}))}
 
 	res, err := client.Get("http://in-process/stream")
 	if err != nil {
@@ -103,14 +105,82 @@ func TestCallCarriesItsRequestsEnvelope(t *testing.T) {
 	}
 }
 
+// TestWorkers: a function runs on the worker an earlier one ran on once
+// that one is idle; one that blocks holds up no other; Close ends the idle
+// workers, and a busy one once its function returns, and functions still
+// run after it.
+func TestWorkers(t *testing.T) {
+	t.Parallel()
+	w := &workers{}
+	ran := make(chan uint64)
+	on := func() { ran <- goroutineID() }
+	w.Go(on)
+	first := <-ran
+	waitIdle(t, w, 1)
+	w.Go(on)
+	if again := <-ran; again != first {
+		t.Fatalf("with a worker idle, a function ran on goroutine %d, not the worker's %d", again, first)
+	}
+
+	waitIdle(t, w, 1)
+	release := make(chan struct{})
+	w.Go(func() { <-release }) // takes the idle worker
+	w.Go(on)
+	if other := <-ran; other == first {
+		t.Fatalf("a function ran on the busy worker %d", first)
+	}
+	waitIdle(t, w, 1)
+	w.Close()
+	close(release)
+	w.live.Wait() // the idle worker ended, and the busy one after its function
+
+	w.Go(on)
+	<-ran
+	w.live.Wait()
+	if n := idleWorkers(w); n != 0 {
+		t.Fatalf("%d idle workers after Close", n)
+	}
+}
+
+// goroutineID is the calling goroutine's id, as its stack trace gives it.
+func goroutineID() uint64 {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	n, err := strconv.ParseUint(id, 10, 64)
+	if err != nil {
+		panic("a stack trace without its goroutine's id: " + string(buf))
+	}
+	return n
+}
+
+func idleWorkers(w *workers) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.idle)
+}
+
+// waitIdle waits until n of w's workers are idle: a worker goes idle
+// right after its function returns.
+func waitIdle(t *testing.T, w *workers, n int) {
+	t.Helper()
+	for start := time.Now(); idleWorkers(w) != n; runtime.Gosched() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("%d idle workers after 10 s, want %d", idleWorkers(w), n)
+		}
+	}
+}
+
 // BenchmarkHandlerTransport: a request and its answer through the
 // in-process transport, whose handler runs as deep as a guarded call's
 // does (the front, the guard, the ledger's client, gRPC and protobuf:
 // about 16 KiB of stack).
 func BenchmarkHandlerTransport(b *testing.B) {
-	client := &http.Client{Transport: handlerTransport{h: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	t := newHandlerTransport(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, strconv.Itoa(deep(64)))
-	})}}
+	}))
+	defer t.Close()
+	client := &http.Client{Transport: t}
 	for b.Loop() {
 		res, err := client.Get("http://in-process/")
 		if err != nil {

@@ -448,7 +448,8 @@ func mcpHandler(cfg *mcpConfig, stdio bool, ledger *ledgerclient.Client, m *metr
 			idle = never
 		}
 		b := newBridge(cfg.Upstream.Command, limit, cfg.Upstream.MaxSessions, idle, log)
-		endpoint, transport, stop = bridgeEndpoint, handlerTransport{b}, b.closeAll
+		t := newHandlerTransport(b)
+		endpoint, transport, stop = bridgeEndpoint, t, func() { b.closeAll(); t.Close() }
 	}
 	f, err := newFront(endpoint, transport, limit, cfg.Tools, g, m, log)
 	if err != nil {

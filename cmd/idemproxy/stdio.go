@@ -72,7 +72,9 @@ type stdioAdapter struct {
 // does, then waits up to drain for the calls in flight, ends the session
 // and returns. limit bounds one message the endpoint answers.
 func serveStdio(ctx context.Context, h http.Handler, in io.Reader, out io.Writer, limit int64, drain time.Duration, log *slog.Logger) error {
-	a := &stdioAdapter{endpoint: "http://localhost/mcp", client: &http.Client{Transport: handlerTransport{h}}, limit: limit + 64<<10,
+	t := newHandlerTransport(h)
+	defer t.Close()
+	a := &stdioAdapter{endpoint: "http://localhost/mcp", client: &http.Client{Transport: t}, limit: limit + 64<<10,
 		log: log, out: out, bindings: map[string][]paramHeader{}, inflight: map[string]context.CancelFunc{}}
 
 	calls, cancel := context.WithCancel(context.WithoutCancel(ctx))
