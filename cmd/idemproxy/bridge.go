@@ -20,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // bridge serves a stdio MCP server as Streamable HTTP, in every revision
@@ -555,20 +557,18 @@ func (s *bridgeSession) probe(ctx context.Context, p *proc) error {
 		ctx, cancel := context.WithTimeout(ctx, s.b.probeTimeout)
 		res, rpcErr, err := s.call(ctx, p, "server/discover", nil, s.writeTo(p))
 		cancel()
-		var d struct {
-			Versions []string `json:"supportedVersions"`
-		}
-		modern := err == nil && (rpcErr == nil && json.Unmarshal(res, &d) == nil && len(d.Versions) > 0 ||
+		versions := supportedVersions(res)
+		modern := err == nil && (rpcErr == nil && len(versions) > 0 ||
 			rpcErr != nil && (rpcErr.Code == codeUnsupportedVersion || rpcErr.Code == codeHeaderMismatch || rpcErr.Code == codeMissingCapability))
-		if len(d.Versions) == 0 {
-			d.Versions = []string{modernRevision}
+		if len(versions) == 0 {
+			versions = []string{modernRevision}
 		}
 		era = eraLegacy
 		if modern {
 			era = eraModern
 		}
 		s.b.mu.Lock()
-		s.b.era, s.b.versions = era, d.Versions
+		s.b.era, s.b.versions = era, versions
 		s.b.mu.Unlock()
 		s.b.log.InfoContext(ctx, "the stdio upstream's revisions", "era", era)
 	}
@@ -652,18 +652,12 @@ func (b *bridge) toolBindings(e envelope) []paramHeader {
 // reinitialize initializes a session's new child as its client initialized
 // the child before (s.wmu held).
 func (s *bridgeSession) reinitialize(ctx context.Context, p *proc) error {
-	var init struct {
-		Params json.RawMessage `json:"params"`
-	}
-	if err := json.Unmarshal(s.init, &init); err != nil {
+	params, err := initializeParams(s.init)
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.b.probeTimeout)
 	defer cancel()
-	var params map[string]any
-	if err := json.Unmarshal(init.Params, &params); err != nil {
-		return err
-	}
 	_, rpcErr, err := s.call(ctx, p, "initialize", params, s.writeTo(p))
 	switch {
 	case err != nil:
@@ -674,6 +668,21 @@ func (s *bridgeSession) reinitialize(ctx context.Context, p *proc) error {
 		return s.write(p, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`))
 	}
 	return nil
+}
+
+// initializeParams are the params of the client's initialize request.
+func initializeParams(request []byte) (map[string]any, error) {
+	var init struct {
+		Params jsontext.Value `json:"params"`
+	}
+	if !readObject(request, &init) {
+		return nil, errors.New("the client's initialize request is not a JSON object")
+	}
+	var params map[string]any
+	if err := json.Unmarshal(init.Params, &params); err != nil {
+		return nil, fmt.Errorf("the client's initialize params: %w", err)
+	}
+	return params, nil
 }
 
 // rpcError is a JSON-RPC error object.
@@ -1050,12 +1059,24 @@ func (b *bridge) closeAll() {
 	}
 }
 
+// supportedVersions are the revisions a server/discover result lists; none
+// when it lists none or is not a result.
+func supportedVersions(res json.RawMessage) []string {
+	var d struct {
+		Versions []string `json:"supportedVersions"`
+	}
+	if !readObject(res, &d) {
+		return nil
+	}
+	return d.Versions
+}
+
 // progressTokenOf is the token a progress notification names.
 func progressTokenOf(params json.RawMessage) string {
 	var p struct {
-		Token json.RawMessage `json:"progressToken"`
+		Token jsontext.Value `json:"progressToken"`
 	}
-	if json.Unmarshal(params, &p) != nil {
+	if !readObject(params, &p) {
 		return ""
 	}
 	return string(bytes.TrimSpace(p.Token))
@@ -1064,12 +1085,12 @@ func progressTokenOf(params json.RawMessage) string {
 // subscriptionOf is the subscription a notification's _meta names.
 func subscriptionOf(params json.RawMessage) json.RawMessage {
 	var p struct {
-		Meta map[string]json.RawMessage `json:"_meta"`
+		Meta map[string]jsontext.Value `json:"_meta"`
 	}
-	if json.Unmarshal(params, &p) != nil {
+	if !readObject(params, &p) {
 		return nil
 	}
-	return bytes.TrimSpace(p.Meta[metaSubscriptionID])
+	return rawOf(p.Meta[metaSubscriptionID])
 }
 
 // setProgressToken is a request's params with token as their

@@ -17,7 +17,12 @@ func readEnvelopeAsMaps(msg []byte) (envelope, bool) {
 	}
 	e := envelope{ID: members["id"], Params: members["params"], Result: members["result"]}
 	_ = json.Unmarshal(members["method"], &e.Method)
-	_ = json.Unmarshal(members["error"], &e.Error)
+	var rpcErr map[string]json.RawMessage
+	if json.Unmarshal(members["error"], &rpcErr) == nil && rpcErr != nil {
+		e.Error = &rpcError{Data: rpcErr["data"]}
+		_ = json.Unmarshal(rpcErr["code"], &e.Error.Code)
+		_ = json.Unmarshal(rpcErr["message"], &e.Error.Message)
+	}
 	if e.Method != "" && len(e.Params) > 0 {
 		var params map[string]json.RawMessage
 		if json.Unmarshal(e.Params, &params) == nil {
@@ -50,6 +55,13 @@ var envelopeSeeds = []string{
 	`{"jsonrpc":"2.0","id":2,"error":{"code":-32602,"message":"bad","data":{"x":[]}}}`,
 	`{"jsonrpc":"2.0","id":2,"error":{"CODE":1,"Message":"m"}}`,
 	`{"jsonrpc":"2.0","id":2,"error":"not an object"}`,
+	`{"jsonrpc":"2.0","id":2,"error":{"code":-32000,"CODE":-32603,"message":"m","MESSAGE":"M","DATA":1}}`,
+	`{"jsonrpc":"2.0","id":2,"error":{"code":"x","message":"m","data":null}}`,
+	`{"jsonrpc":"2.0","id":2,"error":{"code":1.5,"message":7,"data":[1]}}`,
+	`{"jsonrpc":"2.0","id":2,"error":{"code":1e3,"message":"\ud800"}}`,
+	`{"jsonrpc":"2.0","id":2,"error":{"code":-0,"code":99999999999999999999}}`,
+	`{"jsonrpc":"2.0","id":2,"error":[]}`,
+	`{"jsonrpc":"2.0","id":2,"error":{}}`,
 	" \t\r\n{ \"id\" : 1 , \"method\" : \"x\" , \"params\" : { \"name\" : \"y\" } } \n",
 	`{}`, `{"params":{}}`, `null`, `[]`, `[{"id":1}]`, `"s"`, `1`, ``, ` `, `{`, `{"id":1,}`, `{"id":1} x`,
 	`{"id":1}{"id":2}`, `{"id":01}`, `{"id":1,"params":{"a":[1,2,]}}`, `{"id":"\x"}`, "{\"id\":\"\x01\"}", `{"id":tru}`,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"reflect"
 	"slices"
 	"strings"
@@ -24,6 +25,45 @@ func TestToolsAreListedByTheirExactNames(t *testing.T) {
 	a := &stdioAdapter{bindings: map[string][]paramHeader{}}
 	if next := a.learn([]byte(`{"jsonrpc":"2.0","id":1,"result":` + result + `,"RESULT":{"tools":[]}}`)); next != "n" || !reflect.DeepEqual(a.bindings, want) {
 		t.Errorf("the adapter learned %v, next %q; want %v, next \"n\"", a.bindings, next, want)
+	}
+}
+
+// TestRoutesAndRevisionsAreReadByTheirExactNames: what the proxy takes
+// from the upstream's messages to route them and to choose a revision,
+// the client's initialize params it sends a new child again, and its
+// metrics' label, it reads as the SDKs do, by exact names: a member in
+// another letter case beside the real one (last, which encoding/json would
+// have taken) changes nothing.
+func TestRoutesAndRevisionsAreReadByTheirExactNames(t *testing.T) {
+	t.Parallel()
+	if got := progressTokenOf(json.RawMessage(`{"progressToken": "a" ,"PROGRESSTOKEN":"b"}`)); got != `"a"` {
+		t.Errorf("progressTokenOf = %s, want \"a\"", got)
+	}
+	if got := progressTokenOf(json.RawMessage(`{"PROGRESSTOKEN":"b"}`)); got != "" {
+		t.Errorf("progressTokenOf without progressToken = %s, want none", got)
+	}
+	sub := `{"_meta":{"` + metaSubscriptionID + `":"a"},"_META":{"` + metaSubscriptionID + `":"b"}}`
+	if got := subscriptionOf(json.RawMessage(sub)); string(got) != `"a"` {
+		t.Errorf("subscriptionOf = %s, want \"a\"", got)
+	}
+	if got := supportedVersions(json.RawMessage(`{"supportedVersions":["2026-07-28"],"SUPPORTEDVERSIONS":["1999-01-01"]}`)); !slices.Equal(got, []string{"2026-07-28"}) {
+		t.Errorf("supportedVersions = %v, want [2026-07-28]", got)
+	}
+	if got := supportedVersions(json.RawMessage(`{"SUPPORTEDVERSIONS":["2026-07-28"]}`)); got != nil {
+		t.Errorf("supportedVersions of a result without them = %v, want none", got)
+	}
+	a := &stdioAdapter{out: io.Discard}
+	a.answer(envelope{Method: "initialize"}, []byte(`{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18","PROTOCOLVERSION":"2026-07-28"}}`))
+	if a.version != "2025-06-18" {
+		t.Errorf("the adapter took revision %q from initialize, want 2025-06-18", a.version)
+	}
+	params, err := initializeParams([]byte(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18"},"PARAMS":{"protocolVersion":"1999-01-01"}}`))
+	if err != nil || params["protocolVersion"] != "2025-06-18" {
+		t.Errorf("a child initialized again with %v, %v; want the client's params", params, err)
+	}
+	guarded := `{"content":[],"_meta":{"io.idemledger/replayed":true},"_META":{"io.idemledger/error":{"code":"CONFLICT"}}}`
+	if got := result(json.RawMessage(guarded), nil); got != "replayed" {
+		t.Errorf("a replay's label = %q, want replayed", got)
 	}
 }
 

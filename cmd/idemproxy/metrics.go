@@ -64,7 +64,7 @@ func result(res json.RawMessage, err error) string {
 	switch {
 	case !mayHold(res, "io.idemledger/"):
 		return "ran" // the common answer, not decoded
-	case json.Unmarshal(res, &r) != nil:
+	case !readObject(res, &r):
 		return "ran"
 	case r.Meta.Error != nil && r.Meta.Error.Code != "":
 		return strings.ToLower(r.Meta.Error.Code)

@@ -174,8 +174,26 @@ func readEnvelope(msg []byte) (envelope, bool) {
 	}
 	e := envelope{ID: rawOf(m.ID), Params: rawOf(m.Params), Result: rawOf(m.Result)}
 	_ = jsonv2.Unmarshal(m.Method, &e.Method, readOptions)
-	_ = json.Unmarshal(m.Error, &e.Error)
+	e.Error = readError(m.Error)
 	return e.viewed(), true
+}
+
+// readError reads a JSON-RPC error object by its members' exact names,
+// each on its own (one of the wrong type is left zero, and the others
+// read); nil when raw is not an object.
+func readError(raw jsontext.Value) *rpcError {
+	var m struct {
+		Code    jsontext.Value `json:"code"`
+		Message jsontext.Value `json:"message"`
+		Data    jsontext.Value `json:"data"`
+	}
+	if !readObject(raw, &m) {
+		return nil
+	}
+	e := &rpcError{Data: rawOf(m.Data)}
+	_ = jsonv2.Unmarshal(m.Code, &e.Code, readOptions)
+	_ = jsonv2.Unmarshal(m.Message, &e.Message, readOptions)
+	return e
 }
 
 // viewed is e with its params' view, read when e is a request or a

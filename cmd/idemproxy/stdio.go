@@ -446,7 +446,7 @@ func (a *stdioAdapter) answer(e envelope, msg []byte) {
 				ProtocolVersion string `json:"protocolVersion"`
 			} `json:"result"`
 		}
-		if json.Unmarshal(msg, &r) == nil && r.Result.ProtocolVersion != "" {
+		if readObject(msg, &r) && r.Result.ProtocolVersion != "" {
 			a.mu.Lock()
 			a.version = r.Result.ProtocolVersion
 			a.mu.Unlock()
