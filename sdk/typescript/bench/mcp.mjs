@@ -13,7 +13,9 @@
 //     and, for the breakdown, the unguarded echo through the proxy against
 //     echo sent straight (pass-through), over each; with the CPU
 //     idemproxy used a call at --clients (its one process over HTTP, the
-//     clients' --clients processes over stdio);
+//     clients' --clients processes over stdio); and for every pair, the
+//     CPU the whole machine used a call at --clients on each side (every
+//     process, the kernel's work included), and ledgerd's on the test side;
 //   - guard-cpu: McpGuard's tool called in this process, with no MCP
 //     transport, --clients calls at once: the CPU a guarded call costs
 //     its server beyond the MCP call itself.
@@ -101,6 +103,13 @@ function cpuOf(pid) {
   return (Number(fields[11]) + Number(fields[12])) * 10_000;
 }
 
+// machineCPU is the CPU every process of the machine has used, the
+// kernel's included, in µs (/proc/stat's first line, less idle and iowait).
+function machineCPU() {
+  const ticks = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1, 9).map(Number);
+  return (ticks.reduce((a, b) => a + b, 0) - ticks[3] - ticks[4]) * 10_000;
+}
+
 const logged = (msg, field) => (line) => {
   try {
     const l = JSON.parse(line);
@@ -111,11 +120,12 @@ const logged = (msg, field) => (line) => {
 };
 const port = (line) => line.startsWith('listening ') ? `http://127.0.0.1:${line.slice(10).trim()}/mcp` : undefined;
 
-const ledgerURL = await start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
+const startingLedger = start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
   '--admin-listen', ''], procs(opt['ledgerd-procs']), (line) => {
   const grpc = logged('ledgerd listening', 'grpc')(line);
   return grpc && { grpc, http: `http://${JSON.parse(line).http}` };
 });
+const ledgerURL = await startingLedger;
 const guardJS = opt.guard;
 const server = join(here, 'server.mjs');
 const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledgerURL.http };
@@ -216,11 +226,13 @@ async function latency(p) {
 async function throughput(p) {
   const total = { base: 0, test: 0 };
   let cpu = 0; // of the test side's processes, over its turns
+  const machine = { base: 0, test: 0 }, ledgerd = { base: 0, test: 0 }; // every process's CPU, and ledgerd's, a side
   const sides = { base: await Promise.all(Array.from({ length: clients }, () => connect(p.base))), test: await Promise.all(Array.from({ length: clients }, () => connect(p.test))) };
   for (let r = 0; r < rounds; r++) {
     for (const k of ['base', 'test']) {
       const pids = p[k].pid === 'transport' ? sides[k].map((c) => c.pid) : p[k].pid ? [p[k].pid] : [];
       const cpuOfAll = () => pids.reduce((sum, pid) => sum + cpuOf(pid), 0), cpu0 = cpuOfAll();
+      const machine0 = machineCPU(), ledgerd0 = cpuOf(startingLedger.pid);
       const until = performance.now() + seconds * 1000;
       const counts = await Promise.all(sides[k].map(async (c) => {
         let n = 0;
@@ -232,10 +244,15 @@ async function throughput(p) {
       }));
       total[k] += counts.reduce((a, b) => a + b, 0);
       cpu += cpuOfAll() - cpu0;
+      machine[k] += machineCPU() - machine0;
+      ledgerd[k] += cpuOf(startingLedger.pid) - ledgerd0;
     }
   }
   await Promise.all([...sides.base, ...sides.test].map((c) => c.close()));
-  return { base: total.base / (rounds * seconds), test: total.test / (rounds * seconds), cpu: p.test.pid ? cpu / total.test : undefined };
+  return {
+    base: total.base / (rounds * seconds), test: total.test / (rounds * seconds), cpu: p.test.pid ? cpu / total.test : undefined,
+    machine: { base: machine.base / total.base, test: machine.test / total.test }, ledgerd: ledgerd.test / total.test,
+  };
 }
 
 const rows = [];
@@ -247,12 +264,14 @@ for (const p of pairs) {
     name: p.name, target: p.target, era: p.era,
     p50_base_ms: lat.base, p50_test_ms: lat.test, p50_ratio: lat.test / lat.base,
     cps_base: tput.base, cps_test: tput.test, cps_ratio: tput.test / tput.base, proxy_cpu_us_per_call: tput.cpu,
+    machine_cpu_us_per_call_base: tput.machine.base, machine_cpu_us_per_call_test: tput.machine.test, ledgerd_cpu_us_per_call: tput.ledgerd,
   };
   rows.push(row);
   const verdict = (ok) => p.target === 'info' ? '' : ok ? ' met' : ' NOT met';
   console.log(`${row.name.padEnd(30)} p50 ${row.p50_base_ms.toFixed(2)} → ${row.p50_test_ms.toFixed(2)} ms  ${row.p50_ratio.toFixed(2)}×${verdict(row.p50_ratio <= 1.3)} (≤ 1.3)` +
     `   ${clients} clients ${row.cps_base.toFixed(0)} → ${row.cps_test.toFixed(0)} calls/s  ${row.cps_ratio.toFixed(2)}×${verdict(row.cps_ratio >= 0.7)} (≥ 0.7)` +
-    (tput.cpu === undefined ? '' : `, idemproxy ${tput.cpu.toFixed(0)} µs of CPU a call`));
+    (tput.cpu === undefined ? '' : `, idemproxy ${tput.cpu.toFixed(0)} µs of CPU a call`) +
+    `; the machine's CPU a call ${tput.machine.base.toFixed(0)} → ${tput.machine.test.toFixed(0)} µs, ledgerd's ${tput.ledgerd.toFixed(0)}`);
 }
 
 // guardCPU is what the guard itself costs its server: McpGuard's tool
