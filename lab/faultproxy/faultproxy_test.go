@@ -62,6 +62,17 @@ func proxy(t *testing.T, target string) *faultproxy.Proxy {
 	return p
 }
 
+// dial connects to the proxy p; the connection closes when the test ends.
+func dial(t *testing.T, p *faultproxy.Proxy) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 func roundTrip(c net.Conn, line string) (string, error) {
 	if _, err := c.Write([]byte(line)); err != nil {
 		return "", err
@@ -73,11 +84,7 @@ func roundTrip(c net.Conn, line string) (string, error) {
 func TestForwards(t *testing.T) {
 	addr, _ := echo(t)
 	p := proxy(t, addr)
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, p)
 	if got, err := roundTrip(c, "hello\n"); err != nil || got != "hello\n" {
 		t.Fatalf("round trip = %q, %v", got, err)
 	}
@@ -89,12 +96,8 @@ func TestCutResponses(t *testing.T) {
 	addr, served := echo(t)
 	p := proxy(t, addr)
 	p.SetCutResponses(1)
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = roundTrip(c, "charge\n")
+	c := dial(t, p)
+	_, err := roundTrip(c, "charge\n")
 	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
 		t.Fatalf("read after a cut = %v, want a reset", err)
 	}
@@ -110,16 +113,12 @@ func TestCutAfter(t *testing.T) {
 	addr, served := echo(t)
 	p := proxy(t, addr)
 	p.CutAfter("CHARGE")
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, p)
 	if got, err := roundTrip(c, "refund\n"); err != nil || got != "refund\n" {
 		t.Fatalf("round trip before the pattern = %q, %v", got, err)
 	}
 	<-served
-	_, err = roundTrip(c, "a charge\n")
+	_, err := roundTrip(c, "a charge\n")
 	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
 		t.Fatalf("read after the pattern = %v, want a reset", err)
 	}
@@ -129,11 +128,7 @@ func TestCutAfter(t *testing.T) {
 
 	p.CutAfter("charge")
 	p.Disarm()
-	d, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := dial(t, p)
 	if got, err := roundTrip(d, "charge\n"); err != nil || got != "charge\n" {
 		t.Fatalf("round trip after Disarm = %q, %v", got, err)
 	}
@@ -146,11 +141,7 @@ func TestResetAllAndLatency(t *testing.T) {
 	addr, _ := echo(t)
 	p := proxy(t, addr)
 	p.SetLatency(30 * time.Millisecond)
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, p)
 	if _, err := roundTrip(c, "a\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -173,11 +164,7 @@ func TestDelay(t *testing.T) {
 	p := proxy(t, addr)
 	const d = 50 * time.Millisecond
 	p.SetDelay(d)
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dial(t, p)
 	start := time.Now()
 	if _, err := roundTrip(c, "a\n"); err != nil {
 		t.Fatal(err)
