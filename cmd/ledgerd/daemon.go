@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
+	"github.com/idemledger/idemledger/cmd/ledgerd/internal/procs"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/server"
@@ -274,6 +276,16 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	wg.Go(func() { d.decisions.run(bg, d.reg) })
+	if ceiling := runtime.GOMAXPROCS(0); d.cfg.procs == "auto" && ceiling > 1 {
+		wg.Go(func() {
+			t := time.NewTicker(procs.Tick)
+			defer t.Stop()
+			procs.Run(bg, procs.NewSizer(procs.Policy{Ceiling: ceiling}), t.C, procs.NewReader(), func(n int, why procs.Load) {
+				procs.Set(n)
+				d.log.DebugContext(bg, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
+			})
+		})
+	}
 	if d.cfg.censusInterval > 0 {
 		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, &d.census, d.log) })
 	}

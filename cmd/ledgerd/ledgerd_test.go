@@ -77,9 +77,15 @@ type proc struct {
 // waits until it says where it listens. It is killed when the test ends.
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, args...)
+}
+
+// startEnv is start with env added to ledgerd's environment.
+func startEnv(t testing.TB, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{exited: make(chan struct{})}
 	p.cmd = exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--drain-timeout", "10s"}, args...)...)
-	p.cmd.Env = append(os.Environ(), "LEDGER_LOG_LEVEL=debug")
+	p.cmd.Env = append(append(os.Environ(), "LEDGER_LOG_LEVEL=debug"), env...)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -442,6 +448,7 @@ func TestRefusesBadConfiguration(t *testing.T) {
 		"SweepShareOverOne":   {"--sweep-share", "1.5"},
 		"SweepShareNaN":       {"--sweep-share", "NaN"},
 		"SweepShareWithSQL":   {"--sweep-share", "0.1", "--database-url", "postgres://ledger@127.0.0.1:1/ledger"},
+		"ProcsNumber":         {"--procs", "2"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(binary, append([]string{"--data-dir", t.TempDir()}, args...)...)
@@ -513,6 +520,26 @@ func TestSweepShareFlag(t *testing.T) {
 		if logs := p.logs(); !strings.Contains(logs, "created a new embedded ledger") || !strings.Contains(logs, tt.want) {
 			t.Errorf("with %q, no %s as the store opened:\n%s", tt.args, tt.want, logs)
 		}
+	}
+}
+
+// TestProcsFlag: an idle ledgerd on two Ps (GOMAXPROCS=2) goes down to
+// one by itself, and says so at debug; with --procs max it stays on two.
+func TestProcsFlag(t *testing.T) {
+	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
+	env := []string{"GOMAXPROCS=2"}
+	auto := startEnv(t, env, "--data-dir", t.TempDir())
+	fixed := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "max")
+	procs := func(p *proc) float64 { return metricValue(t, p.metrics(t), "go_sched_gomaxprocs_threads") }
+	if got := procs(fixed); got != 2 {
+		t.Fatalf("with --procs max and GOMAXPROCS=2, go_sched_gomaxprocs_threads = %v", got)
+	}
+	ledgertest.Eventually(t, 30*time.Second, func() bool { return procs(auto) == 1 }, "an idle ledgerd goes down to one P")
+	if !strings.Contains(auto.logs(), `"msg":"GOMAXPROCS set","procs":1`) {
+		t.Errorf("no debug line for the change to one P:\n%s", auto.logs())
+	}
+	if got := procs(fixed); got != 2 {
+		t.Errorf("with --procs max, go_sched_gomaxprocs_threads = %v after the other went down to one", got)
 	}
 }
 

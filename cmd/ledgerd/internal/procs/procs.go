@@ -1,0 +1,230 @@
+// Package procs sizes Go's scheduler to ledgerd's load: as few Ps
+// (GOMAXPROCS) as the CPU it uses needs, up to the ceiling Go gives it
+// (the container's CPU limit, or GOMAXPROCS from the environment).
+//
+// A ledger call passes through several goroutines: the transport's
+// reader, the call, the store's commit loop, its log writer, the
+// transport's writer. Each hand-off that readies a goroutine while a P is
+// idle wakes another thread, and on a VM that halts an idle core the wake
+// costs tens of microseconds of the kernel's CPU. At a moderate load,
+// calls arriving one at a time, those wakes are most of what a call
+// costs; on one P there is no idle P to wake. Under a load that one core
+// cannot carry, every P is busy and the hand-offs cost nothing more.
+//
+// So ledgerd starts on the ceiling and halves its Ps once the CPU it used
+// stayed below Down of them for Calm ticks in a row. It doubles them (up to
+// the ceiling) after a tick in which it used more than Up of them, or when
+// over the last Calm ticks more than one wait to run in a hundred took
+// longer than MaxWait: a sweep's batch or a compaction that holds the one
+// P for milliseconds makes the calls wait, though the process is far from
+// using a core. The waits are read over a window, not a tick: on a machine
+// whose cores are busy with other processes, a tick now and then has a
+// few long waits that more Ps would not shorten.
+package procs
+
+import (
+	"context"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// Policy is when the Ps change. The zero values take the defaults.
+type Policy struct {
+	// Ceiling is the most Ps: Go's GOMAXPROCS when ledgerd starts.
+	Ceiling int
+	// Up doubles the Ps after a tick in which the process used more
+	// than this share of them (0.75).
+	Up float64
+	// Down halves the Ps once the process used less than this share of
+	// them for Calm ticks in a row (0.35, 10). Calm ticks are also the
+	// window the waits to run are read over.
+	Down float64
+	Calm int
+	// MaxWait doubles the Ps when more than one wait to run in a
+	// hundred, over a window of Calm ticks at the same Ps, took longer
+	// (2 ms), and at least minSlow did.
+	MaxWait time.Duration
+}
+
+// Defaults of Policy.
+const (
+	DefaultUp   = 0.75
+	DefaultDown = 0.35
+	DefaultCalm = 10
+	DefaultWait = 2 * time.Millisecond
+	// Tick is how often Run reads the CPU the process used.
+	Tick = 100 * time.Millisecond
+)
+
+// minSlow is the fewest long waits in a window that add Ps: the runtime
+// samples one wait in eight, so a handful is no share at all.
+const minSlow = 5
+
+// Sizer decides the Ps from one tick to the next.
+type Sizer struct {
+	p      Policy
+	cur    int
+	calm   int    // ticks in a row below Down
+	window []Load // the waits of the last Calm ticks at these Ps
+}
+
+// NewSizer starts at the ceiling.
+func NewSizer(p Policy) *Sizer {
+	p.Ceiling = max(p.Ceiling, 1)
+	if p.Up <= 0 {
+		p.Up = DefaultUp
+	}
+	if p.Down <= 0 {
+		p.Down = DefaultDown
+	}
+	if p.Calm <= 0 {
+		p.Calm = DefaultCalm
+	}
+	if p.MaxWait <= 0 {
+		p.MaxWait = DefaultWait
+	}
+	return &Sizer{p: p, cur: p.Ceiling}
+}
+
+// Procs is the Ps the sizer has decided.
+func (s *Sizer) Procs() int { return s.cur }
+
+// Load is what the process did during a tick.
+type Load struct {
+	Used float64 // cores: CPU time over wall time
+	// Waits counts the waits to run (a goroutine ready, then running)
+	// the runtime sampled, and Slow those longer than the policy's
+	// MaxWait.
+	Waits, Slow uint64
+}
+
+// Next takes the load of the last tick and returns the Ps for the next
+// one.
+func (s *Sizer) Next(l Load) int {
+	if len(s.window) == s.p.Calm {
+		s.window = s.window[1:]
+	}
+	s.window = append(s.window, l)
+	var waits, slow uint64
+	for _, w := range s.window {
+		waits, slow = waits+w.Waits, slow+w.Slow
+	}
+	waiting := len(s.window) == s.p.Calm && slow >= minSlow && slow*100 > waits
+	switch {
+	case l.Used > s.p.Up*float64(s.cur), waiting:
+		s.to(min(2*s.cur, s.p.Ceiling))
+	case l.Used < s.p.Down*float64(s.cur) && s.cur > 1:
+		if s.calm++; s.calm >= s.p.Calm {
+			s.to(max(s.cur/2, 1))
+		}
+	default:
+		s.calm = 0
+	}
+	return s.cur
+}
+
+// to moves to n Ps; the waits read at the Ps before do not count at n.
+func (s *Sizer) to(n int) {
+	if n != s.cur {
+		s.window = s.window[:0]
+	}
+	s.cur, s.calm = n, 0
+}
+
+// Sample is the process's CPU time (user and system, every thread) and
+// its waits to run so far, at a moment.
+type Sample struct {
+	At  time.Time
+	CPU time.Duration
+	// Waits counts the waits to run by how long they took, in the
+	// buckets of Reader.Buckets.
+	Waits []uint64
+}
+
+// Run sizes the Ps until ctx ends: at each tick it reads a sample, hands
+// the load since the sample before to s, and calls set when the Ps
+// change, with the load that changed them. When ctx ends it leaves the Ps
+// at the ceiling.
+func Run(ctx context.Context, s *Sizer, ticks <-chan time.Time, r *Reader, set func(procs int, why Load)) {
+	defer func() {
+		if s.cur != s.p.Ceiling {
+			s.cur = s.p.Ceiling
+			set(s.cur, Load{})
+		}
+	}()
+	var last Sample
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticks:
+		}
+		now, err := r.Read()
+		if err != nil {
+			continue
+		}
+		if wall := now.At.Sub(last.At); !last.At.IsZero() && wall > 0 {
+			before, l := s.cur, r.load(last, now, s.p.MaxWait)
+			if after := s.Next(l); after != before {
+				set(after, l)
+			}
+		}
+		last = now
+	}
+}
+
+// Reader reads samples: of this process by default (NewReader), of
+// anything its Read gives.
+type Reader struct {
+	// Buckets are the bounds of Sample.Waits's buckets, in seconds, as
+	// runtime/metrics gives them: bucket i holds the waits from
+	// Buckets[i] up to Buckets[i+1].
+	Buckets []float64
+	Read    func() (Sample, error)
+}
+
+// NewReader reads the process's CPU time from getrusage and its waits to
+// run from runtime/metrics.
+func NewReader() *Reader {
+	m := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(m)
+	r := &Reader{}
+	if m[0].Value.Kind() == metrics.KindFloat64Histogram {
+		r.Buckets = m[0].Value.Float64Histogram().Buckets
+	}
+	r.Read = func() (Sample, error) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			return Sample{}, err
+		}
+		s := Sample{At: time.Now(), CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}
+		metrics.Read(m)
+		if m[0].Value.Kind() == metrics.KindFloat64Histogram {
+			s.Waits = slices.Clone(m[0].Value.Float64Histogram().Counts) // Read reuses it
+		}
+		return s, nil
+	}
+	return r
+}
+
+// load is what the process did between two samples.
+func (r *Reader) load(a, b Sample, maxWait time.Duration) Load {
+	l := Load{Used: float64(b.CPU-a.CPU) / float64(b.At.Sub(a.At))}
+	if len(a.Waits) != len(b.Waits) || len(r.Buckets) != len(b.Waits)+1 {
+		return l
+	}
+	for i := range b.Waits {
+		n := b.Waits[i] - a.Waits[i]
+		l.Waits += n
+		if r.Buckets[i] >= maxWait.Seconds() {
+			l.Slow += n
+		}
+	}
+	return l
+}
+
+// Set sets GOMAXPROCS.
+func Set(n int) { runtime.GOMAXPROCS(n) }
