@@ -58,6 +58,7 @@ import (
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/internal/clienttls"
+	"github.com/idemledger/idemledger/internal/procs"
 	"github.com/idemledger/idemledger/ledger/ledgerclient"
 )
 
@@ -72,6 +73,7 @@ type flags struct {
 	ledgerServerName                    string
 	drainTimeout                        time.Duration
 	logLevel, logFormat                 string
+	procs                               string
 	version, stdio                      bool
 }
 
@@ -92,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 30*time.Second, "how long SIGTERM waits for calls in flight")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	fs.StringVar(&f.procs, "procs", "auto", "auto: over HTTP, schedule goroutines on as few Ps as the load needs, up to GOMAXPROCS (Go's default: the CPU limit); with --stdio, on one P unless GOMAXPROCS is set; max: on GOMAXPROCS always")
 	fs.BoolVar(&f.version, "version", false, "print the version and exit")
 	fs.BoolVar(&f.stdio, "stdio", false, "serve MCP on stdin and stdout, as the server a host runs, instead of on --listen")
 	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("IDEMPROXY")); err != nil {
@@ -169,7 +172,11 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	f.apply(&cfg)
-	if f.stdio && os.Getenv("GOMAXPROCS") == "" {
+	if f.procs != "auto" && f.procs != "max" {
+		_, _ = fmt.Fprintf(stderr, "idemproxy: --procs is auto or max, not %q\n", f.procs)
+		return 2
+	}
+	if f.stdio && f.procs == "auto" && os.Getenv("GOMAXPROCS") == "" {
 		// Over stdio the proxy serves one host, a call or a few at a
 		// time: on one P a hand-off between its goroutines is a switch on
 		// the thread running, not a wake-up of another, which on a host
@@ -179,6 +186,18 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if !f.stdio && f.procs == "auto" {
+		// Over HTTP the proxy serves every client: as few Ps as its load
+		// needs (docs/mcp.md).
+		sizing, endSizing := context.WithCancel(ctx)
+		var sized sync.WaitGroup
+		sized.Go(func() {
+			procs.Size(sizing, func(n int, why procs.Load) {
+				log.DebugContext(sizing, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
+			})
+		})
+		defer func() { endSizing(); sized.Wait() }()
+	}
 	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {
 		log.Error("idemproxy stopped", "error", err)
 		return 1

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -23,6 +24,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/syncbuf"
+	"github.com/idemledger/idemledger/ledger/ledgertest"
 )
 
 // stdioHost is a host that runs idemproxy --stdio: it writes JSON-RPC
@@ -449,6 +452,69 @@ func TestStdioHostRunsOnOneProcessor(t *testing.T) {
 		if err := <-ended; err != nil {
 			t.Errorf("environment %q: idemproxy --stdio ended with %v after its host left", c.env, err)
 		}
+	}
+}
+
+// TestHTTPModeSizesItsProcs: idemproxy over HTTP on two Ps (GOMAXPROCS=2)
+// goes down to one while idle, and says so at debug; with --procs max it
+// stays on two; --procs takes auto or max only.
+func TestHTTPModeSizesItsProcs(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "idemproxy.yaml")
+	body := fmt.Sprintf("ledger:\n  address: %s\nmcp:\n  upstream: {url: %q}\n  tenant: {static: acme}\n  tools:\n    create_invoice: {}\n",
+		ledgerAddr(t), (&goUpstream{}).serve(t))
+	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (admin string, logs *syncbuf.Buffer) {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], append([]string{"--config", file, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-level", "debug"}, args...)...) //nolint:gosec // the test's own binary
+		cmd.Env = append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1", "GOMAXPROCS=2")
+		logs = &syncbuf.Buffer{}
+		cmd.Stderr = logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		ledgertest.Eventually(t, 20*time.Second, func() bool {
+			for line := range strings.Lines(logs.String()) {
+				var l struct{ Msg, Admin string }
+				if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "idemproxy listening" {
+					admin = l.Admin
+				}
+			}
+			return admin != ""
+		}, "idemproxy says where it listens")
+		return admin, logs
+	}
+	procs := func(admin string) string {
+		res, err := http.Get("http://" + admin + "/metrics") //nolint:noctx // the admin endpoint of the test's process
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		metrics, _ := io.ReadAll(res.Body)
+		for line := range strings.Lines(string(metrics)) {
+			if v, ok := strings.CutPrefix(line, "go_sched_gomaxprocs_threads "); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return ""
+	}
+	auto, autoLogs := run()
+	fixed, _ := run("--procs", "max")
+	if got := procs(fixed); got != "2" {
+		t.Fatalf("--procs max with GOMAXPROCS=2: go_sched_gomaxprocs_threads %q", got)
+	}
+	ledgertest.Eventually(t, 30*time.Second, func() bool { return procs(auto) == "1" }, "an idle idemproxy goes down to one P")
+	if !strings.Contains(autoLogs.String(), `"msg":"GOMAXPROCS set","procs":1`) {
+		t.Errorf("no debug line for the change to one P:\n%s", autoLogs)
+	}
+	if got := procs(fixed); got != "2" {
+		t.Errorf("--procs max: go_sched_gomaxprocs_threads %q after the other went down to one", got)
+	}
+	var stderr bytes.Buffer
+	if code := cli([]string{"--config", file, "--procs", "2"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "--procs") {
+		t.Fatalf("--procs 2: exit %d, %s", code, stderr.String())
 	}
 }
 

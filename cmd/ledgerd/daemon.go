@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -29,8 +28,8 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idemledger/idemledger/cmd/ledgerd/internal/console"
-	"github.com/idemledger/idemledger/cmd/ledgerd/internal/procs"
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/procs"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/server"
 )
@@ -276,12 +275,9 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	wg.Go(func() { d.decisions.run(bg, d.reg) })
-	if ceiling := runtime.GOMAXPROCS(0); d.cfg.procs == "auto" && ceiling > 1 {
+	if d.cfg.procs == "auto" {
 		wg.Go(func() {
-			t := time.NewTicker(procs.Tick)
-			defer t.Stop()
-			procs.Run(bg, procs.NewSizer(procs.Policy{Ceiling: ceiling}), t.C, procs.NewReader(), func(n int, why procs.Load) {
-				procs.Set(n)
+			procs.Size(bg, func(n int, why procs.Load) {
 				d.log.DebugContext(bg, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
 			})
 		})

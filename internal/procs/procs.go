@@ -1,25 +1,26 @@
-// Package procs sizes Go's scheduler to ledgerd's load: as few Ps
+// Package procs sizes Go's scheduler to a daemon's load: as few Ps
 // (GOMAXPROCS) as the CPU it uses needs, up to the ceiling Go gives it
 // (the container's CPU limit, or GOMAXPROCS from the environment).
 //
-// A ledger call passes through several goroutines: the transport's
-// reader, the call, the store's commit loop, its log writer, the
-// transport's writer. Each hand-off that readies a goroutine while a P is
+// A call through ledgerd or idemproxy passes through several goroutines:
+// ledgerd's transport reader, the call, the store's commit loop, its log
+// writer, the transport's writer; idemproxy's connection reader, the
+// call, its ledger stream and its upstream's connection. Each hand-off that readies a goroutine while a P is
 // idle wakes another thread, and on a VM that halts an idle core the wake
 // costs tens of microseconds of the kernel's CPU. At a moderate load,
 // calls arriving one at a time, those wakes are most of what a call
 // costs; on one P there is no idle P to wake. Under a load that one core
 // cannot carry, every P is busy and the hand-offs cost nothing more.
 //
-// So ledgerd starts on the ceiling and halves its Ps once the CPU it used
+// So the process starts on the ceiling and halves its Ps once the CPU it used
 // stayed below Down of them for Calm ticks in a row. It doubles them (up to
 // the ceiling) after a tick in which it used more than Up of them, or when
-// over the last Calm ticks more than one wait to run in a hundred took
-// longer than MaxWait: a sweep's batch or a compaction that holds the one
-// P for milliseconds makes the calls wait, though the process is far from
-// using a core. The waits are read over a window, not a tick: on a machine
-// whose cores are busy with other processes, a tick now and then has a
-// few long waits that more Ps would not shorten.
+// over the last Calm ticks more than one wait to run in ten took longer
+// than MaxWait: a sweep's batch or a compaction that holds the one P for
+// milliseconds makes the calls wait, though the process is far from using
+// a core. On a machine whose cores are busy with other processes a few
+// waits in a hundred are that long at any number of Ps, more of them on
+// one; those are read over a window and do not count.
 package procs
 
 import (
@@ -43,9 +44,9 @@ type Policy struct {
 	// window the waits to run are read over.
 	Down float64
 	Calm int
-	// MaxWait doubles the Ps when more than one wait to run in a
-	// hundred, over a window of Calm ticks at the same Ps, took longer
-	// (2 ms), and at least minSlow did.
+	// MaxWait doubles the Ps when more than one wait to run in ten,
+	// over a window of Calm ticks at the same Ps, took longer (2 ms), and
+	// at least minSlow did.
 	MaxWait time.Duration
 }
 
@@ -112,7 +113,7 @@ func (s *Sizer) Next(l Load) int {
 	for _, w := range s.window {
 		waits, slow = waits+w.Waits, slow+w.Slow
 	}
-	waiting := len(s.window) == s.p.Calm && slow >= minSlow && slow*100 > waits
+	waiting := len(s.window) == s.p.Calm && slow >= minSlow && slow*10 > waits
 	switch {
 	case l.Used > s.p.Up*float64(s.cur), waiting:
 		s.to(min(2*s.cur, s.p.Ceiling))
@@ -226,5 +227,18 @@ func (r *Reader) load(a, b Sample, maxWait time.Duration) Load {
 	return l
 }
 
-// Set sets GOMAXPROCS.
-func Set(n int) { runtime.GOMAXPROCS(n) }
+// Size sizes the process's Ps until ctx ends, up to the GOMAXPROCS it
+// has when called, and tells changed of each change. With one P it
+// returns at once.
+func Size(ctx context.Context, changed func(procs int, why Load)) {
+	ceiling := runtime.GOMAXPROCS(0)
+	if ceiling <= 1 {
+		return
+	}
+	t := time.NewTicker(Tick)
+	defer t.Stop()
+	Run(ctx, NewSizer(Policy{Ceiling: ceiling}), t.C, NewReader(), func(n int, why Load) {
+		runtime.GOMAXPROCS(n)
+		changed(n, why)
+	})
+}

@@ -55,8 +55,8 @@ func TestSizer(t *testing.T) {
 }
 
 // TestSizerWaits: long waits to run add Ps when, over the window, more
-// than one in a hundred and at least minSlow took longer than MaxWait,
-// however little CPU the process uses.
+// than one in ten and at least minSlow took longer than MaxWait, however
+// little CPU the process uses.
 func TestSizerWaits(t *testing.T) {
 	t.Parallel()
 	s := NewSizer(Policy{Ceiling: 2})
@@ -66,21 +66,21 @@ func TestSizerWaits(t *testing.T) {
 	if got := s.Procs(); got != 1 {
 		t.Fatalf("a calm process has %d Ps, want 1", got)
 	}
-	// A busy machine: a few long waits now and then, under one in a
-	// hundred over the window.
+	// A busy machine: a few long waits in a hundred, and in a tick of
+	// four one in six, under one in ten over the window.
 	for i := range 5 * DefaultCalm {
-		l := Load{Used: 0.2, Waits: 500}
+		l := Load{Used: 0.2, Waits: 300, Slow: 9}
 		if i%4 == 0 {
-			l.Slow = 9
+			l.Slow = 50
 		}
 		if got := s.Next(l); got != 1 {
-			t.Fatalf("tick %d: %d long waits in 500 in a tick of four gave %d Ps, want 1", i, l.Slow, got)
+			t.Fatalf("tick %d: %d long waits in 300 gave %d Ps, want 1", i, l.Slow, got)
 		}
 	}
-	// One P held by a batch: a tenth of the waits long.
-	s.Next(Load{Used: 0.3, Waits: 2000, Slow: 200})
+	// One P held by a batch: a fifth of the waits long.
+	s.Next(Load{Used: 0.3, Waits: 3000, Slow: 600})
 	if got := s.Procs(); got != 2 {
-		t.Fatalf("a tenth of the waits long gave %d Ps, want 2", got)
+		t.Fatalf("a fifth of the waits long gave %d Ps, want 2", got)
 	}
 	// At the new Ps the window starts again: the waits read at one P do
 	// not count, and a window not yet full tells nothing.
@@ -138,12 +138,12 @@ func TestRun(t *testing.T) {
 		samples <- Sample{At: at, CPU: cpu, Waits: slices.Clone(waits)}
 		ticks <- at
 	}
-	tick(0, 0, 0)     // the first sample has nothing before it
-	tick(0.1, 100, 0) // calm 1
-	tick(0.1, 100, 0) // calm 2: one P
-	tick(0.2, 100, 3) // three long waits: too few to count
-	tick(0.2, 100, 3) // six of 206 in the window: two
-	tick(1.0, 100, 0) // stays at two
+	tick(0, 0, 0)      // the first sample has nothing before it
+	tick(0.1, 100, 0)  // calm 1
+	tick(0.1, 100, 0)  // calm 2: one P
+	tick(0.2, 100, 4)  // four long waits: too few to count
+	tick(0.2, 100, 30) // 34 of 234 in the window: two
+	tick(1.0, 100, 0)  // stays at two
 	tick(0.1, 100, 0)
 	tick(0.1, 100, 0) // one P
 	tick(0.9, 100, 0) // two
@@ -154,7 +154,7 @@ func TestRun(t *testing.T) {
 	for c := range changes {
 		got = append(got, c)
 	}
-	if want := []change{{1, 0}, {2, 3}, {1, 0}, {2, 0}}; !slices.Equal(got, want) {
+	if want := []change{{1, 0}, {2, 30}, {1, 0}, {2, 0}}; !slices.Equal(got, want) {
 		t.Fatalf("Run changed the Ps %v, want %v", got, want)
 	}
 }
