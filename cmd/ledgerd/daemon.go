@@ -275,7 +275,7 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	wg.Go(func() { d.decisions.run(bg, d.reg) })
-	if d.cfg.procs == "auto" {
+	if d.cfg.procs == "auto" || d.cfg.procs == "" && d.cfg.databaseURL != "" {
 		wg.Go(func() {
 			procs.Size(bg, func(n int, why procs.Load) {
 				d.log.DebugContext(bg, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)

@@ -523,23 +523,28 @@ func TestSweepShareFlag(t *testing.T) {
 	}
 }
 
-// TestProcsFlag: an idle ledgerd on two Ps (GOMAXPROCS=2) goes down to
-// one by itself, and says so at debug; with --procs max it stays on two.
+// TestProcsFlag: an idle ledgerd on two Ps (GOMAXPROCS=2) with --procs
+// auto goes down to one by itself, and says so at debug; on the embedded
+// store without the flag, and with --procs max, it stays on two. (On
+// PostgreSQL without the flag it sizes itself: TestPostgreSQLStore.)
 func TestProcsFlag(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	env := []string{"GOMAXPROCS=2"}
-	auto := startEnv(t, env, "--data-dir", t.TempDir())
-	fixed := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "max")
+	auto := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "auto")
+	fixed := startEnv(t, env, "--data-dir", t.TempDir())
 	procs := func(p *proc) float64 { return metricValue(t, p.metrics(t), "go_sched_gomaxprocs_threads") }
 	if got := procs(fixed); got != 2 {
-		t.Fatalf("with --procs max and GOMAXPROCS=2, go_sched_gomaxprocs_threads = %v", got)
+		t.Fatalf("on the embedded store with GOMAXPROCS=2, go_sched_gomaxprocs_threads = %v", got)
 	}
 	ledgertest.Eventually(t, 30*time.Second, func() bool { return procs(auto) == 1 }, "an idle ledgerd goes down to one P")
 	if !strings.Contains(auto.logs(), `"msg":"GOMAXPROCS set","procs":1`) {
 		t.Errorf("no debug line for the change to one P:\n%s", auto.logs())
 	}
 	if got := procs(fixed); got != 2 {
-		t.Errorf("with --procs max, go_sched_gomaxprocs_threads = %v after the other went down to one", got)
+		t.Errorf("on the embedded store, go_sched_gomaxprocs_threads = %v after the other went down to one", got)
+	}
+	if max := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "max"); procs(max) != 2 || strings.Contains(max.logs(), "GOMAXPROCS set") {
+		t.Errorf("--procs max changed its Ps:\n%s", max.logs())
 	}
 }
 
@@ -575,14 +580,17 @@ func TestNotServingUntilTheDatabaseAnswers(t *testing.T) {
 }
 
 // TestPostgreSQLStore runs ledgerd on PostgreSQL with --migrate: it becomes
-// SERVING, and a completed key replays from a second ledgerd on the same
-// database.
+// SERVING, sizes its Ps to its load, and a completed key replays from a
+// second ledgerd on the same database.
 func TestPostgreSQLStore(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	url := pgtest.NewDatabase(t)
-	p := start(t, "--database-url", url, "--migrate")
+	p := startEnv(t, []string{"GOMAXPROCS=2"}, "--database-url", url, "--migrate")
 	conn := p.dial(t)
 	p.waitServing(t, conn)
+	// Without --procs, ledgerd on a SQL store sizes its Ps to its load:
+	// idle, one.
+	ledgertest.Eventually(t, 30*time.Second, func() bool { return metricValue(t, p.metrics(t), "go_sched_gomaxprocs_threads") == 1 }, "an idle ledgerd on PostgreSQL goes down to one P")
 	client := ledgerv1.NewLedgerServiceClient(conn)
 	calls := func() float64 { return metricValue(t, p.metrics(t), "idemledger_sql_batched_calls_total") }
 	before := calls()

@@ -20,7 +20,10 @@
 // milliseconds makes the calls wait, though the process is far from using
 // a core. On a machine whose cores are busy with other processes a few
 // waits in a hundred are that long at any number of Ps, more of them on
-// one; those are read over a window and do not count.
+// one; those are read over a window and do not count. A halving undone
+// within seconds is not tried again under the same load for minutes: a
+// sweep that uses half of two Ps fills one, and at a light load the waits
+// sampled are too few to tell before the CPU does.
 package procs
 
 import (
@@ -64,12 +67,37 @@ const (
 // samples one wait in eight, so a handful is no share at all.
 const minSlow = 5
 
+// A halving undone within undoTicks, from a load of at least minUndone
+// cores, shows that the fewer Ps could not carry that load (a sweep or a
+// compaction that fills one P, though it used half of two): for
+// forgetTicks the sizer halves from those Ps again only under a load
+// below retryShare of it. A halving from less (an idle process) undone by
+// a burst says nothing of the burst.
+const (
+	undoTicks   = 50   // 5 s
+	forgetTicks = 3000 // 5 min
+	retryShare  = 0.8
+	minUndone   = 0.25
+)
+
 // Sizer decides the Ps from one tick to the next.
 type Sizer struct {
-	p      Policy
-	cur    int
-	calm   int    // ticks in a row below Down
-	window []Load // the waits of the last Calm ticks at these Ps
+	p        Policy
+	cur      int
+	tick     int
+	calm     int     // ticks in a row below Down
+	calmUsed float64 // the cores used over them
+	window   []Load  // the waits of the last Calm ticks at these Ps
+	halved   halving // the last halving
+	// undone are the halvings undone, by the Ps halved from.
+	undone map[int]halving
+}
+
+// halving is a move from more Ps to fewer, at a tick, under a load: the
+// cores used over the calm ticks before it, on average.
+type halving struct {
+	from, to, tick int
+	used           float64
 }
 
 // NewSizer starts at the ceiling.
@@ -87,7 +115,7 @@ func NewSizer(p Policy) *Sizer {
 	if p.MaxWait <= 0 {
 		p.MaxWait = DefaultWait
 	}
-	return &Sizer{p: p, cur: p.Ceiling}
+	return &Sizer{p: p, cur: p.Ceiling, undone: map[int]halving{}}
 }
 
 // Procs is the Ps the sizer has decided.
@@ -114,17 +142,30 @@ func (s *Sizer) Next(l Load) int {
 		waits, slow = waits+w.Waits, slow+w.Slow
 	}
 	waiting := len(s.window) == s.p.Calm && slow >= minSlow && slow*10 > waits
+	s.tick++
 	switch {
 	case l.Used > s.p.Up*float64(s.cur), waiting:
+		if h := s.halved; h.to == s.cur && s.tick-h.tick <= undoTicks && h.used >= minUndone {
+			s.undone[h.from] = h
+		}
 		s.to(min(2*s.cur, s.p.Ceiling))
-	case l.Used < s.p.Down*float64(s.cur) && s.cur > 1:
+	case l.Used < s.p.Down*float64(s.cur) && s.cur > 1 && !s.failedAt(l.Used):
+		s.calmUsed += l.Used
 		if s.calm++; s.calm >= s.p.Calm {
-			s.to(max(s.cur/2, 1))
+			s.halved = halving{from: s.cur, to: max(s.cur/2, 1), tick: s.tick, used: s.calmUsed / float64(s.calm)}
+			s.to(s.halved.to)
 		}
 	default:
-		s.calm = 0
+		s.calm, s.calmUsed = 0, 0
 	}
 	return s.cur
+}
+
+// failedAt reports whether halving from the Ps the sizer has was undone
+// lately under a load that used is not well below.
+func (s *Sizer) failedAt(used float64) bool {
+	h, ok := s.undone[s.cur]
+	return ok && s.tick-h.tick <= forgetTicks && used >= retryShare*h.used
 }
 
 // to moves to n Ps; the waits read at the Ps before do not count at n.
@@ -132,7 +173,7 @@ func (s *Sizer) to(n int) {
 	if n != s.cur {
 		s.window = s.window[:0]
 	}
-	s.cur, s.calm = n, 0
+	s.cur, s.calm, s.calmUsed = n, 0, 0
 }
 
 // Sample is the process's CPU time (user and system, every thread) and

@@ -96,6 +96,63 @@ func TestSizerWaits(t *testing.T) {
 	}
 }
 
+// TestSizerRemembersAnUndoneHalving: a sweep uses half of two Ps and
+// fills one. The sizer halves, doubles again at once, and then keeps two
+// Ps while the load stays near the one it halved under; well below it,
+// or after forgetTicks, it halves again.
+func TestSizerRemembersAnUndoneHalving(t *testing.T) {
+	t.Parallel()
+	s := NewSizer(Policy{Ceiling: 2})
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.55})
+	}
+	if got := s.Procs(); got != 1 {
+		t.Fatalf("0.55 cores on two Ps for a second gave %d Ps, want 1", got)
+	}
+	if got := s.Next(Load{Used: 0.95}); got != 2 {
+		t.Fatalf("a full P gave %d Ps, want 2", got)
+	}
+	for i := range 20 * DefaultCalm {
+		if got := s.Next(Load{Used: 0.5 + 0.1*float64(i%2)}); got != 2 {
+			t.Fatalf("tick %d: the load the halving failed under gave %d Ps, want 2", i, got)
+		}
+	}
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.2})
+	}
+	if got := s.Procs(); got != 1 {
+		t.Fatalf("0.2 cores, well under the load the halving failed under, gave %d Ps, want 1", got)
+	}
+	// Forgotten after forgetTicks.
+	s = NewSizer(Policy{Ceiling: 2})
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.55})
+	}
+	s.Next(Load{Used: 0.95})
+	for range forgetTicks {
+		s.Next(Load{Used: 0.55})
+	}
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.55})
+	}
+	if got := s.Procs(); got != 1 {
+		t.Fatalf("after forgetTicks, 0.55 cores for a second gave %d Ps, want 1", got)
+	}
+	// A halving from an idle process, undone by a burst, is not held
+	// against the next halving.
+	s = NewSizer(Policy{Ceiling: 2})
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.05})
+	}
+	s.Next(Load{Used: 0.95})
+	for range DefaultCalm {
+		s.Next(Load{Used: 0.5})
+	}
+	if got := s.Procs(); got != 1 {
+		t.Fatalf("after a burst that undid an idle halving, 0.5 cores for a second gave %d Ps, want 1", got)
+	}
+}
+
 func TestSizerCeilingNotAPowerOfTwo(t *testing.T) {
 	t.Parallel()
 	s := NewSizer(Policy{Ceiling: 3, Calm: 1})
