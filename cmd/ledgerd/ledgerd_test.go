@@ -543,8 +543,8 @@ func TestProcsFlag(t *testing.T) {
 	if got := procs(fixed); got != 2 {
 		t.Errorf("on the embedded store, go_sched_gomaxprocs_threads = %v after the other went down to one", got)
 	}
-	if max := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "max"); procs(max) != 2 || strings.Contains(max.logs(), "GOMAXPROCS set") {
-		t.Errorf("--procs max changed its Ps:\n%s", max.logs())
+	if pinned := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "max"); procs(pinned) != 2 || strings.Contains(pinned.logs(), "GOMAXPROCS set") {
+		t.Errorf("--procs max changed its Ps:\n%s", pinned.logs())
 	}
 }
 
