@@ -191,11 +191,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		// needs (docs/mcp.md).
 		sizing, endSizing := context.WithCancel(ctx)
 		var sized sync.WaitGroup
-		sized.Go(func() {
-			procs.Size(sizing, func(n int, why procs.Load) {
-				log.DebugContext(sizing, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
-			})
-		})
+		sized.Go(func() { procs.Size(sizing, log) })
 		defer func() { endSizing(); sized.Wait() }()
 	}
 	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {

@@ -28,6 +28,7 @@ package procs
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -269,9 +270,9 @@ func (r *Reader) load(a, b Sample, maxWait time.Duration) Load {
 }
 
 // Size sizes the process's Ps until ctx ends, up to the GOMAXPROCS it
-// has when called, and tells changed of each change. With one P it
-// returns at once.
-func Size(ctx context.Context, changed func(procs int, why Load)) {
+// has when called, and logs each change at debug. With one P it returns
+// at once.
+func Size(ctx context.Context, log *slog.Logger) {
 	ceiling := runtime.GOMAXPROCS(0)
 	if ceiling <= 1 {
 		return
@@ -280,6 +281,6 @@ func Size(ctx context.Context, changed func(procs int, why Load)) {
 	defer t.Stop()
 	Run(ctx, NewSizer(Policy{Ceiling: ceiling}), t.C, NewReader(), func(n int, why Load) {
 		runtime.GOMAXPROCS(n)
-		changed(n, why)
+		log.DebugContext(ctx, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
 	})
 }

@@ -102,16 +102,22 @@ func TestSizerWaits(t *testing.T) {
 // or after forgetTicks, it halves again.
 func TestSizerRemembersAnUndoneHalving(t *testing.T) {
 	t.Parallel()
-	s := NewSizer(Policy{Ceiling: 2})
-	for range DefaultCalm {
-		s.Next(Load{Used: 0.55})
+	// undone halves two Ps to one under used cores and fills the one P.
+	undone := func(used float64) *Sizer {
+		t.Helper()
+		s := NewSizer(Policy{Ceiling: 2})
+		for range DefaultCalm {
+			s.Next(Load{Used: used})
+		}
+		if got := s.Procs(); got != 1 {
+			t.Fatalf("%v cores on two Ps for a second gave %d Ps, want 1", used, got)
+		}
+		if got := s.Next(Load{Used: 0.95}); got != 2 {
+			t.Fatalf("a full P gave %d Ps, want 2", got)
+		}
+		return s
 	}
-	if got := s.Procs(); got != 1 {
-		t.Fatalf("0.55 cores on two Ps for a second gave %d Ps, want 1", got)
-	}
-	if got := s.Next(Load{Used: 0.95}); got != 2 {
-		t.Fatalf("a full P gave %d Ps, want 2", got)
-	}
+	s := undone(0.55)
 	for i := range 20 * DefaultCalm {
 		if got := s.Next(Load{Used: 0.5 + 0.1*float64(i%2)}); got != 2 {
 			t.Fatalf("tick %d: the load the halving failed under gave %d Ps, want 2", i, got)
@@ -124,11 +130,7 @@ func TestSizerRemembersAnUndoneHalving(t *testing.T) {
 		t.Fatalf("0.2 cores, well under the load the halving failed under, gave %d Ps, want 1", got)
 	}
 	// Forgotten after forgetTicks.
-	s = NewSizer(Policy{Ceiling: 2})
-	for range DefaultCalm {
-		s.Next(Load{Used: 0.55})
-	}
-	s.Next(Load{Used: 0.95})
+	s = undone(0.55)
 	for range forgetTicks {
 		s.Next(Load{Used: 0.55})
 	}
@@ -140,11 +142,7 @@ func TestSizerRemembersAnUndoneHalving(t *testing.T) {
 	}
 	// A halving from an idle process, undone by a burst, is not held
 	// against the next halving.
-	s = NewSizer(Policy{Ceiling: 2})
-	for range DefaultCalm {
-		s.Next(Load{Used: 0.05})
-	}
-	s.Next(Load{Used: 0.95})
+	s = undone(0.05)
 	for range DefaultCalm {
 		s.Next(Load{Used: 0.5})
 	}
