@@ -23,7 +23,7 @@ type Sweeper interface {
 // store that does not sweep.
 func (suite Suite) sweeper(t *testing.T) (Sweeper, *Clock, string, func() int) {
 	t.Helper()
-	clock := NewClock(Start)
+	clock := NewClock(suite.start)
 	st := suite.NewStore(t, clock.Now)
 	s, ok := st.(Sweeper)
 	if !ok {
