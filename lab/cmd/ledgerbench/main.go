@@ -76,6 +76,7 @@ type config struct {
 	ledgerdProcs                                                   map[string]int // by store; "": every store
 	growth                                                         growth.Config  // Records 0: no growth run
 	waiters                                                        int
+	rate                                                           float64 // with addr: paced fresh pairs a second, instead of the turns
 	ledgerdBin                                                     string
 	outcomeSizes                                                   []int
 	batchInFlight                                                  []int
@@ -128,6 +129,7 @@ func main() {
 	procs := flag.String("ledgerd-procs", "", "GOMAXPROCS of the in-process ledgerd (and its clients) during its turns, as a ledgerd sized to that many cores gets: a number for every store, or store=n pairs (postgres=1); empty or 0 leaves every core")
 	flag.StringVar(&cfg.addr, "addr", "", "drive a running ledgerd at this address instead of the in-process stores")
 	flag.StringVar(&cfg.token, "token", "", "bearer token for -addr")
+	flag.Float64Var(&cfg.rate, "rate", 0, "with -addr: instead of the turns, offer this many fresh pairs a second from one client, open loop, for -duration over each -api, and time each pair from when it was due (what a sweep or a resize costs the writes it delays); 0: the turns")
 	flag.StringVar(&cfg.databaseURL, "database-url", "", "PostgreSQL for the postgres store, empty starts a throwaway cluster; with -addr, direct SQL on it runs in turns with that ledgerd")
 	flag.BoolVar(&cfg.durable, "durable", true, "start the throwaway cluster with PostgreSQL's durability settings (fsync, synchronous_commit, full_page_writes on), as a ledger's database runs in production and as CockroachDB always is; -durable=false turns them off and adds \" fsync=off\" to the PostgreSQL targets' names")
 	flag.StringVar(&cfg.dbCPUs, "db-cpus", "", "pin the throwaway cluster to these CPUs (a list as taskset takes it, \"1\") and this process to the others; empty shares every CPU")
@@ -199,6 +201,10 @@ func main() {
 	}
 	if slices.ContainsFunc(slices.Collect(maps.Values(cfg.ledgerdProcs)), func(n int) bool { return n > 0 }) && cfg.addr != "" {
 		fmt.Fprintln(os.Stderr, "ledgerbench: -ledgerd-procs sizes the in-process ledgerd; it does not go with -addr")
+		os.Exit(2)
+	}
+	if cfg.rate < 0 || cfg.rate > 0 && cfg.addr == "" {
+		fmt.Fprintln(os.Stderr, "ledgerbench: -rate paces the pairs sent to the ledgerd at -addr; it needs -addr and a rate above 0")
 		os.Exit(2)
 	}
 	if (cfg.growth.Records > 0 || cfg.waiters > 0) && cfg.addr != "" {
@@ -361,7 +367,14 @@ func run(ctx context.Context, cfg config) error {
 			if err != nil {
 				return err
 			}
+			if cfg.rate > 0 {
+				emit(bench.Paced(ctx, name, work["fresh"], cfg.rate, int(cfg.rate*cfg.duration.Seconds())))
+				continue
+			}
 			targets = append(targets, target{name: name, workloads: work})
+		}
+		if cfg.rate > 0 {
+			return output(cfg, results)
 		}
 		// With the database too, direct SQL on it runs in turns with the
 		// running ledgerd.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,9 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/pgtest"
 	"github.com/idemledger/idemledger/lab/bench"
 	"github.com/idemledger/idemledger/lab/growth"
+	"github.com/idemledger/idemledger/server/servertest"
 )
 
 // runBench runs the command's measurements with cfg and returns the
@@ -284,5 +289,30 @@ func TestGrowthAndWaiters(t *testing.T) {
 	// 2,000 waiters are no point of the 10,000 waiters' goal.
 	if strings.Contains(md, "waiters") {
 		t.Errorf("a waiters' goal at 2,000 waiters:\n%s", md)
+	}
+}
+
+// TestPacedAgainstALedgerd: -rate with -addr offers the paced fresh pairs
+// to a running ledgerd over each API, and reports them as the paced
+// workload, every pair served.
+func TestPacedAgainstALedgerd(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, servertest.MemoryLedger("bench"))
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	cfg := config{addr: lis.Addr().String(), apis: []string{"stream", "unary"}, workloads: "fresh",
+		rate: 200, duration: 250 * time.Millisecond, outcomeSizes: []int{100}}
+	_, rs := runBench(t, cfg)
+	if len(rs) != 2 {
+		t.Fatalf("%d results, want one a API: %+v", len(rs), rs)
+	}
+	for _, r := range rs {
+		if r.Workload != bench.PacedWorkload || r.Clients != 1 || r.Ops != 50 || r.P50ms <= 0 {
+			t.Errorf("%s: %+v; want 50 paced pairs from one client", r.Target, r)
+		}
 	}
 }
