@@ -191,7 +191,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		// needs (docs/mcp.md).
 		sizing, endSizing := context.WithCancel(ctx)
 		var sized sync.WaitGroup
-		sized.Go(func() { procs.Size(sizing, log) })
+		sized.Go(func() { procs.Size(sizing, log, nil) })
 		defer func() { endSizing(); sized.Wait() }()
 	}
 	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {

@@ -276,7 +276,7 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	wg.Go(func() { d.decisions.run(bg, d.reg) })
 	if d.cfg.procs == "auto" || d.cfg.procs == "" && d.cfg.databaseURL != "" {
-		wg.Go(func() { procs.Size(bg, d.log) })
+		wg.Go(func() { procs.Size(bg, d.log, d.store.holds) })
 	}
 	if d.cfg.censusInterval > 0 {
 		wg.Go(func() { d.storeMet.census(bg, d.store, d.cfg.censusInterval, &d.census, d.log) })

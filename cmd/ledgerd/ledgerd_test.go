@@ -524,13 +524,14 @@ func TestSweepShareFlag(t *testing.T) {
 }
 
 // TestProcsFlag: an idle ledgerd on two Ps (GOMAXPROCS=2) with --procs
-// auto goes down to one by itself, and says so at debug; on the embedded
+// auto goes down to one by itself, says so at debug, and goes back to two
+// while its store sweeps; on the embedded
 // store without the flag, and with --procs max, it stays on two. (On
 // PostgreSQL without the flag it sizes itself: TestPostgreSQLStore.)
 func TestProcsFlag(t *testing.T) {
 	t.Parallel() // shares nothing with the other tests: its own processes, ports, directories and database
 	env := []string{"GOMAXPROCS=2"}
-	auto := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "auto")
+	auto := startEnv(t, env, "--data-dir", t.TempDir(), "--procs", "auto", "--sweep-interval", "2s")
 	fixed := startEnv(t, env, "--data-dir", t.TempDir())
 	procs := func(p *proc) float64 { return metricValue(t, p.metrics(t), "go_sched_gomaxprocs_threads") }
 	if got := procs(fixed); got != 2 {
@@ -540,6 +541,10 @@ func TestProcsFlag(t *testing.T) {
 	if !strings.Contains(auto.logs(), `"msg":"GOMAXPROCS set","procs":1`) {
 		t.Errorf("no debug line for the change to one P:\n%s", auto.logs())
 	}
+	// A sweep, every two seconds, holds every P while it runs.
+	ledgertest.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(auto.logs(), `"msg":"GOMAXPROCS set","procs":2,"cores_used":0,"waits":0,"slow_waits":0,"held":true`)
+	}, "a sweep puts ledgerd back on two Ps")
 	if got := procs(fixed); got != 2 {
 		t.Errorf("on the embedded store, go_sched_gomaxprocs_threads = %v after the other went down to one", got)
 	}

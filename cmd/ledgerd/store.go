@@ -11,6 +11,7 @@ import (
 	"time"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/internal/procs"
 	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/crdb"
 	"github.com/idemledger/idemledger/ledger/errcode"
@@ -42,6 +43,9 @@ type lateStore struct {
 	opened chan struct{} // closed once s is set
 	// onClockStep hears of the embedded store's clock steps.
 	onClockStep func(time.Duration)
+	// holds holds ledgerd's Ps at the ceiling through the embedded
+	// store's sweeps.
+	holds *procs.Holds
 	// onOp hears how long each store call took (op: claim, complete, …)
 	// and the home region of its tenant (homes; "" without --homes, or
 	// for a call of no one tenant); onOutcome the size of each outcome
@@ -76,7 +80,7 @@ func (l *lateStore) stored(o *ledger.Outcome) {
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
-	return &lateStore{cfg: cfg, log: log, opened: make(chan struct{}), homes: cfg.homes}
+	return &lateStore{cfg: cfg, log: log, opened: make(chan struct{}), homes: cfg.homes, holds: &procs.Holds{}}
 }
 
 var _ store = (*lateStore)(nil)
@@ -226,7 +230,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	for pause := 250 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
 		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		var err error
-		s, closeStore, err = openStore(octx, l.cfg, l.log, l.onClockStep)
+		s, closeStore, err = openStore(octx, l.cfg, l.log, l.onClockStep, l.holds)
 		cancel()
 		if err == nil {
 			break
@@ -247,9 +251,10 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 	return s.Run(ctx, onError)
 }
 
-func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration)) (store, func(), error) {
+func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration), holds *procs.Holds) (store, func(), error) {
 	if cfg.databaseURL == "" {
-		s, err := pebble.Open(cfg.dataDir, pebble.Config{Logger: log, SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare, OnClockStep: onClockStep})
+		s, err := pebble.Open(cfg.dataDir, pebble.Config{Logger: log, SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare,
+			OnClockStep: onClockStep, OnSweep: holds.Hold})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -23,7 +23,9 @@
 // one; those are read over a window and do not count. A halving undone
 // within seconds is not tried again under the same load for minutes: a
 // sweep that uses half of two Ps fills one, and at a light load the waits
-// sampled are too few to tell before the CPU does.
+// sampled are too few to tell before the CPU does. Work the process knows
+// will fill a P for a while (a store's sweep) holds it on the ceiling
+// (Holds): on fewer Ps every call would wait behind it.
 package procs
 
 import (
@@ -32,6 +34,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -129,6 +132,8 @@ type Load struct {
 	// the runtime sampled, and Slow those longer than the policy's
 	// MaxWait.
 	Waits, Slow uint64
+	// Held is whether a hold (Holds) was on during the tick.
+	Held bool
 }
 
 // Next takes the load of the last tick and returns the Ps for the next
@@ -145,6 +150,8 @@ func (s *Sizer) Next(l Load) int {
 	waiting := len(s.window) == s.p.Calm && slow >= minSlow && slow*10 > waits
 	s.tick++
 	switch {
+	case l.Held:
+		s.to(s.p.Ceiling) // the work held says nothing of the calls' load
 	case l.Used > s.p.Up*float64(s.cur), waiting:
 		if h := s.halved; h.to == s.cur && s.tick-h.tick <= undoTicks && h.used >= minUndone {
 			s.undone[h.from] = h
@@ -189,14 +196,21 @@ type Sample struct {
 
 // Run sizes the Ps until ctx ends: at each tick it reads a sample, hands
 // the load since the sample before to s, and calls set when the Ps
-// change, with the load that changed them. When ctx ends it leaves the Ps
-// at the ceiling.
-func Run(ctx context.Context, s *Sizer, ticks <-chan time.Time, r *Reader, set func(procs int, why Load)) {
+// change, with the load that changed them. h, when not nil, holds the Ps
+// at the ceiling: its holds set the ceiling through set at once, a tick
+// with a hold on is Held, and no fewer Ps are set while one is on. When
+// ctx ends Run leaves the Ps at the ceiling.
+func Run(ctx context.Context, s *Sizer, ticks <-chan time.Time, r *Reader, h *Holds, set func(procs int, why Load)) {
+	if h == nil {
+		h = &Holds{}
+	}
+	h.start(s.p.Ceiling, set)
 	defer func() {
 		if s.cur != s.p.Ceiling {
 			s.cur = s.p.Ceiling
-			set(s.cur, Load{})
+			h.set(s.cur, Load{})
 		}
+		h.stop()
 	}()
 	var last Sample
 	for {
@@ -209,10 +223,12 @@ func Run(ctx context.Context, s *Sizer, ticks <-chan time.Time, r *Reader, set f
 		if err != nil {
 			continue
 		}
+		held := h.tick()
 		if wall := now.At.Sub(last.At); !last.At.IsZero() && wall > 0 {
 			before, l := s.cur, r.load(last, now, s.p.MaxWait)
+			l.Held = held
 			if after := s.Next(l); after != before {
-				set(after, l)
+				h.set(after, l)
 			}
 		}
 		last = now
@@ -270,17 +286,84 @@ func (r *Reader) load(a, b Sample, maxWait time.Duration) Load {
 }
 
 // Size sizes the process's Ps until ctx ends, up to the GOMAXPROCS it
-// has when called, and logs each change at debug. With one P it returns
-// at once.
-func Size(ctx context.Context, log *slog.Logger) {
+// has when called, held by h (nil: never), and logs each change at debug.
+// With one P it returns at once.
+func Size(ctx context.Context, log *slog.Logger, h *Holds) {
 	ceiling := runtime.GOMAXPROCS(0)
 	if ceiling <= 1 {
 		return
 	}
 	t := time.NewTicker(Tick)
 	defer t.Stop()
-	Run(ctx, NewSizer(Policy{Ceiling: ceiling}), t.C, NewReader(), func(n int, why Load) {
+	Run(ctx, NewSizer(Policy{Ceiling: ceiling}), t.C, NewReader(), h, func(n int, why Load) {
 		runtime.GOMAXPROCS(n)
-		log.DebugContext(ctx, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow)
+		log.DebugContext(ctx, "GOMAXPROCS set", "procs", n, "cores_used", why.Used, "waits", why.Waits, "slow_waits", why.Slow, "held", why.Held)
 	})
+}
+
+// Holds keeps a process on the ceiling while work it is told of runs: a
+// store's sweep fills a P for as long as it lasts, though the process used
+// half of two before it, and on fewer Ps every call would wait behind it.
+// Its zero value is ready; a hold before Run starts, or after it ends,
+// changes nothing.
+type Holds struct {
+	mu      sync.Mutex
+	on      int  // holds not yet released
+	recent  bool // a hold was on since the last tick
+	cur     int  // the Ps Run set, 0 when Run is not running
+	ceiling int
+	apply   func(int, Load)
+}
+
+// Hold moves the process to the ceiling at once, and keeps it there until
+// release is called (once; later calls do nothing).
+func (h *Holds) Hold() (release func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.on++
+	h.recent = true
+	if h.apply != nil && h.cur < h.ceiling {
+		h.cur = h.ceiling
+		h.apply(h.cur, Load{Held: true})
+	}
+	return sync.OnceFunc(func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.on--
+		h.recent = true
+	})
+}
+
+func (h *Holds) start(ceiling int, apply func(int, Load)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cur, h.ceiling, h.apply = ceiling, ceiling, apply
+}
+
+func (h *Holds) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cur, h.apply = 0, nil
+}
+
+// tick reports whether a hold was on since the tick before.
+func (h *Holds) tick() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held := h.on > 0 || h.recent
+	h.recent = false
+	return held
+}
+
+// set applies the sizer's n Ps, unless a hold is on and n is fewer than
+// the ceiling (a hold that began after the tick read it): the next tick
+// is Held, and the sizer goes back to the ceiling.
+func (h *Holds) set(n int, why Load) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.on > 0 && n < h.ceiling || n == h.cur {
+		return
+	}
+	h.cur = n
+	h.apply(n, why)
 }

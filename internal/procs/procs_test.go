@@ -180,7 +180,7 @@ func TestRun(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Run(ctx, NewSizer(Policy{Ceiling: 2, Calm: 2}), ticks, r, func(n int, why Load) { changes <- change{n, why.Slow} })
+		Run(ctx, NewSizer(Policy{Ceiling: 2, Calm: 2}), ticks, r, nil, func(n int, why Load) { changes <- change{n, why.Slow} })
 	}()
 	at := time.Unix(1e9, 0)
 	var cpu time.Duration
@@ -214,6 +214,104 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestSizerHeld: a held tick puts the sizer on the ceiling, and an idle
+// process stays there while held; Calm ticks after the hold it halves.
+func TestSizerHeld(t *testing.T) {
+	t.Parallel()
+	s := NewSizer(Policy{Ceiling: 4, Calm: 2})
+	for range 4 {
+		s.Next(Load{})
+	}
+	if got := s.Procs(); got != 1 {
+		t.Fatalf("an idle process on %d Ps, want 1", got)
+	}
+	for i := range 5 {
+		if got := s.Next(Load{Held: true}); got != 4 {
+			t.Fatalf("held tick %d: %d Ps, want the ceiling 4", i, got)
+		}
+	}
+	if s.Next(Load{}) != 4 || s.Next(Load{}) != 2 {
+		t.Fatalf("after the hold: %d Ps; want 4 for one calm tick, then 2", s.Procs())
+	}
+}
+
+// TestRunHolds: a hold sets the ceiling at once, not at the next tick;
+// an idle process stays there while the hold is on, and a hold that began
+// and ended between two ticks still holds the tick; then the sizer halves
+// again as before.
+func TestRunHolds(t *testing.T) {
+	t.Parallel()
+	ticks, samples := make(chan time.Time), make(chan Sample)
+	r := &Reader{Read: func() (Sample, error) { return <-samples, nil }}
+	at := time.Unix(1e9, 0)
+	sample := func() { at = at.Add(Tick); samples <- Sample{At: at} } // idle
+	tick := func() { ticks <- at; sample() }
+	type change struct {
+		procs int
+		held  bool
+	}
+	changes := make(chan change, 16)
+	var h Holds
+	h.Hold()() // before Run: nothing to hold
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, NewSizer(Policy{Ceiling: 2, Calm: 1}), ticks, r, &h, func(n int, why Load) { changes <- change{n, why.Held} })
+	}()
+	next := func() change {
+		t.Helper()
+		select {
+		case c := <-changes:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatal("no change of the Ps in 10 s")
+			return change{}
+		}
+	}
+	tick() // the first sample
+	tick() // calm: one P
+	if c := next(); c != (change{1, false}) {
+		t.Fatalf("an idle tick: %+v, want one P", c)
+	}
+	release := h.Hold()
+	if c := next(); c != (change{2, true}) {
+		t.Fatalf("a hold: %+v, want the ceiling at once", c)
+	}
+	for range 3 {
+		tick() // idle, held
+	}
+	release()
+	release() // a second release changes nothing
+	tick()    // held for part of the tick: still two
+	// Run waits for the next tick's sample: it has done with the last.
+	ticks <- at
+	if n := len(changes); n != 0 {
+		t.Fatalf("%d changes by the tick the hold ended in; want none", n)
+	}
+	sample() // calm: one P
+	if c := next(); c != (change{1, false}) {
+		t.Fatalf("after the hold: %+v, want one P", c)
+	}
+	h.Hold()() // begun and ended between two ticks
+	if c := next(); c != (change{2, true}) {
+		t.Fatalf("a short hold: %+v, want the ceiling at once", c)
+	}
+	tick() // held
+	tick() // calm: one P
+	cancel()
+	<-done
+	close(changes)
+	var rest []change
+	for c := range changes {
+		rest = append(rest, c)
+	}
+	if want := []change{{1, false}, {2, false}}; !slices.Equal(rest, want) {
+		t.Fatalf("then Run set %+v, want %+v (one P after the held tick, the ceiling when it stopped)", rest, want)
+	}
+	h.Hold()() // after Run: nothing to hold
+}
+
 // TestRunLeavesTheCeiling: a Run that stopped on fewer Ps sets the
 // ceiling back.
 func TestRunLeavesTheCeiling(t *testing.T) {
@@ -226,7 +324,7 @@ func TestRunLeavesTheCeiling(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Run(ctx, NewSizer(Policy{Ceiling: 4, Calm: 1}), ticks, r, func(n int, _ Load) { set = append(set, n) })
+		Run(ctx, NewSizer(Policy{Ceiling: 4, Calm: 1}), ticks, r, nil, func(n int, _ Load) { set = append(set, n) })
 	}()
 	for range 3 {
 		ticks <- time.Time{} // Run reads the time of its samples, not of its ticks

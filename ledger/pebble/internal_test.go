@@ -980,3 +980,53 @@ func TestPurgeInBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestOnSweepBracketsEachSweep: OnSweep is called as each sweep begins,
+// before it handles a record, and its function as the sweep ends, after
+// the last; a sweep of nothing is bracketed too, and a sweep whose context
+// ended is not.
+func TestOnSweepBracketsEachSweep(t *testing.T) {
+	t.Parallel()
+	clock := ledgertest.NewClock(ledgertest.Start)
+	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "k"}
+	var s *Store
+	var log []string
+	stored := func() string { // the record's state as stored, not as read
+		rec, err := getRecord(s.db, sc, recordKey(sc))
+		if err != nil || rec == nil {
+			t.Fatalf("%v, %v", rec, err)
+		}
+		return rec.State.String()
+	}
+	s, err := Open(t.TempDir(), Config{Now: clock.Now, OnSweep: func() func() {
+		log = append(log, "begin "+stored())
+		return func() { log = append(log, "end "+stored()) }
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l := ledger.New(s, ledger.Config{})
+	res, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: sc, Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Complete(t.Context(), sc, res.Claim.Token, ledgertest.Response("x")); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Hour)
+	for _, want := range []int{1, 0} {
+		if n, err := s.Sweep(t.Context(), 10); err != nil || n != want {
+			t.Fatalf("Sweep = %d, %v; want %d", n, err, want)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := s.Sweep(ctx, 10); err == nil {
+		t.Fatal("a sweep whose context ended swept")
+	}
+	want := []string{"begin COMPLETED", "end EXPIRED", "begin EXPIRED", "end EXPIRED"}
+	if !slices.Equal(log, want) {
+		t.Fatalf("OnSweep saw %q, want %q", log, want)
+	}
+}

@@ -62,6 +62,11 @@ type Config struct {
 	// as the batch took), so that writers keep most of the disk and the
 	// CPU when a day's records expire at once. 1 sweeps without rest.
 	SweepShare float64
+	// OnSweep, when set, is called as each sweep begins, and the function
+	// it returns as the sweep ends. A sweep fills a core while it lasts:
+	// ledgerd holds every P through it (internal/procs.Holds), so that the
+	// calls do not wait behind it on the one P an idle ledgerd runs on.
+	OnSweep func() (done func())
 	// CacheSize is the block cache, in bytes: 64 MiB. With MemTableSize it
 	// bounds the memory the store keeps, whatever the data's size.
 	CacheSize int64

@@ -39,6 +39,9 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.sweeping.Lock()
 	defer s.sweeping.Unlock()
+	if s.cfg.OnSweep != nil {
+		defer s.cfg.OnSweep()()
+	}
 	from := s.sweepFrom
 	if from == nil {
 		from = expiryPrefix
