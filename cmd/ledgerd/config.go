@@ -140,7 +140,7 @@ func parseConfig(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.censusInterval, "census-interval", 5*time.Minute, "how often idemledger_records{state} counts the records (a read of every record); 0 turns it off")
 	fs.DurationVar(&c.sweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
 	fs.Float64Var(&c.sweepShare, "sweep-share", 0.25, "embedded store: the share of the time sweeps may take while a backlog of expired records lasts, above 0 and at most 1; lower keeps writes' tail shorter during a large sweep, which then takes longer")
-	fs.StringVar(&c.procs, "procs", "", "auto: schedule goroutines on as few Ps as the load needs, up to GOMAXPROCS (Go's default: the CPU limit); max: on GOMAXPROCS always; empty: auto with --database-url, max on the embedded store, whose sweeps and compactions fill one P")
+	fs.StringVar(&c.procs, "procs", "auto", "auto: schedule goroutines on as few Ps as the load needs, up to GOMAXPROCS (Go's default: the CPU limit), and on every P while the embedded store sweeps, flushes or compacts; max: on GOMAXPROCS always")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or text")
 	fs.StringVar(&c.auditFile, "audit-file", "", "also append the audit lines alone, as JSON, to this file (reopened on SIGHUP, for rotation); empty: the log only")
@@ -237,7 +237,7 @@ func (c config) check() error {
 		return errors.New("--sweep-share must be above 0 and at most 1")
 	case c.logFormat != "json" && c.logFormat != "text":
 		return errors.New("--log-format is json or text")
-	case c.procs != "" && c.procs != "auto" && c.procs != "max":
+	case c.procs != "auto" && c.procs != "max":
 		return errors.New("--procs is auto or max")
 	}
 	if c.devMode() && !c.oneShot() {

@@ -275,7 +275,7 @@ func (d *daemon) startBackground(ctx context.Context) background {
 	var wg sync.WaitGroup
 	wg.Go(func() { watchHealth(bg, d.store, d.health, d.log) })
 	wg.Go(func() { d.decisions.run(bg, d.reg) })
-	if d.cfg.procs == "auto" || d.cfg.procs == "" && d.cfg.databaseURL != "" {
+	if d.cfg.procs == "auto" {
 		wg.Go(func() { procs.Size(bg, d.log, d.store.holds) })
 	}
 	if d.cfg.censusInterval > 0 {

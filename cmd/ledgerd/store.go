@@ -44,7 +44,7 @@ type lateStore struct {
 	// onClockStep hears of the embedded store's clock steps.
 	onClockStep func(time.Duration)
 	// holds holds ledgerd's Ps at the ceiling through the embedded
-	// store's sweeps.
+	// store's work in the background: its sweeps, flushes and compactions.
 	holds *procs.Holds
 	// onOp hears how long each store call took (op: claim, complete, …)
 	// and the home region of its tenant (homes; "" without --homes, or
@@ -254,7 +254,7 @@ func (l *lateStore) Run(ctx context.Context, onError func(error)) error {
 func openStore(ctx context.Context, cfg config, log *slog.Logger, onClockStep func(time.Duration), holds *procs.Holds) (store, func(), error) {
 	if cfg.databaseURL == "" {
 		s, err := pebble.Open(cfg.dataDir, pebble.Config{Logger: log, SweepInterval: cfg.sweepInterval, SweepShare: cfg.sweepShare,
-			OnClockStep: onClockStep, OnSweep: holds.Hold})
+			OnClockStep: onClockStep, OnBackground: holds.Hold})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -148,6 +148,35 @@ func (st *stalls) read() WriteStalls {
 // WriteStalls returns the write stalls since Open.
 func (s *Store) WriteStalls() WriteStalls { return s.stalls.read() }
 
+// jobs brackets Pebble's flushes and compactions for Config.OnBackground,
+// by their job ids: Pebble begins and ends each under its own lock, and
+// several may run at once.
+type jobs struct {
+	on   func() (done func()) // nil: nothing to do
+	mu   sync.Mutex
+	done map[int]func()
+}
+
+func (j *jobs) begin(id int) {
+	if j.on == nil {
+		return
+	}
+	done := j.on()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.done[id] = done
+}
+
+func (j *jobs) end(id int) {
+	j.mu.Lock()
+	done, ok := j.done[id]
+	delete(j.done, id)
+	j.mu.Unlock()
+	if ok {
+		done()
+	}
+}
+
 // WALSyncs is how long the store's log syncs took since Open: each is
 // one fdatasync of Pebble's write-ahead log, which every write waits for
 // before it is acknowledged (a sync serves every write queued behind

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -981,11 +982,11 @@ func TestPurgeInBatches(t *testing.T) {
 	}
 }
 
-// TestOnSweepBracketsEachSweep: OnSweep is called as each sweep begins,
+// TestOnBackgroundBracketsEachSweep: OnBackground is called as each sweep begins,
 // before it handles a record, and its function as the sweep ends, after
 // the last; a sweep of nothing is bracketed too, and a sweep whose context
 // ended is not.
-func TestOnSweepBracketsEachSweep(t *testing.T) {
+func TestOnBackgroundBracketsEachSweep(t *testing.T) {
 	t.Parallel()
 	clock := ledgertest.NewClock(ledgertest.Start)
 	sc := ledger.Scope{Namespace: "ns", Tenant: "t", Key: "k"}
@@ -998,7 +999,7 @@ func TestOnSweepBracketsEachSweep(t *testing.T) {
 		}
 		return rec.State.String()
 	}
-	s, err := Open(t.TempDir(), Config{Now: clock.Now, OnSweep: func() func() {
+	s, err := Open(t.TempDir(), Config{Now: clock.Now, OnBackground: func() func() {
 		log = append(log, "begin "+stored())
 		return func() { log = append(log, "end "+stored()) }
 	}})
@@ -1027,6 +1028,42 @@ func TestOnSweepBracketsEachSweep(t *testing.T) {
 	}
 	want := []string{"begin COMPLETED", "end EXPIRED", "begin EXPIRED", "end EXPIRED"}
 	if !slices.Equal(log, want) {
-		t.Fatalf("OnSweep saw %q, want %q", log, want)
+		t.Fatalf("OnBackground saw %q, want %q", log, want)
+	}
+}
+
+// TestOnBackgroundBracketsFlushesAndCompactions: Pebble's flushes and
+// compactions are work in the background too, each begun and ended once.
+func TestOnBackgroundBracketsFlushesAndCompactions(t *testing.T) {
+	t.Parallel()
+	var begun, ended atomic.Int64
+	s, err := Open(t.TempDir(), Config{OnBackground: func() func() {
+		begun.Add(1)
+		return sync.OnceFunc(func() { ended.Add(1) })
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := ledger.New(s, ledger.Config{})
+	for round := range 2 {
+		for i := range 50 {
+			if _, err := l.Begin(t.Context(), ledger.BeginRequest{Scope: ledger.Scope{Namespace: "ns", Tenant: "t", Key: fmt.Sprint(round, "-", i)},
+				Fingerprint: ledgertest.Fingerprint("p"), Method: ledgertest.Method}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.db.Compact(t.Context(), []byte{0}, []byte{0xff}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Two flushes and at least one compaction, every one ended.
+	if b, e := begun.Load(), ended.Load(); b < 3 || e != b {
+		t.Fatalf("OnBackground begun %d times and ended %d; want at least 3, each ended", b, e)
 	}
 }

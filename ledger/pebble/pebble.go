@@ -62,11 +62,13 @@ type Config struct {
 	// as the batch took), so that writers keep most of the disk and the
 	// CPU when a day's records expire at once. 1 sweeps without rest.
 	SweepShare float64
-	// OnSweep, when set, is called as each sweep begins, and the function
-	// it returns as the sweep ends. A sweep fills a core while it lasts:
-	// ledgerd holds every P through it (internal/procs.Holds), so that the
-	// calls do not wait behind it on the one P an idle ledgerd runs on.
-	OnSweep func() (done func())
+	// OnBackground, when set, is called as the store begins work in the
+	// background that fills a core while it lasts (a sweep, a flush of a
+	// memtable, a compaction), and the function it returns as that work
+	// ends. It must not block. ledgerd holds every P through it
+	// (internal/procs.Holds), so that the calls do not wait behind that
+	// work on the one P an idle ledgerd runs on.
+	OnBackground func() (done func())
 	// CacheSize is the block cache, in bytes: 64 MiB. With MemTableSize it
 	// bounds the memory the store keeps, whatever the data's size.
 	CacheSize int64
@@ -191,6 +193,7 @@ func open(path, dir, want string, logs *logFS, cfg Config) (*Store, error) {
 	cache := pebbledb.NewCache(cfg.CacheSize)
 	defer cache.Unref()
 	damage, fail, stalls := &damage{log: cfg.Logger}, &failure{log: cfg.Logger}, &stalls{}
+	jobs := &jobs{on: cfg.OnBackground, done: map[int]func(){}}
 	log := &logger{fail: fail, seen: map[string]*logLimit{}, log: cfg.Logger}
 	log.opening.Store(true)
 	defer log.opening.Store(false)
@@ -202,8 +205,13 @@ func open(path, dir, want string, logs *logFS, cfg Config) (*Store, error) {
 		// A damaged block fails the reads of the keys it holds, typed
 		// INTERNAL, and turns readiness off; Pebble's default would end
 		// the process on the first read of it.
-		// Write stalls are counted, for WriteStalls.
-		EventListener: &pebbledb.EventListener{DataCorruption: damage.note, WriteStallBegin: stalls.begin, WriteStallEnd: stalls.end},
+		// Write stalls are counted, for WriteStalls; flushes and
+		// compactions are work in the background, for OnBackground.
+		EventListener: &pebbledb.EventListener{DataCorruption: damage.note, WriteStallBegin: stalls.begin, WriteStallEnd: stalls.end,
+			FlushBegin:      func(i pebbledb.FlushInfo) { jobs.begin(i.JobID) },
+			FlushEnd:        func(i pebbledb.FlushInfo) { jobs.end(i.JobID) },
+			CompactionBegin: func(i pebbledb.CompactionInfo) { jobs.begin(i.JobID) },
+			CompactionEnd:   func(i pebbledb.CompactionInfo) { jobs.end(i.JobID) }},
 		// A marker says a ledger was here: never start an empty one.
 		ErrorIfNotExists: want != "",
 	}

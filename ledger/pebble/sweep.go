@@ -39,8 +39,8 @@ func (s *Store) Sweep(ctx context.Context, limit int) (int, error) {
 	}
 	s.sweeping.Lock()
 	defer s.sweeping.Unlock()
-	if s.cfg.OnSweep != nil {
-		defer s.cfg.OnSweep()()
+	if s.cfg.OnBackground != nil {
+		defer s.cfg.OnBackground()()
 	}
 	from := s.sweepFrom
 	if from == nil {
