@@ -24,8 +24,8 @@
 // within seconds is not tried again under the same load for minutes: a
 // sweep that uses half of two Ps fills one, and at a light load the waits
 // sampled are too few to tell before the CPU does. Work the process knows
-// will fill a P for a while (a store's sweep) holds it on the ceiling
-// (Holds): on fewer Ps every call would wait behind it.
+// will fill a P for a while (a store's sweep, flush or compaction) holds
+// it on the ceiling (Holds): on fewer Ps every call would wait behind it.
 package procs
 
 import (
@@ -302,8 +302,9 @@ func Size(ctx context.Context, log *slog.Logger, h *Holds) {
 }
 
 // Holds keeps a process on the ceiling while work it is told of runs: a
-// store's sweep fills a P for as long as it lasts, though the process used
-// half of two before it, and on fewer Ps every call would wait behind it.
+// store's sweep or compaction fills a P for as long as it lasts, though
+// the process used half of two before it, and on fewer Ps every call
+// would wait behind it.
 // Its zero value is ready; a hold before Run starts, or after it ends,
 // changes nothing.
 type Holds struct {
