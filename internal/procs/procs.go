@@ -5,9 +5,10 @@
 // A call through ledgerd or idemproxy passes through several goroutines:
 // ledgerd's transport reader, the call, the store's commit loop, its log
 // writer, the transport's writer; idemproxy's connection reader, the
-// call, its ledger stream and its upstream's connection. Each hand-off that readies a goroutine while a P is
-// idle wakes another thread, and on a VM that halts an idle core the wake
-// costs tens of microseconds of the kernel's CPU. At a moderate load,
+// call, its ledger stream and its upstream's connection. Each hand-off
+// that readies a goroutine while a P is idle wakes another thread, and on
+// a VM that halts an idle core the wake costs tens of microseconds of the
+// kernel's CPU. At a moderate load,
 // calls arriving one at a time, those wakes are most of what a call
 // costs; on one P there is no idle P to wake. Under a load that one core
 // cannot carry, every P is busy and the hand-offs cost nothing more.
@@ -41,7 +42,7 @@ import (
 
 // Policy is when the Ps change. The zero values take the defaults.
 type Policy struct {
-	// Ceiling is the most Ps: Go's GOMAXPROCS when ledgerd starts.
+	// Ceiling is the most Ps: Go's GOMAXPROCS when the process starts.
 	Ceiling int
 	// Up doubles the Ps after a tick in which the process used more
 	// than this share of them (0.75).
