@@ -29,6 +29,8 @@
 //     [--guard PATH (the package's index.js; dist/index.js when absent)]
 //     [--ledgerd-procs N] [--proxy-procs N (GOMAXPROCS of ledgerd, of idemproxy: a process
 //     sized to N cores; the machine's cores when absent)]
+//     [--guard-protocol connect|grpc (the guard's ledger client on ledgerd's Connect
+//     listener, as the README sets it up, or with protocol "grpc" on its gRPC listener)]
 //
 // `make bench-mcp` builds both binaries and runs it.
 import { spawn } from 'node:child_process';
@@ -51,10 +53,11 @@ const { values: opt } = parseArgs({
     clients: { type: 'string', default: '32' }, seconds: { type: 'string', default: '3' },
     rounds: { type: 'string', default: '2' }, only: { type: 'string', default: '' }, json: { type: 'string', default: '' },
     'ledgerd-procs': { type: 'string', default: '' }, 'proxy-procs': { type: 'string', default: '' },
+    'guard-protocol': { type: 'string', default: 'connect' },
   },
 });
-if (!opt.ledgerd || !opt.idemproxy) {
-  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE] [--guard PATH] [--ledgerd-procs N] [--proxy-procs N]');
+if (!opt.ledgerd || !opt.idemproxy || !['connect', 'grpc'].includes(opt['guard-protocol'])) {
+  console.error('usage: node bench/mcp.mjs --ledgerd BIN --idemproxy BIN [--calls N] [--block N] [--clients N] [--seconds S] [--rounds N] [--only NAME,...] [--json FILE] [--guard PATH] [--ledgerd-procs N] [--proxy-procs N] [--guard-protocol connect|grpc]');
   process.exit(2);
 }
 const calls = Number(opt.calls), block = Number(opt.block), clients = Number(opt.clients);
@@ -128,7 +131,9 @@ const startingLedger = start(opt.ledgerd, ['--data-dir', join(dir, 'ledgerd'), '
 const ledgerURL = await startingLedger;
 const guardJS = opt.guard;
 const server = join(here, 'server.mjs');
-const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: ledgerURL.http };
+// The guard's ledger client: createLedger's options.
+const guardLedger = opt['guard-protocol'] === 'grpc' ? { baseUrl: `http://${ledgerURL.grpc}`, protocol: 'grpc' } : { baseUrl: ledgerURL.http };
+const guardEnv = { IDEMLEDGER_GUARD: guardJS, LEDGER_URL: guardLedger.baseUrl, LEDGER_PROTOCOL: guardLedger.protocol ?? '' };
 
 function proxyConfig(name, upstream) {
   const cfg = join(dir, `${name}.yaml`);
@@ -280,7 +285,7 @@ for (const p of pairs) {
 // call (the guard, its ledger client, and the tool's trivial handler).
 async function guardCPU() {
   const { createLedger, Guard, McpGuard } = await import(guardJS);
-  const ledger = createLedger({ baseUrl: ledgerURL.http });
+  const ledger = createLedger(guardLedger);
   const tool = new McpGuard(new Guard(ledger), 'acme').tool('create_invoice', async ({ customer }) => ({ content: [{ type: 'text', text: JSON.stringify({ id: 'inv_1', customer }) }] }));
   const run = randomUUID();
   let n = 0;
@@ -291,17 +296,17 @@ async function guardCPU() {
     }
   };
   await Promise.all(Array.from({ length: clients }, () => loop(performance.now() + 1000))); // warm-up
-  const before = n, cpu = process.cpuUsage(), t0 = performance.now();
+  const before = n, cpu = process.cpuUsage(), ledgerd0 = cpuOf(startingLedger.pid), t0 = performance.now();
   await Promise.all(Array.from({ length: clients }, () => loop(t0 + seconds * rounds * 1000)));
-  const done = n - before, used = process.cpuUsage(cpu);
+  const done = n - before, used = process.cpuUsage(cpu), ledgerd = cpuOf(startingLedger.pid) - ledgerd0;
   ledger.close();
-  return { calls_per_s: done / ((performance.now() - t0) / 1000), cpu_us_per_call: (used.user + used.system) / done };
+  return { calls_per_s: done / ((performance.now() - t0) / 1000), cpu_us_per_call: (used.user + used.system) / done, ledgerd_cpu_us_per_call: ledgerd / done };
 }
 
 let guardInProcess;
 if (only.length === 0 || only.includes('guard-cpu')) {
   guardInProcess = await guardCPU();
-  console.log(`${'guard in process'.padEnd(30)} ${clients} at once: ${guardInProcess.calls_per_s.toFixed(0)} calls/s, ${guardInProcess.cpu_us_per_call.toFixed(0)} µs of CPU a call (the guard, its ledger client, the handler)`);
+  console.log(`${'guard in process'.padEnd(30)} ${clients} at once: ${guardInProcess.calls_per_s.toFixed(0)} calls/s, ${guardInProcess.cpu_us_per_call.toFixed(0)} µs of CPU a call (the guard, its ledger client, the handler), ledgerd's ${guardInProcess.ledgerd_cpu_us_per_call.toFixed(0)}`);
 }
 if (opt.json) {
   writeFileSync(opt.json, JSON.stringify({ calls, block, clients, seconds, rounds, rows, guard_in_process: guardInProcess }, null, 2) + '\n');
