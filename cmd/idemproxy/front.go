@@ -96,7 +96,8 @@ func newFront(upstream string, transport http.RoundTripper, limit int64, tools m
 			// proxy is the client, of no browser's origin.
 			r.Out.Header.Del("Origin")
 		},
-		Transport: transport,
+		Transport:  transport,
+		BufferPool: copyBuffers{},
 		// A stream (text/event-stream, or an answer of unknown length) is
 		// flushed as each write comes; a JSON answer, which relay reads
 		// whole, goes out at once with its length.

@@ -39,7 +39,8 @@ func httpHandler(cfg *httpConfig, ledger ledgerv1.LedgerServiceClient, reg prome
 		return nil, err
 	}
 	rp := &httputil.ReverseProxy{
-		Transport: upstreamTransport(),
+		Transport:  upstreamTransport(),
+		BufferPool: copyBuffers{},
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()

@@ -56,6 +56,7 @@ import (
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/interceptors/guard"
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
+	"github.com/idemledger/idemledger/internal/bufpool"
 	"github.com/idemledger/idemledger/internal/buildinfo"
 	"github.com/idemledger/idemledger/internal/clienttls"
 	"github.com/idemledger/idemledger/internal/procs"
@@ -512,6 +513,16 @@ func upstreamTransport() *http.Transport {
 	t.MaxIdleConnsPerHost = maxIdleUpstream
 	return t
 }
+
+// copyBuffers lends a ReverseProxy the buffers it copies bodies through,
+// where it would allocate 32 KiB for each body it copies: an unguarded
+// call's answer, every answer of a stream.
+type copyBuffers struct{}
+
+const copyBufferSize = 32 << 10
+
+func (copyBuffers) Get() []byte  { return *bufpool.Pool.Get(copyBufferSize) }
+func (copyBuffers) Put(b []byte) { bufpool.Pool.Put(&b) }
 
 // version is the module version from the build info.
 func version() string { return buildinfo.Read().Version }
