@@ -39,9 +39,12 @@ const (
 )
 
 // maxStreamWorkers bounds the goroutines a stream keeps for its calls
-// (callStream.run); while idle, the garbage collector shrinks their
-// stacks.
-const maxStreamWorkers = 64
+// (callStream.run), and a worker idle for streamWorkerIdle ends: a burst
+// of calls leaves no goroutines behind on a stream that stays open.
+const (
+	maxStreamWorkers = 64
+	streamWorkerIdle = 10 * time.Second
+)
 
 // Stream implements LedgerService.Stream. Each call runs on a goroutine
 // of its own while it runs (one of the stream's workers), as its unary
@@ -293,7 +296,7 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 // free it at the end (14% of a pair's CPU in BenchmarkStreamPairs). A
 // call that finds no worker idle starts one, up to maxStreamWorkers, and
 // past them runs on a goroutine of its own. The workers end with the
-// stream.
+// stream, or when idle for streamWorkerIdle.
 func (st *callStream) run(call func()) {
 	select {
 	case st.work <- call:
@@ -308,10 +311,24 @@ func (st *callStream) run(call func()) {
 	go call()
 }
 
-// worker runs call, and then the calls it is handed until the stream ends.
+// worker runs call, and then the calls it is handed until the stream
+// ends or none comes for streamWorkerIdle.
 func (st *callStream) worker(call func()) {
-	for ok := true; ok; call, ok = <-st.work {
+	idle := time.NewTimer(streamWorkerIdle)
+	defer idle.Stop()
+	for {
 		call()
+		idle.Reset(streamWorkerIdle)
+		var ok bool
+		select {
+		case call, ok = <-st.work:
+			if !ok {
+				return
+			}
+		case <-idle.C:
+			st.workers.Add(-1)
+			return
+		}
 	}
 }
 
