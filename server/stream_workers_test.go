@@ -45,17 +45,17 @@ func TestStreamWorkersEndWhenIdle(t *testing.T) {
 			synctest.Wait() // the worker waits for the next call
 		}
 		call()
-		time.Sleep(streamWorkerIdle - time.Millisecond)
-		call() // the waiting worker's
+		time.Sleep(streamWorkerIdle - time.Millisecond) // synctest's clock: the idle wait is the subject
+		call()                                          // the waiting worker's
 		if n := st.workers.Load(); n != 1 {
 			t.Fatalf("%d workers, want the one that waited", n)
 		}
-		time.Sleep(streamWorkerIdle - time.Millisecond)
+		time.Sleep(streamWorkerIdle - time.Millisecond) // synctest's clock: just short of the wait the last call restarted
 		synctest.Wait()
 		if n := st.workers.Load(); n != 1 {
 			t.Fatalf("%d workers before the worker was idle for %v, want 1", n, streamWorkerIdle)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // synctest's clock: the wait runs out
 		synctest.Wait()
 		if n := st.workers.Load(); n != 0 {
 			t.Fatalf("%d workers after %v idle, want none", n, streamWorkerIdle)
