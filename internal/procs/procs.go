@@ -4,24 +4,24 @@
 //
 // A call through ledgerd or idemproxy passes through several goroutines:
 // ledgerd's transport reader, the call, the store's commit loop, its log
-// writer, the transport's writer; idemproxy's connection reader, the
-// call, its ledger stream and its upstream's connection. Each hand-off
-// that readies a goroutine while a P is idle wakes another thread, and on
-// a VM that halts an idle core the wake costs tens of microseconds of the
-// kernel's CPU. At a moderate load,
-// calls arriving one at a time, those wakes are most of what a call
-// costs; on one P there is no idle P to wake. Under a load that one core
-// cannot carry, every P is busy and the hand-offs cost nothing more.
+// writer, the transport's writer; idemproxy's connection reader, the call,
+// its ledger stream and its upstream's connection. Each hand-off that
+// readies a goroutine while a P is idle wakes another thread, and on a VM
+// that halts an idle core the wake costs tens of microseconds of the
+// kernel's CPU. At a moderate load, calls arriving one at a time, those
+// wakes are most of what a call costs; on one P there is no idle P to
+// wake. Under a load that one core cannot carry, every P is busy and the
+// hand-offs cost nothing more.
 //
-// So the process starts on the ceiling and halves its Ps once the CPU it used
-// stayed below Down of them for Calm ticks in a row. It doubles them (up to
-// the ceiling) after a tick in which it used more than Up of them, or when
-// over the last Calm ticks more than one wait to run in ten took longer
-// than MaxWait: a sweep's batch or a compaction that holds the one P for
-// milliseconds makes the calls wait, though the process is far from using
-// a core. On a machine whose cores are busy with other processes a few
-// waits in a hundred are that long at any number of Ps, more of them on
-// one; those are read over a window and do not count. A halving undone
+// So the process starts on the ceiling and halves its Ps once the CPU it
+// used stayed below Down of them for Calm ticks in a row. It doubles them
+// (up to the ceiling) after a tick in which it used more than Up of them,
+// or when over the last Calm ticks more than one wait to run in ten took
+// longer than MaxWait: a sweep's batch or a compaction that holds the one
+// P for milliseconds makes the calls wait, though the process is far from
+// using a core. On a machine whose cores are busy with other processes a
+// few waits in a hundred are that long at any number of Ps, more of them
+// on one; those are read over a window and do not count. A halving undone
 // within seconds is not tried again under the same load for minutes: a
 // sweep that uses half of two Ps fills one, and at a light load the waits
 // sampled are too few to tell before the CPU does. Work the process knows
@@ -303,9 +303,9 @@ func Size(ctx context.Context, log *slog.Logger, h *Holds) {
 }
 
 // Holds keeps a process on the ceiling while work it is told of runs: a
-// store's sweep or compaction fills a P for as long as it lasts, though
-// the process used half of two before it, and on fewer Ps every call
-// would wait behind it.
+// store's sweep, flush or compaction fills a P for as long as it lasts,
+// though the process used half of two before it, and on fewer Ps every
+// call would wait behind it.
 // Its zero value is ready; a hold before Run starts, or after it ends,
 // changes nothing.
 type Holds struct {

@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -1039,7 +1038,7 @@ func TestOnBackgroundBracketsFlushesAndCompactions(t *testing.T) {
 	var begun, ended atomic.Int64
 	s, err := Open(t.TempDir(), Config{OnBackground: func() func() {
 		begun.Add(1)
-		return sync.OnceFunc(func() { ended.Add(1) })
+		return func() { ended.Add(1) }
 	}})
 	if err != nil {
 		t.Fatal(err)
