@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -22,6 +21,7 @@ import (
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/streamcall"
+	"github.com/idemledger/idemledger/internal/workers"
 	"github.com/idemledger/idemledger/ledger/errcode"
 	"github.com/idemledger/idemledger/ledger/ledgerstatus"
 )
@@ -38,13 +38,9 @@ const (
 	MaxStreamLookups = 16384
 )
 
-// maxStreamWorkers bounds the goroutines a stream keeps for its calls
-// (callStream.run), and a worker idle for streamWorkerIdle ends: a burst
-// of calls leaves no goroutines behind on a stream that stays open.
-const (
-	maxStreamWorkers = 64
-	streamWorkerIdle = 10 * time.Second
-)
+// streamWorkerIdle ends a stream's worker that has waited this long for
+// a call: a burst leaves no goroutines behind on a stream that stays open.
+const streamWorkerIdle = 10 * time.Second
 
 // Stream implements LedgerService.Stream. Each call runs on a goroutine
 // of its own while it runs (one of the stream's workers), as its unary
@@ -65,8 +61,8 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
 	ctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
-	st := &callStream{s: s, stream: stream, room: make(chan struct{}, 1), inFlight: map[uint64]inFlight{}, work: make(chan func())}
-	defer close(st.work) // after answered: no call starts any more
+	st := &callStream{s: s, stream: stream, room: make(chan struct{}, 1), inFlight: map[uint64]inFlight{}, workers: &workers.Pool{IdleFor: streamWorkerIdle}}
+	defer st.workers.Close() // after answered: no call starts any more
 	recvErr := st.receive(ctx)
 	drain := st.drainSignals()
 	defer drain.stop()
@@ -114,8 +110,7 @@ type callStream struct {
 	calls  sync.WaitGroup // the calls started and not yet answered
 	room   chan struct{}  // a call ended: the reader may go on
 
-	work    chan func()  // a call, for an idle worker
-	workers atomic.Int32 // the workers started
+	workers *workers.Pool // run the calls (internal/workers)
 
 	mu       sync.Mutex // guards the fields below
 	inFlight map[uint64]inFlight
@@ -287,49 +282,7 @@ func (st *callStream) start(ctx context.Context, req *ledgerv1.StreamRequest) {
 		})
 		return
 	}
-	st.run(func() { answer(st.s.streamCall(callCtx, req)) })
-}
-
-// run runs a call on one of the stream's workers: a goroutine that keeps
-// the stack its calls grew, where a goroutine of its own would start on
-// 2 KiB and grow it on the way to the store, copying it each time, and
-// free it at the end (14% of a pair's CPU in BenchmarkStreamPairs). A
-// call that finds no worker idle starts one, up to maxStreamWorkers, and
-// past them runs on a goroutine of its own. The workers end with the
-// stream, or when idle for streamWorkerIdle.
-func (st *callStream) run(call func()) {
-	select {
-	case st.work <- call:
-		return
-	default:
-	}
-	if st.workers.Add(1) <= maxStreamWorkers {
-		go st.worker(call)
-		return
-	}
-	st.workers.Add(-1)
-	go call()
-}
-
-// worker runs call, and then the calls it is handed until the stream
-// ends or none comes for streamWorkerIdle.
-func (st *callStream) worker(call func()) {
-	idle := time.NewTimer(streamWorkerIdle)
-	defer idle.Stop()
-	for {
-		call()
-		idle.Reset(streamWorkerIdle)
-		var ok bool
-		select {
-		case call, ok = <-st.work:
-			if !ok {
-				return
-			}
-		case <-idle.C:
-			st.workers.Add(-1)
-			return
-		}
-	}
+	st.workers.Go(func() { answer(st.s.streamCall(callCtx, req)) })
 }
 
 // tooManyLookups answers a Lookup past MaxStreamLookups.

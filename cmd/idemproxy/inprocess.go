@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+
+	"github.com/idemledger/idemledger/internal/workers"
 )
 
 // handlerTransport is an http.RoundTripper that serves each request with a
@@ -23,82 +25,23 @@ import (
 // the answer streams as the handler writes it, each Write handed to the
 // reader before it returns.
 //
-// Each request's handler runs on a worker (workers) rather than a new
-// goroutine: the front's handler of a guarded call runs deep (the guard,
-// the ledger's client, gRPC, protobuf), and a new goroutine's stack,
-// which the runtime sizes from its goroutines' average, grew two or three
-// times on the way, each growth a copy of the stack.
+// Each request's handler runs on a worker (internal/workers) rather than
+// a new goroutine: the front's handler of a guarded call runs deep (the
+// guard, the ledger's client, gRPC, protobuf), and a new goroutine's
+// stack grew two or three times on the way, each growth a copy of it.
 type handlerTransport struct {
 	h       http.Handler
-	workers *workers
+	workers *workers.Pool
 }
 
 // newHandlerTransport serves requests with h; Close ends its idle workers.
 func newHandlerTransport(h http.Handler) handlerTransport {
-	return handlerTransport{h: h, workers: &workers{}}
+	return handlerTransport{h: h, workers: &workers.Pool{}}
 }
 
 // Close ends the transport's idle workers; a handler still running ends
 // as it does, and its worker with it.
 func (t handlerTransport) Close() { t.workers.Close() }
-
-// maxIdleWorkers bounds the workers that wait for a next function: as
-// many as a stdio host's calls in flight usually are, and a little stack
-// each (the runtime shrinks an idle goroutine's stack at its collections).
-const maxIdleWorkers = 64
-
-// workers runs functions on goroutines that, once a function returns,
-// wait for the next one (up to maxIdleWorkers of them), so that most
-// functions start on a stack an earlier one grew.
-type workers struct {
-	mu     sync.Mutex
-	idle   []chan func() // each idle worker's: the last to go idle is the first given work
-	closed bool
-	live   sync.WaitGroup // every worker, busy or idle
-}
-
-// Go runs f on an idle worker, or on a new one when none is idle. f must
-// not panic.
-func (w *workers) Go(f func()) {
-	w.mu.Lock()
-	if n := len(w.idle); n > 0 {
-		next := w.idle[n-1]
-		w.idle = w.idle[:n-1]
-		w.mu.Unlock()
-		next <- f // its buffer's one place: never waits
-		return
-	}
-	w.mu.Unlock()
-	next := make(chan func(), 1)
-	w.live.Go(func() { w.serve(f, next) })
-}
-
-// serve runs f, then each function sent on next while the worker is
-// idle; it ends once idle workers are not wanted (too many, or closed).
-func (w *workers) serve(f func(), next chan func()) {
-	for ok := true; ok; f, ok = <-next {
-		f()
-		w.mu.Lock()
-		if w.closed || len(w.idle) >= maxIdleWorkers {
-			w.mu.Unlock()
-			return
-		}
-		w.idle = append(w.idle, next)
-		w.mu.Unlock()
-	}
-}
-
-// Close ends the idle workers, and each busy one once its function
-// returns; Go still runs functions, each on a goroutine of its own.
-func (w *workers) Close() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
-	for _, next := range w.idle {
-		close(next)
-	}
-	w.idle = nil
-}
 
 func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancel(req.Context())

@@ -5,11 +5,9 @@ import (
 	"io"
 	"net/http"
 	"reflect"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestHandlerTransport: an answer streams as the handler writes it; the
@@ -101,72 +99,6 @@ func TestCallCarriesItsRequestsEnvelope(t *testing.T) {
 			if !ok || !reflect.DeepEqual(got, want) {
 				t.Errorf("%s: carried %+v, read %+v", body, got, want)
 			}
-		}
-	}
-}
-
-// TestWorkers: a function runs on the worker an earlier one ran on once
-// that one is idle; one that blocks holds up no other; Close ends the idle
-// workers, and a busy one once its function returns, and functions still
-// run after it.
-func TestWorkers(t *testing.T) {
-	t.Parallel()
-	w := &workers{}
-	ran := make(chan uint64)
-	on := func() { ran <- goroutineID() }
-	w.Go(on)
-	first := <-ran
-	waitIdle(t, w, 1)
-	w.Go(on)
-	if again := <-ran; again != first {
-		t.Fatalf("with a worker idle, a function ran on goroutine %d, not the worker's %d", again, first)
-	}
-
-	waitIdle(t, w, 1)
-	release := make(chan struct{})
-	w.Go(func() { <-release }) // takes the idle worker
-	w.Go(on)
-	if other := <-ran; other == first {
-		t.Fatalf("a function ran on the busy worker %d", first)
-	}
-	waitIdle(t, w, 1)
-	w.Close()
-	close(release)
-	w.live.Wait() // the idle worker ended, and the busy one after its function
-
-	w.Go(on)
-	<-ran
-	w.live.Wait()
-	if n := idleWorkers(w); n != 0 {
-		t.Fatalf("%d idle workers after Close", n)
-	}
-}
-
-// goroutineID is the calling goroutine's id, as its stack trace gives it.
-func goroutineID() uint64 {
-	buf := make([]byte, 64)
-	buf = buf[:runtime.Stack(buf, false)]
-	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
-	n, err := strconv.ParseUint(id, 10, 64)
-	if err != nil {
-		panic("a stack trace without its goroutine's id: " + string(buf))
-	}
-	return n
-}
-
-func idleWorkers(w *workers) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.idle)
-}
-
-// waitIdle waits until n of w's workers are idle: a worker goes idle
-// right after its function returns.
-func waitIdle(t *testing.T, w *workers, n int) {
-	t.Helper()
-	for start := time.Now(); idleWorkers(w) != n; runtime.Gosched() {
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("%d idle workers after 10 s, want %d", idleWorkers(w), n)
 		}
 	}
 }
