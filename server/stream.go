@@ -40,6 +40,9 @@ const (
 
 // streamWorkerIdle ends a stream's worker that has waited this long for
 // a call: a burst leaves no goroutines behind on a stream that stays open.
+// Until then as many wait as the stream runs calls at once
+// (MaxStreamCalls), so that each call of a burst that comes back finds a
+// worker whose stack its call grew before.
 const streamWorkerIdle = 10 * time.Second
 
 // Stream implements LedgerService.Stream. Each call runs on a goroutine
@@ -61,7 +64,7 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 	ctx := grpc.NewContextWithServerTransportStream(stream.Context(), noTrailers{})
 	ctx, cancelAll := context.WithCancel(ctx)
 	defer cancelAll()
-	st := &callStream{s: s, stream: stream, room: make(chan struct{}, 1), inFlight: map[uint64]inFlight{}, workers: &workers.Pool{IdleFor: streamWorkerIdle}}
+	st := &callStream{s: s, stream: stream, room: make(chan struct{}, 1), inFlight: map[uint64]inFlight{}, workers: &workers.Pool{IdleFor: streamWorkerIdle, MaxIdle: MaxStreamCalls}}
 	defer st.workers.Close() // after answered: no call starts any more
 	recvErr := st.receive(ctx)
 	drain := st.drainSignals()

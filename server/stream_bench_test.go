@@ -21,7 +21,7 @@ import (
 
 // BenchmarkStreamPairs measures Begin+Complete pairs on fresh keys over
 // one Stream (ledger/ledgerclient) over gRPC in memory (bufconn), to a
-// LedgerService on the memory store with bearer tokens, at 1 and 32
+// LedgerService on the memory store with bearer tokens, at 1, 32 and 128
 // concurrent callers, with ledgerd's transport settings: the server's and
 // the client's own cost per pair, allocations included, without a disk.
 func BenchmarkStreamPairs(b *testing.B) {
@@ -37,7 +37,7 @@ func BenchmarkStreamPairs(b *testing.B) {
 	srv := servertest.NewServer(b, servertest.Ledger(server.New(l, server.Config{Auth: tokens})), server.TransportOptions()...)
 	client := streamClient(b, srv.Dial(b, ledgerclient.DialOptions()...), "billing-token")
 	out := &ledgerv1.Outcome{Result: &ledgerv1.Outcome_Response{Response: &anypb.Any{TypeUrl: "type.googleapis.com/billing.v1.Invoice", Value: []byte("\x0a\x08inv_0001")}}}
-	for _, clients := range []int{1, 32} {
+	for _, clients := range []int{1, 32, 128} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
 			ledgertest.Pairs(b, clients, func(ctx context.Context, key string) error {
 				res, err := client.Begin(ctx, beginReq(key))

@@ -8,21 +8,26 @@
 package workers
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 	"time"
 )
 
-// MaxIdle bounds the workers of a Pool that wait for a next function, and
-// a little stack each (the runtime shrinks an idle goroutine's stack at
-// its collections).
-const MaxIdle = 64
+// DefaultMaxIdle is the MaxIdle of a Pool that sets none.
+const DefaultMaxIdle = 64
 
 // Pool runs functions on its workers. Its zero value is ready.
 type Pool struct {
 	// IdleFor ends a worker that has waited this long for a next
 	// function; 0: it waits until Close.
 	IdleFor time.Duration
+	// MaxIdle bounds the workers that wait for a next function, a little
+	// stack each (the runtime shrinks an idle goroutine's stack at its
+	// collections); 0: DefaultMaxIdle. A worker whose function returns
+	// past it ends, and the next function past it starts on a new
+	// goroutine's stack.
+	MaxIdle int
 
 	mu     sync.Mutex
 	idle   []chan func() // each idle worker's: the last to go idle is the first given work
@@ -58,7 +63,7 @@ func (p *Pool) serve(f func(), next chan func()) {
 	for ok := true; ok; {
 		f()
 		p.mu.Lock()
-		if p.closed || len(p.idle) >= MaxIdle {
+		if p.closed || len(p.idle) >= cmp.Or(p.MaxIdle, DefaultMaxIdle) {
 			p.mu.Unlock()
 			return
 		}

@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"cmp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -47,8 +48,7 @@ func TestPool(t *testing.T) {
 }
 
 // TestPoolIdleFor: a worker waits IdleFor for its next function, each
-// function restarting the wait, and then ends; past MaxIdle idle workers,
-// a worker ends as its function returns.
+// function restarting the wait, and then ends.
 func TestPoolIdleFor(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -76,17 +76,32 @@ func TestPoolIdleFor(t *testing.T) {
 			t.Fatalf("%d idle workers after %v idle, want none", n, p.IdleFor)
 		}
 		p.live.Wait()
-
-		release := make(chan struct{})
-		for range MaxIdle + 1 {
-			p.Go(func() { <-release })
-		}
-		close(release)
-		synctest.Wait()
-		if n := idleWorkers(p); n != MaxIdle {
-			t.Fatalf("%d idle workers after %d functions at once, want %d", n, MaxIdle+1, MaxIdle)
-		}
 	})
+}
+
+// TestPoolMaxIdle: past MaxIdle idle workers (DefaultMaxIdle when it is
+// 0, or more than that), a worker ends as its function returns.
+func TestPoolMaxIdle(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []int{0, 4 * DefaultMaxIdle} {
+		t.Run(strconv.Itoa(bound), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := &Pool{MaxIdle: bound}
+				defer p.Close()
+				want := cmp.Or(bound, DefaultMaxIdle)
+				release := make(chan struct{})
+				for range want + 1 {
+					p.Go(func() { <-release })
+				}
+				close(release)
+				synctest.Wait()
+				if n := idleWorkers(p); n != want {
+					t.Fatalf("%d idle workers after %d functions at once, want %d", n, want+1, want)
+				}
+			})
+		})
+	}
 }
 
 // goroutineID is the calling goroutine's id, as its stack trace gives it.
