@@ -83,10 +83,17 @@ func TestInterleave(t *testing.T) {
 		}
 	}
 	stats := func() crdb.BatchStats { return crdb.BatchStats{Batches: batches.Load(), Calls: calls.Load()} }
-	logSyncs := func() (uint64, time.Duration) { return syncs.Load(), time.Duration(synced.Load()) }
+	logSyncs := func() (uint64, time.Duration, error) { return syncs.Load(), time.Duration(synced.Load()), nil }
 	// The fdatasyncs counted are the slow subject's syncs in the turns
-	// its counts cover; the fast subject's counts fail on the second turn.
-	var counts atomic.Int64
+	// its counts cover; the fast subject's counts fail on the second turn,
+	// and so does the reading of its log's syncs (before the turn).
+	var counts, reads atomic.Int64
+	readFails := func() (uint64, time.Duration, error) {
+		if reads.Add(1) == 3 {
+			return 0, 0, errors.New("the metrics are gone")
+		}
+		return logSyncs()
+	}
 	countSyncs := func() (func() (uint64, error), error) {
 		from := syncs.Load()
 		return func() (uint64, error) { return syncs.Load() - from, nil }, nil
@@ -99,7 +106,7 @@ func TestInterleave(t *testing.T) {
 	}
 	before := runtime.GOMAXPROCS(0)
 	rs := bench.Interleave(t.Context(), "sleep", 2, 600*time.Millisecond, 3,
-		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false), LogSyncs: logSyncs, Fdatasyncs: countFails},
+		bench.Subject{Target: "fast", Op: op("fast", time.Millisecond, false), LogSyncs: readFails, Fdatasyncs: countFails},
 		bench.Subject{Target: "slow", Op: op("slow", 4*time.Millisecond, true), Batches: stats, LogSyncs: logSyncs, Fdatasyncs: countSyncs, Procs: before + 1})
 	if want := []string{"fast", "slow", "fast", "slow", "fast", "slow"}; !slices.Equal(turns, want) {
 		t.Fatalf("turns %v, want %v", turns, want)
@@ -142,6 +149,9 @@ func TestInterleave(t *testing.T) {
 	}
 	if fast.Fdatasyncs != nil || fast.CountError != "perf is gone" {
 		t.Fatalf("fast: fdatasyncs %v (%q), want none, and why", fast.Fdatasyncs, fast.CountError)
+	}
+	if fast.LogError != "the metrics are gone" || slow.LogError != "" {
+		t.Fatalf("log syncs not read: fast %q, slow %q; want why for fast only", fast.LogError, slow.LogError)
 	}
 }
 

@@ -6,6 +6,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -64,6 +65,9 @@ type Result struct {
 	LogSyncs  float64 `json:"log_syncs_per_op,omitempty"`
 	LogSyncMs float64 `json:"log_sync_ms,omitempty"`
 	LogBusy   float64 `json:"log_busy,omitempty"`
+	// LogError says why the log's syncs are not given, when reading them
+	// failed (a ledgerd process's metrics).
+	LogError string `json:"log_error,omitempty"`
 	// Where the subject counted them, the fdatasync system calls of the
 	// process behind the target an operation (a store in this process, a
 	// Redis in its own), over the measured turns: nil when not counted,
@@ -86,7 +90,7 @@ type Subject struct {
 	// LogSyncs, when not nil, reads the syncs of the write-ahead log of
 	// the store behind the target since it opened, and the time they took,
 	// for Result.LogSyncs, LogSyncMs and LogBusy.
-	LogSyncs func() (syncs uint64, took time.Duration)
+	LogSyncs func() (syncs uint64, took time.Duration, err error)
 	// Fdatasyncs, when not nil, counts the fdatasync system calls of the
 	// process behind the target over each measured turn, for
 	// Result.Fdatasyncs.
@@ -124,8 +128,9 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 			run(ctx, clients, turn/5, sub.Op, nil)
 			var syncs0 uint64
 			var took0 time.Duration
+			var logErr error
 			if sub.LogSyncs != nil {
-				syncs0, took0 = sub.LogSyncs()
+				syncs0, took0, logErr = sub.LogSyncs()
 			}
 			var count func() (uint64, error)
 			if sub.Fdatasyncs != nil {
@@ -144,10 +149,14 @@ func Interleave(ctx context.Context, workload string, clients int, d time.Durati
 				}
 			}
 			if sub.LogSyncs != nil {
-				syncs, took := sub.LogSyncs()
-				ms[i].syncs += syncs - syncs0
-				ms[i].syncTime += took - took0
-				ms[i].logged = true
+				syncs, took, err := sub.LogSyncs()
+				if err = cmp.Or(logErr, err); err != nil {
+					ms[i].logFailed(err)
+				} else {
+					ms[i].syncs += syncs - syncs0
+					ms[i].syncTime += took - took0
+					ms[i].logged = true
+				}
 			}
 			if sub.Batches != nil {
 				after := sub.Batches()
@@ -177,7 +186,8 @@ type meter struct {
 	batches, calls  uint64
 	busy, batchTime time.Duration // batchTime: the turns' time, warm-ups included
 	roundTrip       time.Duration
-	logged          bool // the store's log syncs were read
+	logged          bool   // the store's log syncs were read
+	logErr          string // the first turn whose log syncs could not be read: why
 	syncs           uint64
 	syncTime        time.Duration
 	counted         bool   // fdatasyncs were counted in a turn
@@ -190,6 +200,14 @@ type meter struct {
 func (m *meter) countFailed(err error) {
 	if m.countErr == "" {
 		m.countErr = err.Error()
+	}
+}
+
+// logFailed records that reading a turn's log syncs failed: the
+// subject's log syncs are then not given, and the first failure says why.
+func (m *meter) logFailed(err error) {
+	if m.logErr == "" {
+		m.logErr = err.Error()
 	}
 }
 
@@ -224,7 +242,9 @@ func (m *meter) result(target, workload string, clients int) Result {
 		r.AllocKB = float64(m.alloc) / 1024 / float64(m.ops)
 		r.GCs = float64(m.gcs) * 1000 / float64(m.ops)
 	}
-	if m.logged && m.ops > 0 && m.secs > 0 {
+	if m.logErr != "" {
+		r.LogError = m.logErr
+	} else if m.logged && m.ops > 0 && m.secs > 0 {
 		r.LogSyncs = float64(m.syncs) / float64(m.ops)
 		r.LogBusy = m.syncTime.Seconds() / m.secs
 		if m.syncs > 0 {

@@ -80,7 +80,7 @@ type config struct {
 	ledgerdBin                                                     string
 	outcomeSizes                                                   []int
 	batchInFlight                                                  []int
-	interceptor, durable, redis                                    bool
+	interceptor, durable, redis, process                           bool
 	redisFsync                                                     string
 	batching                                                       string
 }
@@ -93,7 +93,7 @@ type target struct {
 	name       string
 	workloads  map[string]bench.Op
 	batches    func() crdb.BatchStats
-	logSyncs   func() (uint64, time.Duration)
+	logSyncs   func() (uint64, time.Duration, error)
 	fdatasyncs bench.FdatasyncCount
 	procs      int
 }
@@ -151,7 +151,8 @@ func main() {
 	flag.IntVar(&cfg.growth.SweepBatch, "growth-sweep-batch", 0, "growth: records the store sweeps before it rests (pebble.Config.SweepBatch); 0: the store's default")
 	flag.Float64Var(&cfg.growth.SweepShare, "growth-sweep-share", 0, "growth: the share of the time the store sweeps while a backlog lasts (pebble.Config.SweepShare); 0: the store's default")
 	flag.IntVar(&cfg.waiters, "waiters", 0, "after the stores, hold this many Lookups waiting on one ledgerd process on its embedded store, over each -api, and read what they add to its resident memory; 0: none")
-	flag.StringVar(&cfg.ledgerdBin, "ledgerd", "", "-waiters: the ledgerd binary; empty builds ./cmd/ledgerd (run from the repository's root)")
+	flag.BoolVar(&cfg.process, "process", true, "with the embedded store, measure in turns with it a ledgerd process of its own on that store, started as the README starts it (-ledgerd)")
+	flag.StringVar(&cfg.ledgerdBin, "ledgerd", "", "-waiters and -process: the ledgerd binary; empty builds ./cmd/ledgerd (run from the repository's root)")
 	flag.StringVar(&cfg.jsonPath, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&cfg.pngPath, "png", "", "plot the fresh workload into this PNG")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -277,6 +278,9 @@ func run(ctx context.Context, cfg config) error {
 		}
 		if r.CountError != "" {
 			store += "  fdatasyncs not counted: " + r.CountError
+		}
+		if r.LogError != "" {
+			store += "  log syncs not read: " + r.LogError
 		}
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, store, r.Errors, r.FirstError)
@@ -476,11 +480,11 @@ func run(ctx context.Context, cfg config) error {
 				if s, ok := st.(*crdb.Store); ok && v.batching {
 					batches = s.BatchStats
 				}
-				var logSyncs func() (uint64, time.Duration)
+				var logSyncs func() (uint64, time.Duration, error)
 				if s, ok := st.(*pebble.Store); ok {
-					logSyncs = func() (uint64, time.Duration) {
+					logSyncs = func() (uint64, time.Duration, error) {
 						w := s.WALSyncs()
-						return w.Count, w.Sum
+						return w.Count, w.Sum, nil
 					}
 				}
 				var fdatasyncs bench.FdatasyncCount
@@ -497,6 +501,14 @@ func run(ctx context.Context, cfg config) error {
 				}
 				targets = append(targets, sql)
 			}
+		}
+		if name == "embedded" && cfg.process {
+			ts, stop, err := processTargets(ctx, cfg, ledgerWork, counter)
+			if err != nil {
+				return err
+			}
+			closers = append(closers, stop)
+			targets = append(targets, ts...)
 		}
 		if local && cfg.redis {
 			peer, stop, err := redisTarget(ctx, prefix+name, cfg.redisFsync, replays, outs, counter, emit)
@@ -545,6 +557,60 @@ func run(ctx context.Context, cfg config) error {
 		results = append(results, rs...)
 	}
 	return output(cfg, results)
+}
+
+// processName is the name of the embedded store's targets served by a
+// ledgerd process of its own.
+const processName = "ledgerd/embedded, own process"
+
+// processTargets are the embedded store as its users run it: a ledgerd
+// process (-ledgerd, or built from ./cmd/ledgerd) started as the README
+// starts it, with every interceptor of the daemon and its own Ps sized to
+// its load, its data in a temporary directory on the disk of the
+// in-process store's, and its clients here, as Redis's are: a target for
+// each API, and what stops it.
+func processTargets(ctx context.Context, cfg config, ledgerWork func(ledgerv1.LedgerServiceClient, string) (map[string]bench.Op, error),
+	counter func(pid int) bench.FdatasyncCount) (ts []target, stop func(), err error) {
+	bin, cleanup, err := ledgerdBinary(cfg.ledgerdBin)
+	if err != nil {
+		return nil, nil, err
+	}
+	dir, err := os.MkdirTemp("", "ledgerbench-process-")
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	l, err := bench.StartLedgerd(ctx, bin, filepath.Join(dir, "data"))
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		cleanup()
+		return nil, nil, err
+	}
+	closers := []func(){cleanup, func() { _ = os.RemoveAll(dir) }, l.Stop}
+	stop = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	for _, api := range cfg.apis {
+		client, name := ledgerv1.NewLedgerServiceClient(l.Conn), processName
+		if api == "stream" {
+			sc := ledgerclient.New(client)
+			closers = append(closers, func() { _ = sc.Close() })
+			client, name = sc, name+" (stream)"
+		}
+		work, err := ledgerWork(client, "process-"+api)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		t := target{name: name, workloads: work, logSyncs: l.WALSyncs}
+		if counter != nil {
+			t.fdatasyncs = counter(l.Pid())
+		}
+		ts = append(ts, t)
+	}
+	return ts, stop, nil
 }
 
 // procs is GOMAXPROCS for the in-process ledgerd of a store; 0: every

@@ -99,10 +99,11 @@ func TestDBTag(t *testing.T) {
 	}
 }
 
-// TestBesideRedis: the embedded store's ledgerd and a durable Redis run
-// in turns, and so do the memory store's and a Redis without its disk
-// (the transports' floors); the disk's fsync floor is reported beside them
-// (skipped without redis-server, failed under CI=true).
+// TestBesideRedis: the embedded store's ledgerd, in this process and in
+// a process of its own, and a durable Redis run in turns, and so do the
+// memory store's and a Redis without its disk (the transports' floors);
+// the disk's fsync floor is reported beside them (skipped without
+// redis-server, failed under CI=true).
 func TestBesideRedis(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -110,23 +111,46 @@ func TestBesideRedis(t *testing.T) {
 		}
 		t.Skip("redis-server is not installed")
 	}
-	for _, tc := range []struct{ store, appendfsync string }{{"embedded", "always"}, {"memory", "no"}} {
+	bin := buildLedgerd(t)
+	for _, tc := range []struct {
+		store, appendfsync string
+		ledgerds           []string
+	}{
+		{"embedded", "always", []string{"ledgerd/embedded (stream)", processName + " (stream)"}},
+		{"memory", "no", []string{"ledgerd/memory (stream)"}},
+	} {
 		t.Run(tc.store, func(t *testing.T) {
-			besideRedis(t, tc.store, tc.appendfsync)
+			besideRedis(t, tc.store, tc.appendfsync, bin, tc.ledgerds)
 		})
 	}
 }
 
-// besideRedis runs the store beside a Redis of that appendfsync.
-func besideRedis(t *testing.T, store, appendfsync string) {
+// buildLedgerd builds ledgerd into the test's directory.
+func buildLedgerd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ledgerd")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemledger/idemledger/cmd/ledgerd").CombinedOutput(); err != nil {
+		t.Fatalf("build ledgerd: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// besideRedis runs the store beside a Redis of that appendfsync, and
+// expects the results of its ledgerds (the embedded store's process,
+// run from bin, among them).
+func besideRedis(t *testing.T, store, appendfsync, bin string, ledgerds []string) {
 	t.Helper()
 	got, all := runBench(t, config{stores: store, workloads: "fresh,replay", clients: []int{2}, apis: []string{"stream"},
-		duration: 300 * time.Millisecond, rounds: 2, redis: true, redisFsync: appendfsync})
+		duration: 300 * time.Millisecond, rounds: 2, redis: true, redisFsync: appendfsync, process: true, ledgerdBin: bin})
 	// The embedded store's log syncs at most twice a fresh pair (a
 	// claim's write and a completion's, when no other write shares a
-	// sync), and never for a replay, which writes nothing.
+	// sync), and never for a replay, which writes nothing; a ledgerd
+	// process's are read from its metrics.
 	for _, r := range all {
-		fresh := r.Target == "ledgerd/embedded (stream)" && r.Workload == "fresh"
+		if r.LogError != "" {
+			t.Errorf("%s %s: log syncs not read: %s", r.Target, r.Workload, r.LogError)
+		}
+		fresh := strings.HasPrefix(r.Target, "ledgerd/embedded") && r.Workload == "fresh"
 		if fresh && (r.LogSyncs <= 0 || r.LogSyncs > 2.1 || r.LogSyncMs <= 0 || r.LogBusy <= 0 || r.LogBusy > 1.05) ||
 			!fresh && (r.LogSyncs != 0 || r.LogBusy != 0) {
 			t.Errorf("%s %s: log %.2f syncs/op of %.3f ms, syncing %.0f%% of the time", r.Target, r.Workload, r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
@@ -157,7 +181,8 @@ func besideRedis(t *testing.T, store, appendfsync string) {
 			t.Errorf("%s %s: %.3f fdatasyncs a pair", r.Target, r.Workload, n)
 		}
 	}
-	for _, target := range []string{"ledgerd/" + store + " (stream)", redisPrefix + appendfsync, floorName} {
+	want := append([]string{redisPrefix + appendfsync, floorName}, ledgerds...)
+	for _, target := range want {
 		if _, ok := got[target]; !ok {
 			t.Fatalf("no result for %q; got %v", target, got)
 		}
@@ -165,8 +190,8 @@ func besideRedis(t *testing.T, store, appendfsync string) {
 	if floor := got[floorName]; floor.PerSecond <= 0 || floor.Clients != 1 {
 		t.Fatalf("fsync floor %+v", floor)
 	}
-	if len(got) != 3 {
-		t.Fatalf("%d targets, want 3: %v", len(got), got)
+	if len(got) != len(want) {
+		t.Fatalf("%d targets, want %d: %v", len(got), len(want), got)
 	}
 }
 
@@ -258,10 +283,7 @@ func TestProcsByStore(t *testing.T) {
 // Lookup waiters of a ledgerd process alone, and its goals table holds
 // both against their bounds.
 func TestGrowthAndWaiters(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ledgerd")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemledger/idemledger/cmd/ledgerd").CombinedOutput(); err != nil {
-		t.Fatalf("build ledgerd: %v\n%s", err, out)
-	}
+	bin := buildLedgerd(t)
 	cfg := config{apis: []string{"stream", "unary"}, duration: 100 * time.Millisecond, outcomeSizes: []int{100},
 		growth: growth.Config{Records: 600, Writers: 2, Fillers: 4}, waiters: 2000, ledgerdBin: bin}
 	_, rs := runBench(t, cfg)
