@@ -346,13 +346,16 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	if cfg.addr != "" {
-		conn, err := grpc.NewClient(cfg.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// The transport a write service's guard dials with: fixed windows,
+		// so no bandwidth probes (PINGs as answers are read, each
+		// acknowledged by ledgerd with a write of its own).
+		conn, err := grpc.NewClient(cfg.addr, append(ledgerclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithUnaryInterceptor(func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, o ...grpc.CallOption) error {
 				if cfg.token != "" {
 					ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token)
 				}
 				return inv(ctx, m, req, reply, cc, o...)
-			}))
+			}))...)
 		if err != nil {
 			return err
 		}
