@@ -144,22 +144,30 @@ func besideRedis(t *testing.T, store, appendfsync, bin string, ledgerds []string
 		duration: 300 * time.Millisecond, rounds: 2, redis: true, redisFsync: appendfsync, process: true, ledgerdBin: bin})
 	// The embedded store's log syncs at most twice a fresh pair (a
 	// claim's write and a completion's, when no other write shares a
-	// sync), and never for a replay, which writes nothing; a ledgerd
-	// process's are read from its metrics.
+	// sync); a ledgerd process's are read from its metrics. A replay
+	// writes nothing, but the store's own work may sync while replays
+	// run: Pebble's first memtables are small (256 KiB), so the fresh
+	// pairs fill one, and its flush syncs the log it rotates and the
+	// table it writes, which the counts of the store (or of ledgerd's
+	// process) include. That is a few syncs, where a replay that wrote
+	// would make one or more each.
+	const background = 0.05 // syncs a replay, at most
 	for _, r := range all {
 		if r.LogError != "" {
 			t.Errorf("%s %s: log syncs not read: %s", r.Target, r.Workload, r.LogError)
 		}
-		fresh := strings.HasPrefix(r.Target, "ledgerd/embedded") && r.Workload == "fresh"
+		embedded := strings.HasPrefix(r.Target, "ledgerd/embedded")
+		fresh := embedded && r.Workload == "fresh"
 		if fresh && (r.LogSyncs <= 0 || r.LogSyncs > 2.1 || r.LogSyncMs <= 0 || r.LogBusy <= 0 || r.LogBusy > 1.05) ||
-			!fresh && (r.LogSyncs != 0 || r.LogBusy != 0) {
+			embedded && !fresh && r.LogSyncs > background || !embedded && (r.LogSyncs != 0 || r.LogBusy != 0) {
 			t.Errorf("%s %s: log %.2f syncs/op of %.3f ms, syncing %.0f%% of the time", r.Target, r.Workload, r.LogSyncs, r.LogSyncMs, 100*r.LogBusy)
 		}
 	}
 	// Where perf is (.ci/run installs it), ledgerd's fdatasync calls and
 	// Redis's are counted: about twice a fresh pair with a durable Redis's
 	// and the embedded store's, fewer when writes share a sync; never
-	// without a disk, nor for a replay.
+	// without a disk, nor for Redis's replays; for the embedded store's,
+	// only its flushes' (above).
 	_, perfErr := exec.LookPath("perf")
 	counted := perfErr == nil || os.Getenv("CI") == "true"
 	for _, r := range all {
@@ -177,7 +185,8 @@ func besideRedis(t *testing.T, store, appendfsync, bin string, ledgerds []string
 			continue
 		}
 		durable := appendfsync == "always" && r.Workload == "fresh"
-		if n := *r.Fdatasyncs; durable && (n <= 0 || n > 2.1) || !durable && n != 0 {
+		flushes := strings.HasPrefix(r.Target, "ledgerd/embedded") && !durable
+		if n := *r.Fdatasyncs; durable && (n <= 0 || n > 2.1) || flushes && n > background || !durable && !flushes && n != 0 {
 			t.Errorf("%s %s: %.3f fdatasyncs a pair", r.Target, r.Workload, n)
 		}
 	}
