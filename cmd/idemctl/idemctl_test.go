@@ -93,7 +93,7 @@ func TestAgainstLedgerd(t *testing.T) {
 		t.Fatal(err)
 	}
 	begin("acme", "running", false)
-	time.Sleep(1100 * time.Millisecond) // charge-7's and lapsed's leases run out: unknown, and lease_expired
+	time.Sleep(1100 * time.Millisecond) // ledgerd (another process) keeps the wall clock: charge-7's and lapsed's 1 s leases run out (unknown, lease_expired)
 
 	// The runbook: find the unknown keys.
 	code, stdout, stderr := idemctl(t, addr, "ops-secret", "list", "--namespace", "billing", "--state", "outcome_unknown")

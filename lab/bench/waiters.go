@@ -1,24 +1,17 @@
 package bench
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
@@ -51,19 +44,12 @@ func Waiters(ctx context.Context, bin string, n int, api string) (Result, error)
 		return Result{}, err
 	}
 	defer os.RemoveAll(dir)
-	p, err := startLedgerd(ctx, bin, "--data-dir", dir)
+	l, err := StartLedgerd(ctx, bin, dir)
 	if err != nil {
 		return Result{}, err
 	}
-	defer p.stop()
-	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return Result{}, err
-	}
-	defer conn.Close()
-	if err := waitServing(ctx, conn); err != nil {
-		return Result{}, err
-	}
+	defer l.Stop()
+	p, conn := l.p, l.Conn
 	if err := holdKeys(ctx, ledgerv1.NewLedgerServiceClient(conn), n); err != nil {
 		return Result{}, err
 	}
@@ -118,10 +104,11 @@ func Waiters(ctx context.Context, bin string, n int, api string) (Result, error)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for deadline := time.Now().Add(time.Minute); ; {
-		v, err := p.metric("idemledger_lookup_waiters")
+		m, err := p.metric(ctx, "idemledger_lookup_waiters")
 		if err != nil {
 			return Result{}, err
 		}
+		v := m.GetGauge().GetValue()
 		if v >= float64(n) {
 			break
 		}
@@ -166,113 +153,4 @@ func holdKeys(ctx context.Context, client ledgerv1.LedgerServiceClient, n int) e
 	wg.Wait()
 	close(errs)
 	return <-errs
-}
-
-// waitServing waits for ledgerd's gRPC health to say SERVING.
-func waitServing(ctx context.Context, conn *grpc.ClientConn) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	res, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: ledgerv1.LedgerService_ServiceDesc.ServiceName})
-	if err != nil {
-		return err
-	}
-	for {
-		msg, err := res.Recv()
-		if err != nil {
-			return fmt.Errorf("bench: ledgerd's health never said SERVING: %w", err)
-		}
-		if msg.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-	}
-}
-
-// ledgerdProc is a ledgerd the benchmark started.
-type ledgerdProc struct {
-	cmd         *exec.Cmd
-	grpc, admin string
-	exited      chan struct{}
-}
-
-// startLedgerd runs bin with args on loopback ports of its own choosing
-// and waits until it says where it listens.
-func startLedgerd(ctx context.Context, bin string, args ...string) (*ledgerdProc, error) {
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", ""}, args...)...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &ledgerdProc{cmd: cmd, exited: make(chan struct{})}
-	ready := make(chan struct{})
-	var last string // ledgerd's last line, to say why it ended
-	go func() {
-		defer close(p.exited)
-		lines := bufio.NewScanner(stderr)
-		for lines.Scan() {
-			last = lines.Text()
-			var line struct{ Msg, GRPC, Admin string }
-			if json.Unmarshal(lines.Bytes(), &line) == nil && line.Msg == "ledgerd listening" {
-				p.grpc, p.admin = line.GRPC, line.Admin
-				close(ready)
-			}
-		}
-		_, _ = io.Copy(io.Discard, stderr)
-		_ = cmd.Wait()
-	}()
-	select {
-	case <-ready:
-		return p, nil
-	case <-p.exited:
-		return nil, fmt.Errorf("bench: ledgerd exited before it listened: %s", last)
-	case <-time.After(30 * time.Second):
-		p.stop()
-		return nil, errors.New("bench: ledgerd did not listen within 30 s")
-	}
-}
-
-// stop kills ledgerd and waits for it.
-func (p *ledgerdProc) stop() {
-	_ = p.cmd.Process.Kill()
-	<-p.exited
-}
-
-// RSS is the resident memory (VmRSS) of process pid ("self": this one),
-// in bytes.
-func RSS(pid string) (int64, error) {
-	status, err := os.ReadFile("/proc/" + pid + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("bench: no VmRSS in /proc/%s/status", pid)
-}
-
-// rss is ledgerd's resident memory in bytes.
-func (p *ledgerdProc) rss() (int64, error) { return RSS(strconv.Itoa(p.cmd.Process.Pid)) }
-
-// metric is the value of a metric without labels that ledgerd exports.
-func (p *ledgerdProc) metric(name string) (float64, error) {
-	res, err := http.Get("http://" + p.admin + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	return 0, fmt.Errorf("bench: no %s in ledgerd's metrics", name)
 }

@@ -39,6 +39,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -285,6 +286,19 @@ func run(ctx context.Context, cfg config) error {
 		fmt.Fprintf(os.Stderr, "%-28s %-7s %4d clients: %8.0f ops/s  p50 %6.2f ms  p99 %7.2f ms  p99.9 %7.2f ms  cpu %5.0f µs/op  db %5.0f µs/op  alloc %6.1f KiB/op  %5.1f GCs/kop%s  errors %d %s\n",
 			r.Target, r.Workload, r.Clients, r.PerSecond, r.P50ms, r.P99ms, r.P999ms, r.CPUus, r.DBCPUus, r.AllocKB, r.GCs, store, r.Errors, r.FirstError)
 	}
+	// ledgerd's binary, for the embedded store's process and the waiters:
+	// -ledgerd, or built once a run.
+	var removeBuild func()
+	defer func() {
+		if removeBuild != nil {
+			removeBuild()
+		}
+	}()
+	ledgerdBin := sync.OnceValues(func() (string, error) {
+		bin, cleanup, err := ledgerdBinary(cfg.ledgerdBin)
+		removeBuild = cleanup
+		return bin, err
+	})
 	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	if len(cfg.batchInFlight) == 0 {
 		cfg.batchInFlight = []int{0} // the store's default
@@ -506,7 +520,11 @@ func run(ctx context.Context, cfg config) error {
 			}
 		}
 		if name == "embedded" && cfg.process {
-			ts, stop, err := processTargets(ctx, cfg, ledgerWork, counter)
+			bin, err := ledgerdBin()
+			if err != nil {
+				return err
+			}
+			ts, stop, err := processTargets(ctx, cfg.apis, bin, ledgerWork, counter)
 			if err != nil {
 				return err
 			}
@@ -535,11 +553,10 @@ func run(ctx context.Context, cfg config) error {
 		db.stop()
 	}
 	if cfg.waiters > 0 {
-		bin, cleanup, err := ledgerdBinary(cfg.ledgerdBin)
+		bin, err := ledgerdBin()
 		if err != nil {
 			return err
 		}
-		defer cleanup()
 		for _, api := range cfg.apis {
 			r, err := bench.Waiters(ctx, bin, cfg.waiters, api)
 			if err != nil {
@@ -566,36 +583,29 @@ func run(ctx context.Context, cfg config) error {
 // ledgerd process of its own.
 const processName = "ledgerd/embedded, own process"
 
-// processTargets are the embedded store as its users run it: a ledgerd
-// process (-ledgerd, or built from ./cmd/ledgerd) started as the README
-// starts it, with every interceptor of the daemon and its own Ps sized to
-// its load, its data in a temporary directory on the disk of the
-// in-process store's, and its clients here, as Redis's are: a target for
-// each API, and what stops it.
-func processTargets(ctx context.Context, cfg config, ledgerWork func(ledgerv1.LedgerServiceClient, string) (map[string]bench.Op, error),
+// processTargets are the embedded store as its users run it: ledgerd's
+// binary bin started as the README starts it, with every interceptor of
+// the daemon and its own Ps sized to its load, its data in a temporary
+// directory on the disk of the in-process store's, and its clients here,
+// as Redis's are: a target for each API, and what stops it.
+func processTargets(ctx context.Context, apis []string, bin string, ledgerWork func(ledgerv1.LedgerServiceClient, string) (map[string]bench.Op, error),
 	counter func(pid int) bench.FdatasyncCount) (ts []target, stop func(), err error) {
-	bin, cleanup, err := ledgerdBinary(cfg.ledgerdBin)
-	if err != nil {
-		return nil, nil, err
-	}
 	dir, err := os.MkdirTemp("", "ledgerbench-process-")
 	if err != nil {
-		cleanup()
 		return nil, nil, err
 	}
 	l, err := bench.StartLedgerd(ctx, bin, filepath.Join(dir, "data"))
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		cleanup()
 		return nil, nil, err
 	}
-	closers := []func(){cleanup, func() { _ = os.RemoveAll(dir) }, l.Stop}
+	closers := []func(){func() { _ = os.RemoveAll(dir) }, l.Stop}
 	stop = func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
-	for _, api := range cfg.apis {
+	for _, api := range apis {
 		client, name := ledgerv1.NewLedgerServiceClient(l.Conn), processName
 		if api == "stream" {
 			sc := ledgerclient.New(client)
