@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
+	"github.com/idemledger/idemledger/ledger"
 	"github.com/idemledger/idemledger/ledger/ledgertest"
 	"github.com/idemledger/idemledger/server"
 )
@@ -163,6 +165,10 @@ func TestStoreMetrics(t *testing.T) {
 	if _, err := client.Begin(t.Context(), begin("held")); err != nil {
 		t.Fatal(err)
 	}
+	stored, err := (&ledger.Outcome{Response: invoice.GetResponse()}).MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var m, missing string
 	// Metrics are scraped from another process: poll until they show.
 	ledgertest.Eventually(t, 5*time.Second, func() bool {
@@ -174,6 +180,7 @@ func TestStoreMetrics(t *testing.T) {
 			`idemledger_store_seconds_count{home="",op="canary"} `,
 			`idemledger_store_seconds_count{home="",op="complete"} 1`,
 			`idemledger_outcome_bytes_count 1`,
+			fmt.Sprintf("idemledger_outcome_bytes_sum %d\n", len(stored)), // the outcome's encoding, as the store keeps it
 		} {
 			if !strings.Contains(m, want) {
 				missing = want

@@ -69,14 +69,13 @@ func (l *lateStore) timed(op, tenant string) func() {
 	return func() { l.onOp(op, home, time.Since(start)) }
 }
 
-// stored reports the size of an outcome stored.
+// stored reports the size of an outcome the store took, which was valid:
+// its encoding's length, counted without encoding it again.
 func (l *lateStore) stored(o *ledger.Outcome) {
 	if l.onOutcome == nil || o == nil {
 		return
 	}
-	if b, err := o.MarshalBinary(); err == nil {
-		l.onOutcome(len(b))
-	}
+	l.onOutcome(o.BinarySize())
 }
 
 func newLateStore(cfg config, log *slog.Logger) *lateStore {
