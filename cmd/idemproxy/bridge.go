@@ -40,8 +40,12 @@ import (
 //     with a server/discover of its own (the stdio binding's probe); a child
 //     that does not is answered as a server of the 2025 revisions answers a
 //     request without a session, so that a client that can falls back to
-//     initialize. As the HTTP face of that child, the bridge checks the
-//     headers the revision binds to the body (headers.go).
+//     initialize. Only the child's answer decides: a child slow to start
+//     (a package manager fetching it, a host starting many servers at
+//     once) keeps the requests that need its revision waiting, each at
+//     most probeTimeout, and one that exits first is asked again when the
+//     next one starts. As the HTTP face of that child, the bridge checks
+//     the headers the revision binds to the body (headers.go).
 //
 // A child that exits is started again at the next message, and a session's
 // new child is initialized as its client initialized the old one: the
@@ -64,8 +68,12 @@ type bridge struct {
 	// afterFunc starts a session's idle timer: time.AfterFunc, or a
 	// test's clock.
 	afterFunc func(time.Duration, func()) idleTimer
-	// probeTimeout bounds the wait for the child's answer to the era
-	// probe: a child silent that long is taken for a 2025 server.
+	// probeTimeout bounds how long a request waits for what the bridge
+	// asks a child itself before the request can go to it: which
+	// revisions it speaks (server/discover), a new child's initialize, a
+	// page of its tools (tools/list). A request that has waited that long
+	// for the revisions is refused errNotProbed, and the bridge goes on
+	// waiting for the child's answer.
 	probeTimeout time.Duration
 
 	mu       sync.Mutex
@@ -85,12 +93,15 @@ const (
 	eraLegacy = "legacy" // the 2025 revisions: initialize
 )
 
-// defaultMaxSessions, defaultSessionIdle and defaultProbeTimeout bound the
-// bridge when the file sets no mcp.upstream.max_sessions or session_idle.
+// defaultMaxSessions and defaultSessionIdle bound the bridge when the file
+// sets no mcp.upstream.max_sessions or session_idle; defaultProbeTimeout is
+// as long as the MCP SDKs wait for an answer by default, so that a child
+// slow to start answers a host's first request as it would without the
+// proxy.
 const (
 	defaultMaxSessions  = 64
 	defaultSessionIdle  = 30 * time.Minute
-	defaultProbeTimeout = 10 * time.Second
+	defaultProbeTimeout = time.Minute
 )
 
 // never is the idle time of a session that is never closed for being idle:
@@ -152,6 +163,11 @@ type bridgeSession struct {
 type proc struct {
 	stdin io.WriteCloser
 	out   *child
+	// probed is closed, for a shared child, once the bridge knows which
+	// revisions the shared child speaks, or once this one exited before
+	// it answered (unprobed says how; the bridge's era stays unknown).
+	probed   chan struct{}
+	unprobed error
 }
 
 // waiter is an HTTP response that carries messages to the client: a
@@ -267,7 +283,15 @@ func (b *bridge) post(w http.ResponseWriter, r *http.Request, s *bridgeSession) 
 
 // refuse answers a request the bridge could not give a child.
 func (b *bridge) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, errTooManySessions) {
+	switch {
+	case errors.Is(err, errTooManySessions):
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	case errors.Is(err, errNotProbed):
+		if r.Context().Err() == nil {
+			b.log.WarnContext(r.Context(), "a request was refused: the stdio upstream has not said which revisions it speaks", "error", err)
+		}
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
@@ -370,8 +394,9 @@ func (b *bridge) serveModern(w http.ResponseWriter, r *http.Request, body []byte
 // only the 2025 revisions.
 var errLegacyUpstream = errors.New("the upstream MCP server speaks the 2025 revisions only")
 
-// sharedSession is the session of 2026-07-28 requests, started, and
-// probed the first time, as needed.
+// sharedSession is the session of 2026-07-28 requests, its child started
+// as needed, once the bridge knows that the child speaks that revision: a
+// request waits for the child's answer at most probeTimeout.
 func (b *bridge) sharedSession(ctx context.Context) (*bridgeSession, error) {
 	b.mu.Lock()
 	if b.era == eraLegacy {
@@ -388,15 +413,51 @@ func (b *bridge) sharedSession(ctx context.Context) (*bridgeSession, error) {
 		b.shared = s
 	}
 	b.mu.Unlock()
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if s.proc == nil {
-		if err := s.start(ctx); err != nil {
-			return nil, err
+	wait := time.NewTimer(b.probeTimeout)
+	defer wait.Stop()
+	// A child that exited before it answered is followed by one more, in
+	// the same wait: a child that keeps exiting is not started in a loop.
+	for started := 0; ; started++ {
+		s.wmu.Lock()
+		if s.proc == nil {
+			if err := s.start(ctx); err != nil {
+				s.wmu.Unlock()
+				return nil, err
+			}
 		}
+		p := s.proc
+		s.wmu.Unlock()
+		select {
+		case <-p.probed:
+		case <-wait.C:
+			return nil, fmt.Errorf("%w in %s; idemproxy goes on waiting for its answer", errNotProbed, b.probeTimeout)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", errNotProbed, ctx.Err())
+		}
+		b.mu.Lock()
+		era := b.era
+		b.mu.Unlock()
+		switch {
+		case era == eraLegacy:
+			return nil, errLegacyUpstream
+		case era != "":
+			return s, nil
+		case started > 0:
+			return nil, fmt.Errorf("%w: %w", errNotProbed, p.unprobed)
+		}
+		s.wmu.Lock()
+		if s.proc == p {
+			s.proc = nil
+		}
+		s.wmu.Unlock()
 	}
-	return s, nil
 }
+
+// errNotProbed refuses a request of 2026-07-28 for which the stdio child
+// has not said whether it speaks that revision: it has not answered
+// server/discover yet, or it exited first. Nothing is decided; the client
+// may send the request again.
+var errNotProbed = errors.New("the upstream MCP server has not answered server/discover")
 
 // supports reports whether the child serves the revision v (of 2026-07-28
 // or later), as its probe said.
@@ -536,7 +597,8 @@ func (s *bridgeSession) start(ctx context.Context) error {
 	go s.read(p)
 	switch {
 	case s.shared:
-		return s.probe(ctx, p)
+		p.probed, s.listed = make(chan struct{}), make(chan struct{})
+		go s.probe(context.WithoutCancel(ctx), p, s.listed)
 	case s.init != nil:
 		return s.reinitialize(ctx, p)
 	}
@@ -545,45 +607,48 @@ func (s *bridgeSession) start(ctx context.Context) error {
 
 var errSessionClosed = errors.New("the session is closed")
 
-// probe asks a new shared child for server/discover, the first time: a
-// discover result, or an error only a server of 2026-07-28 answers, says
-// it speaks that revision; anything else, or silence, that it does not.
-// Then it learns the tools' header bindings.
-func (s *bridgeSession) probe(ctx context.Context, p *proc) error {
+// probe asks a new shared child, while the bridge does not know, which
+// revisions it speaks (server/discover), and waits for its answer as long
+// as the child runs; then it learns the tools' header bindings and closes
+// listed. A discover result, or an error only a server of 2026-07-28
+// answers, says the child speaks that revision; any other error says it
+// speaks the 2025 revisions only. A child that exits before it answers
+// says nothing: the next child is asked.
+func (s *bridgeSession) probe(ctx context.Context, p *proc, listed chan struct{}) {
+	defer close(listed)
 	s.b.mu.Lock()
 	era := s.b.era
 	s.b.mu.Unlock()
 	if era == "" {
-		ctx, cancel := context.WithTimeout(ctx, s.b.probeTimeout)
-		res, rpcErr, err := s.call(ctx, p, "server/discover", nil, s.writeTo(p))
-		cancel()
+		res, rpcErr, err := s.call(ctx, p, "server/discover", nil, s.lockedWriteTo(p))
+		if err == nil && rpcErr != nil && rpcErr.Code == codeUpstreamLost {
+			err = errors.New(rpcErr.Message)
+		}
+		if err != nil {
+			p.unprobed = err
+			close(p.probed)
+			return
+		}
 		versions := supportedVersions(res)
-		modern := err == nil && (rpcErr == nil && len(versions) > 0 ||
-			rpcErr != nil && (rpcErr.Code == codeUnsupportedVersion || rpcErr.Code == codeHeaderMismatch || rpcErr.Code == codeMissingCapability))
+		era = eraLegacy
+		if rpcErr == nil && len(versions) > 0 ||
+			rpcErr != nil && (rpcErr.Code == codeUnsupportedVersion || rpcErr.Code == codeHeaderMismatch || rpcErr.Code == codeMissingCapability) {
+			era = eraModern
+		}
 		if len(versions) == 0 {
 			versions = []string{modernRevision}
-		}
-		era = eraLegacy
-		if modern {
-			era = eraModern
 		}
 		s.b.mu.Lock()
 		s.b.era, s.b.versions = era, versions
 		s.b.mu.Unlock()
 		s.b.log.InfoContext(ctx, "the stdio upstream's revisions", "era", era)
 	}
+	close(p.probed)
 	if era == eraLegacy {
-		s.proc = nil
-		go s.close()
-		return errLegacyUpstream
+		s.close()
+		return
 	}
-	listed := make(chan struct{})
-	s.listed = listed
-	go func() {
-		defer close(listed)
-		s.learnTools(context.WithoutCancel(ctx), p)
-	}()
-	return nil
+	s.learnTools(ctx, p)
 }
 
 // toolsListed is closed once the shared child's tools are listed.
@@ -608,11 +673,7 @@ func (s *bridgeSession) learnTools(ctx context.Context, p *proc) {
 		if cursor != "" {
 			params = map[string]any{"cursor": cursor}
 		}
-		res, rpcErr, err := s.call(ctx, p, "tools/list", params, func(msg []byte) error {
-			s.wmu.Lock()
-			defer s.wmu.Unlock()
-			return s.write(p, msg)
-		})
+		res, rpcErr, err := s.call(ctx, p, "tools/list", params, s.lockedWriteTo(p))
 		cancel()
 		if err != nil || rpcErr != nil {
 			return
@@ -768,6 +829,15 @@ func (s *bridgeSession) send(ctx context.Context, wt *waiter, msg []byte) error 
 // writeTo writes to the child p, s.wmu held.
 func (s *bridgeSession) writeTo(p *proc) func([]byte) error {
 	return func(msg []byte) error { return s.write(p, msg) }
+}
+
+// lockedWriteTo writes to the child p, taking s.wmu.
+func (s *bridgeSession) lockedWriteTo(p *proc) func([]byte) error {
+	return func(msg []byte) error {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		return s.write(p, msg)
+	}
 }
 
 // write writes one message to the child p (s.wmu held).

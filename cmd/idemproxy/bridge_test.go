@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -320,5 +323,104 @@ func TestBridgeGivesEachCallItsOwnProgress(t *testing.T) {
 		if h.result != who || !slices.Equal(h.progress, []string{`"p":` + who}) {
 			t.Errorf("client %s heard progress %q and the result %q; want its own progress under its own token, and %q", who, h.progress, h.result, who)
 		}
+	}
+}
+
+// waitGate blocks until a writer opens the named pipe gate and closes it.
+func waitGate(gate string) error {
+	f, err := os.Open(gate) // a pipe's reader waits here for its writer
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(io.Discard, f)
+	return err
+}
+
+// TestBridgeWaitsForAChildSlowToStart: a stdio child that has not answered
+// server/discover when a request has waited probeTimeout is not taken for a
+// server of the 2025 revisions: the request is refused 503 with
+// Retry-After, the bridge goes on waiting, and the child's late answer
+// decides, so that the next request is served in 2026-07-28.
+func TestBridgeWaitsForAChildSlowToStart(t *testing.T) {
+	gate := filepath.Join(t.TempDir(), "gate")
+	if err := syscall.Mkfifo(gate, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("IDEMPROXY_TEST_STDIO_GATE", gate)
+	b, endpoint := bridgeTo(t, 4, time.Hour)
+	b.probeTimeout = 50 * time.Millisecond // the child is held at its gate, however long this is
+
+	discover := func() (*http.Response, []byte) {
+		t.Helper()
+		res, err := postModern(t.Context(), endpoint, "server/discover", "", map[string]any{"_meta": modernMeta(nil)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, body
+	}
+	res, body := discover()
+	if res.StatusCode != http.StatusServiceUnavailable || res.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), "server/discover") {
+		t.Fatalf("before the child answers: %s, Retry-After %q, %s; want 503 with Retry-After", res.Status, res.Header.Get("Retry-After"), body)
+	}
+	b.mu.Lock()
+	era, s := b.era, b.shared
+	b.mu.Unlock()
+	if era != "" || s == nil {
+		t.Fatalf("the era is %q after a request the child did not answer; want it unknown, the child kept", era)
+	}
+	s.wmu.Lock()
+	p := s.proc
+	s.wmu.Unlock()
+
+	w, err := os.OpenFile(gate, os.O_WRONLY, 0) // the child waits at the other end
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-p.probed // the same child answers the bridge's first server/discover
+	b.mu.Lock()
+	era = b.era
+	b.mu.Unlock()
+	if era != eraModern {
+		t.Fatalf("the era is %q once the child answered; want %q", era, eraModern)
+	}
+	res, body = discover()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "2026-07-28") {
+		t.Fatalf("once the child answered: %s %s; want its discover result", res.Status, body)
+	}
+}
+
+// TestBridgeStartsAnotherChildForOneThatExitedUnprobed: a stdio child that
+// exits before it answers server/discover says nothing about the revisions
+// the server speaks; the request that waited starts another child, which
+// answers it.
+func TestBridgeStartsAnotherChildForOneThatExitedUnprobed(t *testing.T) {
+	t.Setenv("IDEMPROXY_TEST_STDIO_EXIT_ONCE", filepath.Join(t.TempDir(), "exited"))
+	b, endpoint := bridgeTo(t, 4, time.Hour)
+	res, err := postModern(t.Context(), endpoint, "server/discover", "", map[string]any{"_meta": modernMeta(nil)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "2026-07-28") {
+		t.Fatalf("after a child that exited unprobed: %s %s; want the next child's discover result", res.Status, body)
+	}
+	b.mu.Lock()
+	era := b.era
+	b.mu.Unlock()
+	if era != eraModern {
+		t.Fatalf("the era is %q; want %q", era, eraModern)
 	}
 }

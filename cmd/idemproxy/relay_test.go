@@ -30,6 +30,21 @@ func TestMain(m *testing.M) {
 		os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	if os.Getenv("IDEMPROXY_TEST_STDIO_UPSTREAM") != "" {
+		// A child slow to start: it serves once its test writes to
+		// the gate (a named pipe) and closes it.
+		if gate := os.Getenv("IDEMPROXY_TEST_STDIO_GATE"); gate != "" {
+			if err := waitGate(gate); err != nil {
+				os.Exit(4)
+			}
+		}
+		// A child that exits at once the first time: it leaves a mark
+		// for the next.
+		if mark := os.Getenv("IDEMPROXY_TEST_STDIO_EXIT_ONCE"); mark != "" {
+			if f, err := os.OpenFile(mark, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
+				_ = f.Close()
+				os.Exit(3)
+			}
+		}
 		s := (&goUpstream{}).server()
 		mcp.AddTool(s, &mcp.Tool{Name: "crash_once"}, func(_ context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, any, error) {
 			if _, attempt, _ := mcpguard.ClaimFromMeta(req.Params.Meta); attempt == 1 {
