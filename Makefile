@@ -18,7 +18,7 @@ FLOOR_MODULES := . interceptors/mcpguard interceptors/connectguard interceptors/
 # The modules, tools excluded.
 MODULES := $(shell git ls-files '*go.mod' | xargs -n1 dirname | grep -v '^tools/')
 
-.PHONY: help build run test floors release node npm test-short lint breaking generate checkgenerate fuzz bench bench-mcp goals buf golangci
+.PHONY: help build run test testbins floors release node npm test-short lint breaking generate checkgenerate fuzz bench bench-mcp goals buf golangci
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,10 +29,18 @@ build: ## Build every package and command of every module.
 run: ## Start ledgerd on its embedded store (dev mode, loopback, ./ledgerd-data).
 	go run ./cmd/ledgerd
 
-test: npm ## Run every test of every module with the race detector (starts a throwaway PostgreSQL), the floors and the release test.
+test: npm testbins ## Run every test of every module with the race detector (starts a throwaway PostgreSQL), the floors and the release test.
 	go test -race -count=1 $(PKGS)
 	@$(MAKE) --no-print-directory floors
 	cd tools/release && GOWORK=off go test -count=1 ./...
+
+# testbins compiles the commands the tests run (ledgerd, idemctl, the example server, and
+# deploy/test's promtool and grpcurl) into Go's build cache first, so that no test spends its
+# ten minutes compiling them: promtool alone takes six minutes on two idle cores from a cold
+# cache, and a clean checkout's tests ran out of time in it.
+testbins: ## Compile the commands the tests run into Go's build cache.
+	go build ./cmd/ledgerd ./cmd/idemctl ./examples/invoice/cmd/invoice-server
+	cd deploy/test && go build github.com/prometheus/prometheus/cmd/promtool github.com/fullstorydev/grpcurl/cmd/grpcurl
 
 floors: ## Run the write-service modules' tests at their floors: each module's own go.mod, outside the workspace.
 	@set -e; for m in $(FLOOR_MODULES); do echo "floors: $$m"; (cd $$m && GOWORK=off go test -race -count=1 ./...); done
