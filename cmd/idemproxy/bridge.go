@@ -283,15 +283,10 @@ func (b *bridge) post(w http.ResponseWriter, r *http.Request, s *bridgeSession) 
 
 // refuse answers a request the bridge could not give a child.
 func (b *bridge) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	switch {
-	case errors.Is(err, errTooManySessions):
-		w.Header().Set("Retry-After", "1")
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
-	case errors.Is(err, errNotProbed):
-		if r.Context().Err() == nil {
-			b.log.WarnContext(r.Context(), "a request was refused: the stdio upstream has not said which revisions it speaks", "error", err)
-		}
+	if errors.Is(err, errNotProbed) && r.Context().Err() == nil {
+		b.log.WarnContext(r.Context(), "a request was refused: the stdio upstream has not said which revisions it speaks", "error", err)
+	}
+	if errors.Is(err, errTooManySessions) || errors.Is(err, errNotProbed) {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
@@ -434,10 +429,7 @@ func (b *bridge) sharedSession(ctx context.Context) (*bridgeSession, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: %w", errNotProbed, ctx.Err())
 		}
-		b.mu.Lock()
-		era := b.era
-		b.mu.Unlock()
-		switch {
+		switch era := b.knownEra(); {
 		case era == eraLegacy:
 			return nil, errLegacyUpstream
 		case era != "":
@@ -451,6 +443,14 @@ func (b *bridge) sharedSession(ctx context.Context) (*bridgeSession, error) {
 		}
 		s.wmu.Unlock()
 	}
+}
+
+// knownEra is the revisions the shared child speaks, as far as the bridge
+// knows: eraModern, eraLegacy, or "" before a child answered.
+func (b *bridge) knownEra() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.era
 }
 
 // errNotProbed refuses a request of 2026-07-28 for which the stdio child
@@ -616,9 +616,7 @@ var errSessionClosed = errors.New("the session is closed")
 // says nothing: the next child is asked.
 func (s *bridgeSession) probe(ctx context.Context, p *proc, listed chan struct{}) {
 	defer close(listed)
-	s.b.mu.Lock()
-	era := s.b.era
-	s.b.mu.Unlock()
+	era := s.b.knownEra()
 	if era == "" {
 		res, rpcErr, err := s.call(ctx, p, "server/discover", nil, s.lockedWriteTo(p))
 		if err == nil && rpcErr != nil && rpcErr.Code == codeUpstreamLost {

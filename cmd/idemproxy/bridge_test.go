@@ -351,27 +351,14 @@ func TestBridgeWaitsForAChildSlowToStart(t *testing.T) {
 	b, endpoint := bridgeTo(t, 4, time.Hour)
 	b.probeTimeout = 50 * time.Millisecond // the child is held at its gate, however long this is
 
-	discover := func() (*http.Response, []byte) {
-		t.Helper()
-		res, err := postModern(t.Context(), endpoint, "server/discover", "", map[string]any{"_meta": modernMeta(nil)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		body, err := io.ReadAll(res.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res, body
-	}
-	res, body := discover()
+	res, body := discover(t, endpoint)
 	if res.StatusCode != http.StatusServiceUnavailable || res.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), "server/discover") {
 		t.Fatalf("before the child answers: %s, Retry-After %q, %s; want 503 with Retry-After", res.Status, res.Header.Get("Retry-After"), body)
 	}
 	b.mu.Lock()
-	era, s := b.era, b.shared
+	s := b.shared
 	b.mu.Unlock()
-	if era != "" || s == nil {
+	if era := b.knownEra(); era != "" || s == nil {
 		t.Fatalf("the era is %q after a request the child did not answer; want it unknown, the child kept", era)
 	}
 	s.wmu.Lock()
@@ -386,13 +373,10 @@ func TestBridgeWaitsForAChildSlowToStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.probed // the same child answers the bridge's first server/discover
-	b.mu.Lock()
-	era = b.era
-	b.mu.Unlock()
-	if era != eraModern {
+	if era := b.knownEra(); era != eraModern {
 		t.Fatalf("the era is %q once the child answered; want %q", era, eraModern)
 	}
-	res, body = discover()
+	res, body = discover(t, endpoint)
 	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "2026-07-28") {
 		t.Fatalf("once the child answered: %s %s; want its discover result", res.Status, body)
 	}
@@ -405,6 +389,18 @@ func TestBridgeWaitsForAChildSlowToStart(t *testing.T) {
 func TestBridgeStartsAnotherChildForOneThatExitedUnprobed(t *testing.T) {
 	t.Setenv("IDEMPROXY_TEST_STDIO_EXIT_ONCE", filepath.Join(t.TempDir(), "exited"))
 	b, endpoint := bridgeTo(t, 4, time.Hour)
+	if res, body := discover(t, endpoint); res.StatusCode != http.StatusOK || !strings.Contains(string(body), "2026-07-28") {
+		t.Fatalf("after a child that exited unprobed: %s %s; want the next child's discover result", res.Status, body)
+	}
+	if era := b.knownEra(); era != eraModern {
+		t.Fatalf("the era is %q; want %q", era, eraModern)
+	}
+}
+
+// discover posts a server/discover of 2026-07-28 to endpoint and reads
+// the whole answer.
+func discover(t *testing.T, endpoint string) (*http.Response, []byte) {
+	t.Helper()
 	res, err := postModern(t.Context(), endpoint, "server/discover", "", map[string]any{"_meta": modernMeta(nil)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -414,13 +410,5 @@ func TestBridgeStartsAnotherChildForOneThatExitedUnprobed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "2026-07-28") {
-		t.Fatalf("after a child that exited unprobed: %s %s; want the next child's discover result", res.Status, body)
-	}
-	b.mu.Lock()
-	era := b.era
-	b.mu.Unlock()
-	if era != eraModern {
-		t.Fatalf("the era is %q; want %q", era, eraModern)
-	}
+	return res, body
 }
