@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	ledgerv1 "github.com/idemledger/idemledger/gen/idemledger/v1"
 	"github.com/idemledger/idemledger/internal/streamcall"
@@ -103,15 +105,19 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 }
 
 // callStream is one Stream as Stream serves it: the calls in flight, by
-// id, and the one writer of the answers. Its reader hands each call to a
+// id, and the answers not yet written (send). Its reader hands each call to a
 // worker as it reads it, and each call forgets itself as it is answered,
 // so that a call passes through no goroutine but the one it runs on.
 type callStream struct {
 	s      *Server
 	stream ledgerv1.LedgerService_StreamServer
-	sendMu sync.Mutex
-	calls  sync.WaitGroup // the calls started and not yet answered
-	room   chan struct{}  // a call ended: the reader may go on
+
+	sendMu  sync.Mutex                 // guards queued and writing
+	queued  []*ledgerv1.StreamResponse // the answers not yet written
+	writing bool                       // a caller of send is writing them
+
+	calls sync.WaitGroup // the calls started and not yet answered
+	room  chan struct{}  // a call ended: the reader may go on
 
 	workers *workers.Pool // run the calls (internal/workers)
 
@@ -190,12 +196,48 @@ func (st *callStream) receive(ctx context.Context) (recvErr <-chan error) {
 	return errs
 }
 
-// send writes one answer. A failed Send breaks the stream; Recv reports
-// it.
+// maxBatch bounds the answers' bytes one message carries: an answer
+// larger than this goes alone, and a client's limit on what it receives
+// (gRPC's 4 MiB by default) is never passed by answers that each pass it.
+const maxBatch = 64 << 10
+
+// send writes res, with every answer queued while it does. The first
+// caller to find nobody writing writes until the queue is empty, a
+// message at a time, each the first answer queued with every other queued
+// since the last in its more (up to maxBatch bytes); a caller that finds
+// someone writing leaves its answer to them. Calls that end while a message is written, as calls that
+// shared a sync of the store do, then cost one write together. Whoever
+// writes has not yet counted its own call answered, so the stream does not
+// end (answered) before every queued answer is written. A failed Send
+// breaks the stream; Recv reports it.
 func (st *callStream) send(res *ledgerv1.StreamResponse) {
 	st.sendMu.Lock()
-	defer st.sendMu.Unlock()
-	_ = st.stream.Send(res)
+	st.queued = append(st.queued, res)
+	if st.writing {
+		st.sendMu.Unlock()
+		return
+	}
+	st.writing = true
+	for len(st.queued) > 0 {
+		n, size := 0, 0
+		for n < len(st.queued) {
+			size += proto.Size(st.queued[n])
+			if n > 0 && size > maxBatch {
+				break
+			}
+			n++
+		}
+		msg := st.queued[0]
+		if n > 1 {
+			msg.More = slices.Clone(st.queued[1:n])
+		}
+		st.queued = slices.Delete(st.queued, 0, n)
+		st.sendMu.Unlock()
+		_ = st.stream.Send(msg)
+		st.sendMu.Lock()
+	}
+	st.writing = false
+	st.sendMu.Unlock()
 }
 
 // sendDrain sends the drain notice and starts its grace period.

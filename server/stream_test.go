@@ -39,11 +39,11 @@ func streamClient(t testing.TB, conn grpc.ClientConnInterface, token string) *le
 	return c
 }
 
-// TestStreamAnswersAsUnary runs one script of calls against two identical
+// TestStreamResponsesAsUnary runs one script of calls against two identical
 // ledgers, one over unary calls and one over a Stream, and compares every
 // answer: responses field for field, errors as whole statuses (code,
 // message, details).
-func TestStreamAnswersAsUnary(t *testing.T) {
+func TestStreamResponsesAsUnary(t *testing.T) {
 	t.Parallel()
 	type answer struct {
 		Res, Status proto.Message // one of them
@@ -120,6 +120,27 @@ func rawStream(t *testing.T, conn grpc.ClientConnInterface) ledgerv1.LedgerServi
 	return s
 }
 
+// answers reads a Stream's answers one at a time, however the server put
+// them in messages.
+type answers struct {
+	stream ledgerv1.LedgerService_StreamClient
+	left   []*ledgerv1.StreamResponse
+}
+
+func (r *answers) next() (*ledgerv1.StreamResponse, error) {
+	for len(r.left) == 0 {
+		res, err := r.stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		r.left = append([]*ledgerv1.StreamResponse{res}, res.GetMore()...)
+		res.More = nil
+	}
+	a := r.left[0]
+	r.left = r.left[1:]
+	return a, nil
+}
+
 func wantStreamCode(t *testing.T, res *ledgerv1.StreamResponse, id uint64, code errcode.Code) {
 	t.Helper()
 	if res.GetId() != id {
@@ -148,9 +169,10 @@ func TestStreamProtocol(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	in := &answers{stream: s}
 	recv := func() *ledgerv1.StreamResponse {
 		t.Helper()
-		res, err := s.Recv()
+		res, err := in.next()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +226,7 @@ func TestStreamProtocol(t *testing.T) {
 	if err := s.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := s.Recv(); !errors.Is(err, io.EOF) {
+	if res, err := in.next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after close: %v, %v; want the stream to end with OK", res, err)
 	}
 }
@@ -451,7 +473,7 @@ func TestWaitingLookupsHoldNothingBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := raw.Recv()
+	res, err := (&answers{stream: raw}).next()
 	if err != nil {
 		t.Fatal(err)
 	}

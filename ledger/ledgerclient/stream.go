@@ -335,12 +335,23 @@ func (c *Client) open(ctx context.Context, s *session) {
 			s.end(err)
 			return
 		}
-		if res.GetDrain() != nil {
-			c.retire(s)
-			continue
+		// The answers ready together, each as if it came alone.
+		more := res.GetMore()
+		res.More = nil
+		c.take(s, res)
+		for _, a := range more {
+			c.take(s, a)
 		}
-		s.deliver(res)
 	}
+}
+
+// take takes one answer read on s: a drain notice, or a call's answer.
+func (c *Client) take(s *session, res *ledgerv1.StreamResponse) {
+	if res.GetDrain() != nil {
+		c.retire(s)
+		return
+	}
+	s.deliver(res)
 }
 
 // retire stops new calls from going to s: they open a new stream. s closes

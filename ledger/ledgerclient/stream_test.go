@@ -2,7 +2,9 @@ package ledgerclient_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -293,4 +295,62 @@ func TestDrainingServerGetsEveryCall(t *testing.T) {
 	if n := drains.Load(); n < 100 {
 		t.Fatalf("%d streams began with a drain notice; the test proves nothing", n)
 	}
+}
+
+// pairedLedger answers a Stream's calls two at a time, both in one
+// message, as ledgerd does with calls that end while it writes.
+type pairedLedger struct {
+	ledgerv1.UnimplementedLedgerServiceServer
+}
+
+func (pairedLedger) Stream(stream ledgerv1.LedgerService_StreamServer) error {
+	for {
+		var answers []*ledgerv1.StreamResponse
+		for range 2 {
+			req, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return nil // the client closed its side
+			}
+			if err != nil {
+				return err
+			}
+			answers = append(answers, &ledgerv1.StreamResponse{Id: req.GetId(), Result: &ledgerv1.StreamResponse_Begin{Begin: &ledgerv1.BeginResponse{
+				Result: &ledgerv1.BeginResponse_Claim{Claim: &ledgerv1.Claim{Token: 100 + uint64(len(req.GetBegin().GetKey()))}}}}})
+		}
+		answers[0].More = answers[1:]
+		if err := stream.Send(answers[0]); err != nil {
+			return err
+		}
+	}
+}
+
+// TestAnswersInOneMessage: each answer of a message that carries several
+// answers its own call.
+func TestAnswersInOneMessage(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, pairedLedger{})
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	c := dial(t, lis.Addr().String())
+	var wg sync.WaitGroup
+	for _, key := range []string{"a", "bb", "ccc", "dddd"} {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			res, err := c.Begin(ctx, begin(key))
+			if err != nil {
+				t.Errorf("Begin %s: %v (its answer was not taken out of its message)", key, err)
+				return
+			}
+			if got, want := res.GetClaim().GetToken(), 100+uint64(len(key)); got != want {
+				t.Errorf("Begin %s got token %d, the answer to another call (want %d)", key, got, want)
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -403,7 +403,13 @@ type StreamResponse struct {
 	//	*StreamResponse_Error
 	//	*StreamResponse_Drain
 	//	*StreamResponse_Resolve
-	Result        isStreamResponse_Result `protobuf_oneof:"result"`
+	Result isStreamResponse_Result `protobuf_oneof:"result"`
+	// more are answers to other calls, ready while the server wrote the
+	// message before: each is taken as if it had come in a message of its
+	// own, and none carries more of its own. Calls that end together, as
+	// those that share a sync of the store do, so cost one write. A message
+	// holds at most 64 KiB of answers unless its first alone is larger.
+	More          []*StreamResponse `protobuf:"bytes,10,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +526,13 @@ func (x *StreamResponse) GetResolve() *ResolveResponse {
 		if x, ok := x.Result.(*StreamResponse_Resolve); ok {
 			return x.Resolve
 		}
+	}
+	return nil
+}
+
+func (x *StreamResponse) GetMore() []*StreamResponse {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -2054,7 +2067,7 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x06\n" +
 	"\x04call\"\x0f\n" +
-	"\rCancelRequest\"\xea\x03\n" +
+	"\rCancelRequest\"\x9d\x04\n" +
 	"\x0eStreamResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\x05begin\x18\x02 \x01(\v2\x1c.idemledger.v1.BeginResponseH\x00R\x05begin\x12=\n" +
@@ -2064,7 +2077,9 @@ const file_idemledger_v1_ledger_proto_rawDesc = "" +
 	"\x06lookup\x18\x06 \x01(\v2\x1d.idemledger.v1.LookupResponseH\x00R\x06lookup\x121\n" +
 	"\x05error\x18\a \x01(\v2\x19.idemledger.v1.CallStatusH\x00R\x05error\x12,\n" +
 	"\x05drain\x18\b \x01(\v2\x14.idemledger.v1.DrainH\x00R\x05drain\x12:\n" +
-	"\aresolve\x18\t \x01(\v2\x1e.idemledger.v1.ResolveResponseH\x00R\aresolveB\b\n" +
+	"\aresolve\x18\t \x01(\v2\x1e.idemledger.v1.ResolveResponseH\x00R\aresolve\x121\n" +
+	"\x04more\x18\n" +
+	" \x03(\v2\x1d.idemledger.v1.StreamResponseR\x04moreB\b\n" +
 	"\x06result\"\a\n" +
 	"\x05Drain\"j\n" +
 	"\n" +
@@ -2248,59 +2263,60 @@ var file_idemledger_v1_ledger_proto_depIdxs = []int32{
 	6,  // 14: idemledger.v1.StreamResponse.error:type_name -> idemledger.v1.CallStatus
 	5,  // 15: idemledger.v1.StreamResponse.drain:type_name -> idemledger.v1.Drain
 	24, // 16: idemledger.v1.StreamResponse.resolve:type_name -> idemledger.v1.ResolveResponse
-	27, // 17: idemledger.v1.CallStatus.details:type_name -> google.protobuf.Any
-	26, // 18: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	26, // 19: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	28, // 20: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
-	1,  // 21: idemledger.v1.BeginRequest.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
-	26, // 22: idemledger.v1.BeginRequest.tombstone_retention:type_name -> google.protobuf.Duration
-	9,  // 23: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
-	10, // 24: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
-	28, // 25: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
-	28, // 26: idemledger.v1.Claim.created_at:type_name -> google.protobuf.Timestamp
-	28, // 27: idemledger.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 28: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
-	28, // 29: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
-	27, // 30: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
-	12, // 31: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
-	27, // 32: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
-	11, // 33: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
-	28, // 34: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
-	28, // 35: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
-	26, // 36: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
-	28, // 37: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 38: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
-	21, // 39: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
-	0,  // 40: idemledger.v1.Record.state:type_name -> idemledger.v1.State
-	28, // 41: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
-	28, // 42: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	28, // 43: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	28, // 44: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 45: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
-	1,  // 46: idemledger.v1.Record.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
-	28, // 47: idemledger.v1.Record.forget_at:type_name -> google.protobuf.Timestamp
-	11, // 48: idemledger.v1.ResolveRequest.applied:type_name -> idemledger.v1.Outcome
-	23, // 49: idemledger.v1.ResolveRequest.not_applied:type_name -> idemledger.v1.NotApplied
-	21, // 50: idemledger.v1.ResolveResponse.record:type_name -> idemledger.v1.Record
-	7,  // 51: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
-	13, // 52: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
-	15, // 53: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
-	17, // 54: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
-	19, // 55: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
-	22, // 56: idemledger.v1.LedgerService.Resolve:input_type -> idemledger.v1.ResolveRequest
-	2,  // 57: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
-	8,  // 58: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
-	14, // 59: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
-	16, // 60: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
-	18, // 61: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
-	20, // 62: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
-	24, // 63: idemledger.v1.LedgerService.Resolve:output_type -> idemledger.v1.ResolveResponse
-	4,  // 64: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
-	58, // [58:65] is the sub-list for method output_type
-	51, // [51:58] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	4,  // 17: idemledger.v1.StreamResponse.more:type_name -> idemledger.v1.StreamResponse
+	27, // 18: idemledger.v1.CallStatus.details:type_name -> google.protobuf.Any
+	26, // 19: idemledger.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	26, // 20: idemledger.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	28, // 21: idemledger.v1.BeginRequest.first_attempt_at:type_name -> google.protobuf.Timestamp
+	1,  // 22: idemledger.v1.BeginRequest.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
+	26, // 23: idemledger.v1.BeginRequest.tombstone_retention:type_name -> google.protobuf.Duration
+	9,  // 24: idemledger.v1.BeginResponse.claim:type_name -> idemledger.v1.Claim
+	10, // 25: idemledger.v1.BeginResponse.replay:type_name -> idemledger.v1.Replay
+	28, // 26: idemledger.v1.Claim.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 27: idemledger.v1.Claim.created_at:type_name -> google.protobuf.Timestamp
+	28, // 28: idemledger.v1.Claim.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 29: idemledger.v1.Replay.outcome:type_name -> idemledger.v1.Outcome
+	28, // 30: idemledger.v1.Replay.completed_at:type_name -> google.protobuf.Timestamp
+	27, // 31: idemledger.v1.Outcome.response:type_name -> google.protobuf.Any
+	12, // 32: idemledger.v1.Outcome.status:type_name -> idemledger.v1.StoredStatus
+	27, // 33: idemledger.v1.StoredStatus.details:type_name -> google.protobuf.Any
+	11, // 34: idemledger.v1.CompleteRequest.outcome:type_name -> idemledger.v1.Outcome
+	28, // 35: idemledger.v1.CompleteResponse.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 36: idemledger.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 37: idemledger.v1.ExtendRequest.lease:type_name -> google.protobuf.Duration
+	28, // 38: idemledger.v1.ExtendResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	26, // 39: idemledger.v1.LookupRequest.wait:type_name -> google.protobuf.Duration
+	21, // 40: idemledger.v1.LookupResponse.record:type_name -> idemledger.v1.Record
+	0,  // 41: idemledger.v1.Record.state:type_name -> idemledger.v1.State
+	28, // 42: idemledger.v1.Record.created_at:type_name -> google.protobuf.Timestamp
+	28, // 43: idemledger.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 44: idemledger.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	28, // 45: idemledger.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 46: idemledger.v1.Record.outcome:type_name -> idemledger.v1.Outcome
+	1,  // 47: idemledger.v1.Record.on_lease_expiry:type_name -> idemledger.v1.OnLeaseExpiry
+	28, // 48: idemledger.v1.Record.forget_at:type_name -> google.protobuf.Timestamp
+	11, // 49: idemledger.v1.ResolveRequest.applied:type_name -> idemledger.v1.Outcome
+	23, // 50: idemledger.v1.ResolveRequest.not_applied:type_name -> idemledger.v1.NotApplied
+	21, // 51: idemledger.v1.ResolveResponse.record:type_name -> idemledger.v1.Record
+	7,  // 52: idemledger.v1.LedgerService.Begin:input_type -> idemledger.v1.BeginRequest
+	13, // 53: idemledger.v1.LedgerService.Complete:input_type -> idemledger.v1.CompleteRequest
+	15, // 54: idemledger.v1.LedgerService.Release:input_type -> idemledger.v1.ReleaseRequest
+	17, // 55: idemledger.v1.LedgerService.Extend:input_type -> idemledger.v1.ExtendRequest
+	19, // 56: idemledger.v1.LedgerService.Lookup:input_type -> idemledger.v1.LookupRequest
+	22, // 57: idemledger.v1.LedgerService.Resolve:input_type -> idemledger.v1.ResolveRequest
+	2,  // 58: idemledger.v1.LedgerService.Stream:input_type -> idemledger.v1.StreamRequest
+	8,  // 59: idemledger.v1.LedgerService.Begin:output_type -> idemledger.v1.BeginResponse
+	14, // 60: idemledger.v1.LedgerService.Complete:output_type -> idemledger.v1.CompleteResponse
+	16, // 61: idemledger.v1.LedgerService.Release:output_type -> idemledger.v1.ReleaseResponse
+	18, // 62: idemledger.v1.LedgerService.Extend:output_type -> idemledger.v1.ExtendResponse
+	20, // 63: idemledger.v1.LedgerService.Lookup:output_type -> idemledger.v1.LookupResponse
+	24, // 64: idemledger.v1.LedgerService.Resolve:output_type -> idemledger.v1.ResolveResponse
+	4,  // 65: idemledger.v1.LedgerService.Stream:output_type -> idemledger.v1.StreamResponse
+	59, // [59:66] is the sub-list for method output_type
+	52, // [52:59] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_idemledger_v1_ledger_proto_init() }

@@ -77,7 +77,8 @@ type LedgerServiceClient interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	Stream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[StreamRequest, StreamResponse], error)
 }
 
@@ -211,7 +212,8 @@ type LedgerServiceServer interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	Stream(grpc.BidiStreamingServer[StreamRequest, StreamResponse]) error
 	mustEmbedUnimplementedLedgerServiceServer()
 }

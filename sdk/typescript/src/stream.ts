@@ -181,7 +181,15 @@ export class StreamLedger implements LedgerCalls {
       return this.cur;
     }
     const s = new Session();
-    s.wire = new WireStream(this.endpoint, (res) => this.deliver(s, res), (err) => this.ended(s, err));
+    s.wire = new WireStream(this.endpoint, (res) => {
+      // The answers ready together, each as if it came alone.
+      const more = res.more;
+      res.more = [];
+      this.deliver(s, res);
+      for (const a of more) {
+        this.deliver(s, a);
+      }
+    }, (err) => this.ended(s, err));
     this.cur = s;
     return s;
   }

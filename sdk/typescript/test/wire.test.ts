@@ -56,17 +56,23 @@ function envelope(flags: number, data: Uint8Array): Buffer {
   return env;
 }
 
-function response(init: MessageInitShape<typeof StreamResponseSchema>): Buffer {
-  return envelope(0, toBinary(StreamResponseSchema, create(StreamResponseSchema, init)));
+// response is one message of the server's: the first answer, the others
+// in its more.
+function response(first: MessageInitShape<typeof StreamResponseSchema>, ...more: MessageInitShape<typeof StreamResponseSchema>[]): Buffer {
+  return envelope(0, toBinary(StreamResponseSchema, create(StreamResponseSchema, { ...first, more })));
+}
+
+function claimAnswer(id: bigint, token: bigint): MessageInitShape<typeof StreamResponseSchema> {
+  return { id, result: { case: "begin", value: { result: { case: "claim", value: { token, attempt: 1 } } } } };
 }
 
 function claim(id: bigint, token: bigint): Buffer {
-  return response({ id, result: { case: "begin", value: { result: { case: "claim", value: { token, attempt: 1 } } } } });
+  return response(claimAnswer(id, token));
 }
 
 const begin = (key: string) => ({ tenant: "acme", key, fingerprint: "v1:" + "ab".repeat(32), method: "http:POST /v1/invoices" });
 
-test("answers split anywhere, and one larger than a chunk, are read whole", async () => {
+test("answers split anywhere, two in one message, and one larger than a chunk, are read whole", async () => {
   const outcome = Uint8Array.from({ length: 300 << 10 }, (_, i) => (i * 7) % 256);
   const received: StreamRequest[] = [];
   const ledger = await fakeLedger("connect", (stream, req) => {
@@ -74,10 +80,11 @@ test("answers split anywhere, and one larger than a chunk, are read whole", asyn
     if (received.length < 3) {
       return;
     }
-    // Three answers at once, written a few bytes at a time, one write a turn.
+    // Three answers at once, two of them in one message, written a few
+    // bytes at a time, one write a turn.
     const replay = response({ id: received[2].id, result: { case: "begin", value: { result: { case: "replay", value: {
       outcome: { result: { case: "response", value: { typeUrl: "type.googleapis.com/x.Y", value: outcome } } } } } } } });
-    const bytes = Buffer.concat([claim(received[1].id, 12n), claim(received[0].id, 11n), replay]);
+    const bytes = Buffer.concat([response(claimAnswer(received[1].id, 12n), claimAnswer(received[0].id, 11n)), replay]);
     const sizes = [1, 2, 3, 4, 5, 6, 7, 11, 13, 64 << 10];
     const writeFrom = (at: number, i: number): void => {
       if (at >= bytes.length) {

@@ -719,6 +719,13 @@ type V1StreamResponse struct {
 	// Lookup LookupResponse carries the record.
 	Lookup *V1LookupResponse `json:"lookup,omitempty"`
 
+	// More more are answers to other calls, ready while the server wrote the
+	// message before: each is taken as if it had come in a message of its
+	// own, and none carries more of its own. Calls that end together, as
+	// those that share a sync of the store do, so cost one write. A message
+	// holds at most 64 KiB of answers unless its first alone is larger.
+	More *[]V1StreamResponse `json:"more,omitempty"`
+
 	// Release ReleaseResponse confirms the release.
 	Release *V1ReleaseResponse `json:"release,omitempty"`
 
@@ -1134,7 +1141,8 @@ type ClientInterface interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1152,7 +1160,8 @@ type ClientInterface interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1627,7 +1636,8 @@ func (c *Client) LedgerServiceResolve(ctx context.Context, body LedgerServiceRes
 // then the server ends the stream with OK. A stream runs up to 1,024
 // calls at once besides its Lookups (past that the server reads no more
 // of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-// RATE_LIMITED): Lookups that wait never hold back its other calls.
+// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+// message of the server carries every answer ready when it writes (more).
 //
 // Takes any type of body and a specified content type.
 //
@@ -1655,7 +1665,8 @@ func (c *Client) LedgerServiceStreamWithBody(ctx context.Context, contentType st
 // then the server ends the stream with OK. A stream runs up to 1,024
 // calls at once besides its Lookups (past that the server reads no more
 // of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-// RATE_LIMITED): Lookups that wait never hold back its other calls.
+// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+// message of the server carries every answer ready when it writes (more).
 //
 // Takes a body of the `application/json` content type.
 //
@@ -2463,7 +2474,8 @@ type ClientWithResponsesInterface interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2481,7 +2493,8 @@ type ClientWithResponsesInterface interface {
 	// then the server ends the stream with OK. A stream runs up to 1,024
 	// calls at once besides its Lookups (past that the server reads no more
 	// of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-	// RATE_LIMITED): Lookups that wait never hold back its other calls.
+	// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+	// message of the server carries every answer ready when it writes (more).
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3399,7 +3412,8 @@ func (c *ClientWithResponses) LedgerServiceResolveWithResponse(ctx context.Conte
 // then the server ends the stream with OK. A stream runs up to 1,024
 // calls at once besides its Lookups (past that the server reads no more
 // of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-// RATE_LIMITED): Lookups that wait never hold back its other calls.
+// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+// message of the server carries every answer ready when it writes (more).
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -3423,7 +3437,8 @@ func (c *ClientWithResponses) LedgerServiceStreamWithBodyWithResponse(ctx contex
 // then the server ends the stream with OK. A stream runs up to 1,024
 // calls at once besides its Lookups (past that the server reads no more
 // of it until one ends), and up to 16,384 Lookups (past that a Lookup is
-// RATE_LIMITED): Lookups that wait never hold back its other calls.
+// RATE_LIMITED): Lookups that wait never hold back its other calls. A
+// message of the server carries every answer ready when it writes (more).
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
