@@ -105,9 +105,10 @@ func (s *Server) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 }
 
 // callStream is one Stream as Stream serves it: the calls in flight, by
-// id, and the answers not yet written (send). Its reader hands each call to a
-// worker as it reads it, and each call forgets itself as it is answered,
-// so that a call passes through no goroutine but the one it runs on.
+// id, and the answers not yet written (send). Its reader hands each call
+// to a worker as it reads it, and each call forgets itself as it is
+// answered, so that a call passes through no goroutine but the one it
+// runs on.
 type callStream struct {
 	s      *Server
 	stream ledgerv1.LedgerService_StreamServer
@@ -203,13 +204,14 @@ const maxBatch = 64 << 10
 
 // send writes res, with every answer queued while it does. The first
 // caller to find nobody writing writes until the queue is empty, a
-// message at a time, each the first answer queued with every other queued
-// since the last in its more (up to maxBatch bytes); a caller that finds
-// someone writing leaves its answer to them. Calls that end while a message is written, as calls that
-// shared a sync of the store do, then cost one write together. Whoever
-// writes has not yet counted its own call answered, so the stream does not
-// end (answered) before every queued answer is written. A failed Send
-// breaks the stream; Recv reports it.
+// message at a time: the first answer queued, with the others queued
+// since the last message in its more (up to maxBatch bytes). A caller
+// that finds someone writing leaves its answer to them. Calls that end
+// while a message is written, as calls that shared a sync of the store
+// do, so cost one write together. Whoever writes is a call not yet
+// counted answered, or Stream's own goroutine (the drain notice), so
+// Stream does not return before every queued answer is written. A failed
+// Send breaks the stream; Recv reports it.
 func (st *callStream) send(res *ledgerv1.StreamResponse) {
 	st.sendMu.Lock()
 	st.queued = append(st.queued, res)
