@@ -221,14 +221,7 @@ func (st *callStream) send(res *ledgerv1.StreamResponse) {
 	}
 	st.writing = true
 	for len(st.queued) > 0 {
-		n, size := 0, 0
-		for n < len(st.queued) {
-			size += proto.Size(st.queued[n])
-			if n > 0 && size > maxBatch {
-				break
-			}
-			n++
-		}
+		n := batchLen(st.queued)
 		msg := st.queued[0]
 		if n > 1 {
 			msg.More = slices.Clone(st.queued[1:n])
@@ -240,6 +233,23 @@ func (st *callStream) send(res *ledgerv1.StreamResponse) {
 	}
 	st.writing = false
 	st.sendMu.Unlock()
+}
+
+// batchLen is how many of the queued answers, from the first, the next
+// message carries: as many as fit in maxBatch bytes, and at least one. A
+// lone answer, as every answer at one caller, is not sized.
+func batchLen(queued []*ledgerv1.StreamResponse) int {
+	if len(queued) == 1 {
+		return 1
+	}
+	size := 0
+	for n, a := range queued {
+		size += proto.Size(a)
+		if n > 0 && size > maxBatch {
+			return n
+		}
+	}
+	return len(queued)
 }
 
 // sendDrain sends the drain notice and starts its grace period.

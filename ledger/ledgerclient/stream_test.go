@@ -95,6 +95,20 @@ func start(t *testing.T, addr string, opts ...grpc.ServerOption) (*grpc.Server, 
 	return gs, lis.Addr().String(), rec
 }
 
+// serve serves srv on a free loopback port until the test ends.
+func serve(t *testing.T, srv ledgerv1.LedgerServiceServer) (addr string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return lis.Addr().String()
+}
+
 func dial(t *testing.T, addr string, opts ...grpc.DialOption) *ledgerclient.Client {
 	t.Helper()
 	c, _ := dialConn(t, addr, opts...)
@@ -259,21 +273,13 @@ func (d *drainFirst) RecvMsg(m any) error {
 // stream and is sent on it, drain notice or not: none fails "not run".
 func TestDrainingServerGetsEveryCall(t *testing.T) {
 	t.Parallel()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
 	})
 	srv := server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth})
 	srv.Drain()
-	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
 	var drains atomic.Int64
-	c := dial(t, lis.Addr().String(), grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	c := dial(t, serve(t, srv), grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
 			return nil, err
@@ -328,15 +334,7 @@ func (pairedLedger) Stream(stream ledgerv1.LedgerService_StreamServer) error {
 // answers its own call.
 func TestAnswersInOneMessage(t *testing.T) {
 	t.Parallel()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, pairedLedger{})
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	c := dial(t, lis.Addr().String())
+	c := dial(t, serve(t, pairedLedger{}))
 	var wg sync.WaitGroup
 	for _, key := range []string{"a", "bb", "ccc", "dddd"} {
 		wg.Go(func() {
