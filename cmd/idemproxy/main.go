@@ -195,7 +195,12 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		sized.Go(func() { procs.Size(sizing, log, nil) })
 		defer func() { endSizing(); sized.Wait() }()
 	}
-	if err := run(ctx, f, cfg, &listeners{in: os.Stdin, out: stdout}, log); err != nil {
+	in, restore := os.Stdin, func() {}
+	if f.stdio {
+		in, restore = hostInput()
+	}
+	defer restore()
+	if err := run(ctx, f, cfg, &listeners{in: in, out: stdout}, log); err != nil {
 		log.Error("idemproxy stopped", "error", err)
 		return 1
 	}

@@ -18,10 +18,12 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sys/unix"
 
 	"github.com/idemledger/idemledger/interceptors/mcpguard"
 	"github.com/idemledger/idemledger/internal/syncbuf"
@@ -32,7 +34,7 @@ import (
 // lines on the proxy's stdin and reads its stdout.
 type stdioHost struct {
 	t     *testing.T
-	in    *io.PipeWriter
+	in    io.WriteCloser
 	lines chan []byte // stdout, a message a line; closed when it ends
 	done  chan error  // what run returned
 	ids   int
@@ -452,6 +454,95 @@ func TestStdioHostRunsOnOneProcessor(t *testing.T) {
 		if err := <-ended; err != nil {
 			t.Errorf("environment %q: idemproxy --stdio ended with %v after its host left", c.env, err)
 		}
+	}
+}
+
+// TestStdioHostPipeReadThroughThePoller: idemproxy --stdio, run as a
+// host runs it (stdin a pipe), reads the pipe nonblocking, through Go's
+// poller, and serves a guarded call so; when the host leaves, the pipe's
+// flag is as it was before, blocking. A pipe that came nonblocking stays
+// so. The test holds the pipe's read end too, and reads the flag of the
+// open file the two share.
+func TestStdioHostPipeReadThroughThePoller(t *testing.T) {
+	t.Parallel()
+	server := []string{"env", "-u", "IDEMPROXY_TEST_AS_MAIN", os.Args[0], "-test.run=^$"}
+	file := stdioConfigFile(t, config(ledgerAddr(t), byCommand(server...), policyConfig{}))
+	// fcntl runs f on the pipe's descriptor; not through Fd, which puts
+	// the descriptor in blocking mode.
+	fcntl := func(f *os.File, op func(fd int) error) {
+		raw, err := f.SyscallConn()
+		if err == nil {
+			err = raw.Control(func(fd uintptr) { err = op(int(fd)) })
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	nonblocking := func(f *os.File) (nb bool) {
+		fcntl(f, func(fd int) error {
+			flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+			nb = flags&unix.O_NONBLOCK != 0
+			return err
+		})
+		return nb
+	}
+	for _, came := range []bool{false, true} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// os.Pipe's ends are nonblocking; a host's pipe comes blocking,
+		// or in the second case nonblocking.
+		fcntl(r, func(fd int) error { return unix.SetNonblock(fd, came) })
+		out, outW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// exec.Cmd would put stdin in blocking mode (it passes files by
+		// Fd): the process is forked with the descriptors as they are.
+		var pid int
+		fcntl(r, func(in int) error {
+			fcntl(outW, func(o int) error {
+				pid, err = syscall.ForkExec(os.Args[0], []string{os.Args[0], "--config", file, "--stdio", "--log-level", "warn"}, &syscall.ProcAttr{
+					Env:   append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1", "IDEMPROXY_TEST_STDIO_UPSTREAM=1"),
+					Files: []uintptr{uintptr(in), uintptr(o), uintptr(syscall.Stderr)},
+				})
+				return err
+			})
+			return nil
+		})
+		_ = outW.Close()
+		proc, err := os.FindProcess(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = proc.Kill() })
+		h := &stdioHost{t: t, in: w, lines: make(chan []byte, 16)}
+		go func() {
+			defer close(h.lines)
+			for sc := bufio.NewScanner(out); sc.Scan(); {
+				h.lines <- slices.Clone(sc.Bytes())
+			}
+		}()
+		if init := h.handshake(); init.Error != nil {
+			t.Fatalf("initialize: %+v", init.Error)
+		}
+		if text, isErr, _ := toolText(t, h.invoice(fmt.Sprintf("poller-%v", came))); isErr {
+			t.Fatalf("a guarded call: %s", text)
+		}
+		if !nonblocking(r) {
+			t.Errorf("stdin came nonblocking %v: the pipe is blocking while idemproxy --stdio serves, so its reads wait in the kernel", came)
+		}
+		_ = w.Close() // the host leaves: the proxy ends
+		for range h.lines {
+		}
+		if state, err := proc.Wait(); err != nil || !state.Success() {
+			t.Fatalf("idemproxy --stdio ended with %v, %v after its host left", state, err)
+		}
+		if nonblocking(r) != came {
+			t.Errorf("stdin came nonblocking %v; after idemproxy --stdio it is %v", came, nonblocking(r))
+		}
+		_ = r.Close()
 	}
 }
 
