@@ -458,92 +458,110 @@ func TestStdioHostRunsOnOneProcessor(t *testing.T) {
 }
 
 // TestStdioHostPipeReadThroughThePoller: idemproxy --stdio, run as a
-// host runs it (stdin a pipe), reads the pipe nonblocking, through Go's
-// poller, and serves a guarded call so; when the host leaves, the pipe's
-// flag is as it was before, blocking. A pipe that came nonblocking stays
-// so. The test holds the pipe's read end too, and reads the flag of the
-// open file the two share.
+// host runs it (stdin a pipe, or a socket as Node gives its children),
+// reads stdin nonblocking, through Go's poller, and serves a guarded call
+// so; when the host leaves, the flag is as it was before, blocking. A
+// stdin that came nonblocking stays so. The test holds the stdin's end
+// too, and reads the flag of the open file the two share.
 func TestStdioHostPipeReadThroughThePoller(t *testing.T) {
 	t.Parallel()
 	server := []string{"env", "-u", "IDEMPROXY_TEST_AS_MAIN", os.Args[0], "-test.run=^$"}
 	file := stdioConfigFile(t, config(ledgerAddr(t), byCommand(server...), policyConfig{}))
-	// fcntl runs f on the pipe's descriptor; not through Fd, which puts
-	// the descriptor in blocking mode.
-	fcntl := func(f *os.File, op func(fd int) error) {
-		raw, err := f.SyscallConn()
-		if err == nil {
-			err = raw.Control(func(fd uintptr) { err = op(int(fd)) })
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	nonblocking := func(f *os.File) (nb bool) {
-		fcntl(f, func(fd int) error {
-			flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-			nb = flags&unix.O_NONBLOCK != 0
-			return err
-		})
-		return nb
-	}
-	for _, came := range []bool{false, true} {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// os.Pipe's ends are nonblocking; a host's pipe comes blocking,
-		// or in the second case nonblocking.
-		fcntl(r, func(fd int) error { return unix.SetNonblock(fd, came) })
-		out, outW, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// exec.Cmd would put stdin in blocking mode (it passes files by
-		// Fd): the process is forked with the descriptors as they are.
-		var pid int
-		fcntl(r, func(in int) error {
-			fcntl(outW, func(o int) error {
-				pid, err = syscall.ForkExec(os.Args[0], []string{os.Args[0], "--config", file, "--stdio", "--log-level", "warn"}, &syscall.ProcAttr{
-					Env:   append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1", "IDEMPROXY_TEST_STDIO_UPSTREAM=1"),
-					Files: []uintptr{uintptr(in), uintptr(o), uintptr(syscall.Stderr)},
-				})
-				return err
-			})
-			return nil
-		})
-		_ = outW.Close()
-		proc, err := os.FindProcess(pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = proc.Kill() })
-		h := &stdioHost{t: t, in: w, lines: make(chan []byte, 16)}
-		go func() {
-			defer close(h.lines)
-			for sc := bufio.NewScanner(out); sc.Scan(); {
-				h.lines <- slices.Clone(sc.Bytes())
+	connect := map[string]func() (r, w *os.File, err error){
+		"pipe": os.Pipe,
+		"socket": func() (r, w *os.File, err error) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return nil, nil, err
 			}
-		}()
-		if init := h.handshake(); init.Error != nil {
-			t.Fatalf("initialize: %+v", init.Error)
-		}
-		if text, isErr, _ := toolText(t, h.invoice(fmt.Sprintf("poller-%v", came))); isErr {
-			t.Fatalf("a guarded call: %s", text)
-		}
-		if !nonblocking(r) {
-			t.Errorf("stdin came nonblocking %v: the pipe is blocking while idemproxy --stdio serves, so its reads wait in the kernel", came)
-		}
-		_ = w.Close() // the host leaves: the proxy ends
-		for range h.lines {
-		}
-		if state, err := proc.Wait(); err != nil || !state.Success() {
-			t.Fatalf("idemproxy --stdio ended with %v, %v after its host left", state, err)
-		}
-		if nonblocking(r) != came {
-			t.Errorf("stdin came nonblocking %v; after idemproxy --stdio it is %v", came, nonblocking(r))
-		}
-		_ = r.Close()
+			return os.NewFile(uintptr(fds[0]), "stdin"), os.NewFile(uintptr(fds[1]), "host"), nil
+		},
 	}
+	for _, kind := range []string{"pipe", "socket"} {
+		for _, came := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s came nonblocking %v", kind, came), func(t *testing.T) {
+				r, w, err := connect[kind]()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = r.Close() }()
+				fcntl(t, r, func(fd int) error { return unix.SetNonblock(fd, came) })
+				out, outW, err := os.Pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// exec.Cmd would put stdin in blocking mode (it passes
+				// files by Fd): the process is forked with the
+				// descriptors as they are.
+				var pid int
+				fcntl(t, r, func(in int) error {
+					fcntl(t, outW, func(o int) error {
+						pid, err = syscall.ForkExec(os.Args[0], []string{os.Args[0], "--config", file, "--stdio", "--log-level", "warn"}, &syscall.ProcAttr{
+							Env:   append(os.Environ(), "IDEMPROXY_TEST_AS_MAIN=1", "IDEMPROXY_TEST_STDIO_UPSTREAM=1"),
+							Files: []uintptr{uintptr(in), uintptr(o), uintptr(syscall.Stderr)},
+						})
+						return err
+					})
+					return nil
+				})
+				_ = outW.Close()
+				proc, err := os.FindProcess(pid)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = proc.Kill() })
+				h := &stdioHost{t: t, in: w, lines: make(chan []byte, 16)}
+				go func() {
+					defer close(h.lines)
+					for sc := bufio.NewScanner(out); sc.Scan(); {
+						h.lines <- slices.Clone(sc.Bytes())
+					}
+				}()
+				if init := h.handshake(); init.Error != nil {
+					t.Fatalf("initialize: %+v", init.Error)
+				}
+				if text, isErr, _ := toolText(t, h.invoice(fmt.Sprintf("poller-%s-%v", kind, came))); isErr {
+					t.Fatalf("a guarded call: %s", text)
+				}
+				if !nonblocking(t, r) {
+					t.Errorf("stdin is blocking while idemproxy --stdio serves: its reads wait in the kernel")
+				}
+				_ = w.Close() // the host leaves: the proxy ends
+				for range h.lines {
+				}
+				if state, err := proc.Wait(); err != nil || !state.Success() {
+					t.Fatalf("idemproxy --stdio ended with %v, %v after its host left", state, err)
+				}
+				if nonblocking(t, r) != came {
+					t.Errorf("after idemproxy --stdio, stdin is nonblocking %v", !came)
+				}
+			})
+		}
+	}
+}
+
+// fcntl runs op on f's descriptor; not through Fd, which puts the
+// descriptor in blocking mode.
+func fcntl(t *testing.T, f *os.File, op func(fd int) error) {
+	t.Helper()
+	raw, err := f.SyscallConn()
+	if err == nil {
+		err = raw.Control(func(fd uintptr) { err = op(int(fd)) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nonblocking is whether f's open file is nonblocking.
+func nonblocking(t *testing.T, f *os.File) (nb bool) {
+	t.Helper()
+	fcntl(t, f, func(fd int) error {
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+		nb = flags&unix.O_NONBLOCK != 0
+		return err
+	})
+	return nb
 }
 
 // TestHTTPModeSizesItsProcs: idemproxy over HTTP on two Ps (GOMAXPROCS=2)
