@@ -711,7 +711,7 @@ func (a *stdioAdapter) write(msg []byte) {
 // to another thread for the rest of the proxy's work, and each message
 // the host writes costs the hand-off back. Through the poller a read
 // that would wait parks only its goroutine. On this project's machine
-// that was a quarter to a third of the proxy's CPU a call
+// that was a sixth to a third of the proxy's CPU a call
 // (docs/performance.md).
 //
 // Nonblocking is a flag of the pipe's open file, which other processes
@@ -719,16 +719,20 @@ func (a *stdioAdapter) write(msg []byte) {
 // stdin already nonblocking is read through the poller as it is; a
 // terminal, a file or /dev/null is read as os.Stdin reads it.
 func hostInput() (in *os.File, restore func()) {
-	fi, err := os.Stdin.Stat()
-	if err != nil || fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) == 0 {
-		return os.Stdin, func() {}
-	}
-	if flags, err := unix.FcntlInt(uintptr(unix.Stdin), unix.F_GETFL, 0); err != nil || flags&unix.O_NONBLOCK != 0 {
-		return os.Stdin, func() {}
-	}
-	if err := unix.SetNonblock(unix.Stdin, true); err != nil {
+	if !stdinBlockingPipe() || unix.SetNonblock(unix.Stdin, true) != nil {
 		return os.Stdin, func() {}
 	}
 	// NewFile sees the flag and reads the descriptor through the poller.
 	return os.NewFile(uintptr(unix.Stdin), "/dev/stdin"), func() { _ = unix.SetNonblock(unix.Stdin, false) }
+}
+
+// stdinBlockingPipe is whether stdin is a pipe or a socket in blocking
+// mode.
+func stdinBlockingPipe() bool {
+	fi, err := os.Stdin.Stat()
+	if err != nil || fi.Mode()&(os.ModeNamedPipe|os.ModeSocket) == 0 {
+		return false
+	}
+	flags, err := unix.FcntlInt(uintptr(unix.Stdin), unix.F_GETFL, 0)
+	return err == nil && flags&unix.O_NONBLOCK == 0
 }

@@ -1,6 +1,7 @@
 package ledgerclient_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,13 +68,6 @@ func (r recordingStream) RecvMsg(m any) error {
 // what it receives.
 func start(t *testing.T, addr string, opts ...grpc.ServerOption) (*grpc.Server, string, *seen) {
 	t.Helper()
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := &seen{}
 	auth := server.AuthenticatorFunc(func(context.Context) (server.Principal, error) {
 		return server.Principal{Namespace: "billing", Tenants: []string{"*"}}, nil
@@ -90,20 +84,25 @@ func start(t *testing.T, addr string, opts ...grpc.ServerOption) (*grpc.Server, 
 		}),
 	)...)
 	ledgerv1.RegisterLedgerServiceServer(gs, server.New(ledger.New(memory.New(memory.Config{}), ledger.Config{}), server.Config{Auth: auth}))
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	return gs, lis.Addr().String(), rec
+	return gs, listen(t, addr, gs), rec
 }
 
 // serve serves srv on a free loopback port until the test ends.
 func serve(t *testing.T, srv ledgerv1.LedgerServiceServer) (addr string) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	gs := grpc.NewServer()
+	ledgerv1.RegisterLedgerServiceServer(gs, srv)
+	return listen(t, "", gs)
+}
+
+// listen serves gs on addr (a free loopback port when empty) until the
+// test ends, and returns the address.
+func listen(t *testing.T, addr string, gs *grpc.Server) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", cmp.Or(addr, "127.0.0.1:0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
-	ledgerv1.RegisterLedgerServiceServer(gs, srv)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	return lis.Addr().String()
